@@ -1,0 +1,374 @@
+//! The on-disk superblock: one 4 KiB block at offset 0 of every member.
+//! docs/format.md documents every byte; a test there-in checks the offsets below.
+//!
+//! All integers little-endian. Bytes read from disk are untrusted: `Superblock::decode` checks
+//! magic, version, crc32c and every field's range before anything else uses them.
+
+use crate::codec::MAX_SHARDS;
+use crate::geometry::{Geometry, GeometryError, Level};
+
+pub const SB_SIZE: usize = 4096;
+pub const MAGIC: [u8; 8] = *b"uraid-sb";
+pub const VERSION: u32 = 1;
+/// Start of the data area on every member. The space between the superblock and here is
+/// reserved for a write-intent bitmap and a journal.
+pub const DATA_OFFSET: u64 = 1 << 20;
+pub const NAME_LEN: usize = 32;
+
+pub mod off {
+    //! Byte offsets of every superblock field (docs/format.md).
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const SB_SIZE: usize = 12;
+    pub const ARRAY_UUID: usize = 16;
+    pub const NAME: usize = 32;
+    pub const LEVEL: usize = 64;
+    pub const PARITY: usize = 68;
+    pub const CHUNK: usize = 72;
+    pub const MEMBERS: usize = 76;
+    pub const INDEX: usize = 80;
+    pub const FLAGS: usize = 84;
+    pub const DATA_OFFSET: usize = 88;
+    pub const MEMBER_DATA: usize = 96;
+    pub const VOLUME_SIZE: usize = 104;
+    pub const EVENTS: usize = 112;
+    pub const CTIME: usize = 120;
+    pub const UTIME: usize = 128;
+    pub const DEVICE_UUID: usize = 136;
+    pub const STATES: usize = 256;
+    pub const CRC: usize = 4092;
+}
+
+pub const FLAG_CLEAN: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    Active = 0,
+    Failed = 1,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub array_uuid: [u8; 16],
+    pub name: String,
+    pub geometry: Geometry,
+    pub index: usize,
+    pub clean: bool,
+    pub data_offset: u64,
+    pub events: u64,
+    pub ctime: u64,
+    pub utime: u64,
+    pub device_uuid: [u8; 16],
+    pub states: Vec<MemberState>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("no uraid superblock (bad magic)")]
+    BadMagic,
+    #[error("unsupported superblock version {0} (this uraid reads version {VERSION})")]
+    Version(u32),
+    #[error("superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("superblock field {field} is invalid: {why}")]
+    Field { field: &'static str, why: String },
+    #[error("superblock geometry is invalid: {0}")]
+    Geometry(#[from] GeometryError),
+    #[error("buffer holds {0} bytes, a superblock needs {SB_SIZE}")]
+    Short(usize),
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4-byte slice"))
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8-byte slice"))
+}
+
+fn field(field: &'static str, why: impl Into<String>) -> FormatError {
+    FormatError::Field {
+        field,
+        why: why.into(),
+    }
+}
+
+impl Superblock {
+    pub fn is_failed(&self, member: usize) -> bool {
+        self.states.get(member) == Some(&MemberState::Failed)
+    }
+
+    pub fn encode(&self) -> [u8; SB_SIZE] {
+        let mut b = [0u8; SB_SIZE];
+        let g = &self.geometry;
+        b[off::MAGIC..off::MAGIC + 8].copy_from_slice(&MAGIC);
+        b[off::VERSION..off::VERSION + 4].copy_from_slice(&VERSION.to_le_bytes());
+        b[off::SB_SIZE..off::SB_SIZE + 4].copy_from_slice(&(SB_SIZE as u32).to_le_bytes());
+        b[off::ARRAY_UUID..off::ARRAY_UUID + 16].copy_from_slice(&self.array_uuid);
+        let name = self.name.as_bytes();
+        let n = name.len().min(NAME_LEN);
+        b[off::NAME..off::NAME + n].copy_from_slice(&name[..n]);
+        let put32 =
+            |b: &mut [u8; SB_SIZE], o: usize, v: u32| b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        let put64 =
+            |b: &mut [u8; SB_SIZE], o: usize, v: u64| b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+        put32(&mut b, off::LEVEL, g.level.code());
+        put32(&mut b, off::PARITY, g.level.parity() as u32);
+        put32(&mut b, off::CHUNK, g.chunk as u32);
+        put32(&mut b, off::MEMBERS, g.members as u32);
+        put32(&mut b, off::INDEX, self.index as u32);
+        put32(&mut b, off::FLAGS, if self.clean { FLAG_CLEAN } else { 0 });
+        put64(&mut b, off::DATA_OFFSET, self.data_offset);
+        put64(&mut b, off::MEMBER_DATA, g.member_data);
+        put64(&mut b, off::VOLUME_SIZE, g.volume_size());
+        put64(&mut b, off::EVENTS, self.events);
+        put64(&mut b, off::CTIME, self.ctime);
+        put64(&mut b, off::UTIME, self.utime);
+        b[off::DEVICE_UUID..off::DEVICE_UUID + 16].copy_from_slice(&self.device_uuid);
+        for (i, s) in self.states.iter().enumerate() {
+            b[off::STATES + i] = *s as u8;
+        }
+        let crc = crc32c::crc32c(&b[..off::CRC]);
+        put32(&mut b, off::CRC, crc);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Superblock, FormatError> {
+        if b.len() < SB_SIZE {
+            return Err(FormatError::Short(b.len()));
+        }
+        let b = &b[..SB_SIZE];
+        if b[..8] != MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        let version = u32_at(b, off::VERSION);
+        if version != VERSION {
+            return Err(FormatError::Version(version));
+        }
+        let stored = u32_at(b, off::CRC);
+        let computed = crc32c::crc32c(&b[..off::CRC]);
+        if stored != computed {
+            return Err(FormatError::Checksum { stored, computed });
+        }
+        if u32_at(b, off::SB_SIZE) as usize != SB_SIZE {
+            return Err(field(
+                "sb_size",
+                format!("{} != {SB_SIZE}", u32_at(b, off::SB_SIZE)),
+            ));
+        }
+        let name_raw = &b[off::NAME..off::NAME + NAME_LEN];
+        let name_len = name_raw.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
+        let name = std::str::from_utf8(&name_raw[..name_len])
+            .map_err(|_| field("name", "not UTF-8"))?
+            .to_string();
+        let level =
+            Level::from_code(u32_at(b, off::LEVEL), u32_at(b, off::PARITY)).ok_or_else(|| {
+                field(
+                    "level",
+                    format!(
+                        "code {} parity {}",
+                        u32_at(b, off::LEVEL),
+                        u32_at(b, off::PARITY)
+                    ),
+                )
+            })?;
+        let members = u32_at(b, off::MEMBERS) as usize;
+        if members == 0 || members > MAX_SHARDS {
+            return Err(field(
+                "members",
+                format!("{members} not in 1..={MAX_SHARDS}"),
+            ));
+        }
+        let index = u32_at(b, off::INDEX) as usize;
+        if index >= members {
+            return Err(field("index", format!("{index} >= members {members}")));
+        }
+        let chunk = u32_at(b, off::CHUNK) as u64;
+        let member_data = u64_at(b, off::MEMBER_DATA);
+        let geometry = Geometry::new(level, members, chunk, member_data)?;
+        if geometry.member_data != member_data {
+            return Err(field(
+                "member_data",
+                format!("{member_data} is not a multiple of chunk {chunk}"),
+            ));
+        }
+        let volume = u64_at(b, off::VOLUME_SIZE);
+        if volume != geometry.volume_size() {
+            return Err(field(
+                "volume_size",
+                format!("{volume} != {} implied by geometry", geometry.volume_size()),
+            ));
+        }
+        let data_offset = u64_at(b, off::DATA_OFFSET);
+        if data_offset < SB_SIZE as u64
+            || data_offset % 4096 != 0
+            || data_offset.checked_add(member_data).is_none()
+        {
+            return Err(field(
+                "data_offset",
+                format!("{data_offset} not 4 KiB aligned past the superblock"),
+            ));
+        }
+        let flags = u32_at(b, off::FLAGS);
+        if flags & !FLAG_CLEAN != 0 {
+            return Err(field("flags", format!("unknown bits {flags:#x}")));
+        }
+        let mut states = Vec::with_capacity(members);
+        for i in 0..members {
+            states.push(match b[off::STATES + i] {
+                0 => MemberState::Active,
+                1 => MemberState::Failed,
+                s => return Err(field("member_states", format!("member {i} has state {s}"))),
+            });
+        }
+        let mut array_uuid = [0u8; 16];
+        array_uuid.copy_from_slice(&b[off::ARRAY_UUID..off::ARRAY_UUID + 16]);
+        let mut device_uuid = [0u8; 16];
+        device_uuid.copy_from_slice(&b[off::DEVICE_UUID..off::DEVICE_UUID + 16]);
+        Ok(Superblock {
+            array_uuid,
+            name,
+            geometry,
+            index,
+            clean: flags & FLAG_CLEAN != 0,
+            data_offset,
+            events: u64_at(b, off::EVENTS),
+            ctime: u64_at(b, off::CTIME),
+            utime: u64_at(b, off::UTIME),
+            device_uuid,
+            states,
+        })
+    }
+}
+
+/// Formats a 16-byte UUID the usual 8-4-4-4-12 way.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn sample() -> Superblock {
+        Superblock {
+            array_uuid: [7; 16],
+            name: "vol0".into(),
+            geometry: Geometry::new(Level::Raid6, 10, 65536, 1 << 30).unwrap(),
+            index: 3,
+            clean: true,
+            data_offset: DATA_OFFSET,
+            events: 42,
+            ctime: 1_700_000_000,
+            utime: 1_700_000_001,
+            device_uuid: [9; 16],
+            states: vec![MemberState::Active; 10],
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let mut s = sample();
+        s.states[4] = MemberState::Failed;
+        s.clean = false;
+        assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn rejects_malformed() {
+        let good = sample().encode();
+        assert_eq!(
+            Superblock::decode(&good[..100]),
+            Err(FormatError::Short(100))
+        );
+        let mut b = good;
+        b[0] = b'X';
+        assert_eq!(Superblock::decode(&b), Err(FormatError::BadMagic));
+        let mut b = good;
+        b[off::EVENTS] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(FormatError::Checksum { .. })
+        ));
+        let reseal = |mut b: [u8; SB_SIZE]| {
+            let c = crc32c::crc32c(&b[..off::CRC]);
+            b[off::CRC..].copy_from_slice(&c.to_le_bytes());
+            b
+        };
+        let mut b = good;
+        b[off::VERSION] = 2;
+        assert_eq!(Superblock::decode(&reseal(b)), Err(FormatError::Version(2)));
+        for (o, v, name) in [
+            (off::INDEX, 10u32, "index"),
+            (off::MEMBERS, 65, "members"),
+            (off::LEVEL, 3, "level"),
+            (off::FLAGS, 2, "flags"),
+        ] {
+            let mut b = good;
+            b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+            match Superblock::decode(&reseal(b)) {
+                Err(FormatError::Field { field, .. }) => assert_eq!(field, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let mut b = good;
+        b[off::CHUNK..off::CHUNK + 4].copy_from_slice(&3000u32.to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Geometry(_))
+        ));
+        let mut b = good;
+        b[off::STATES + 2] = 9;
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field {
+                field: "member_states",
+                ..
+            })
+        ));
+        let mut b = good;
+        b[off::NAME] = 0xff;
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field { field: "name", .. })
+        ));
+        let mut b = good;
+        b[off::VOLUME_SIZE] ^= 0x10;
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field {
+                field: "volume_size",
+                ..
+            })
+        ));
+    }
+
+    proptest! {
+        /// Arbitrary bytes never panic the parser; arbitrary mutations of a good block with the
+        /// checksum repaired either decode to something that re-encodes identically or error.
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..5000)) {
+            let _ = Superblock::decode(&bytes);
+        }
+
+        #[test]
+        fn mutated_blocks_are_validated(edits in proptest::collection::vec((0usize..off::CRC, any::<u8>()), 1..8)) {
+            let mut b = sample().encode();
+            for (o, v) in edits { b[o] = v; }
+            let c = crc32c::crc32c(&b[..off::CRC]);
+            b[off::CRC..].copy_from_slice(&c.to_le_bytes());
+            if let Ok(sb) = Superblock::decode(&b) {
+                prop_assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+            }
+        }
+    }
+}

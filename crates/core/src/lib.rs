@@ -1,0 +1,14 @@
+//! uraid's pure core: geometry, parity codec and on-disk format.
+//!
+//! Nothing here performs I/O, spawns threads or contains `unsafe` (the ISA-L kernels are
+//! behind the safe `uraid-isal` boundary). Everything is deterministic and unit-testable.
+#![forbid(unsafe_code)]
+
+pub mod codec;
+pub mod format;
+pub mod geometry;
+pub mod gf;
+
+pub use codec::Codec;
+pub use format::{MemberState, Superblock};
+pub use geometry::{Extent, Geometry, Level, Role};

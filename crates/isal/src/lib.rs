@@ -1,0 +1,143 @@
+//! Minimal safe wrapper over the ISA-L erasure-code kernels that uraid uses.
+//!
+//! Only three C functions are bound: `ec_init_tables`, `ec_encode_data` and
+//! `ec_encode_data_update`. Matrix inversion and the choice of coding matrix live in
+//! `uraid-core` (pure Rust), so this crate is only the FFI boundary: every `unsafe` block in
+//! the project's codec path is here, each with the invariant that makes it sound.
+
+use std::os::raw::{c_int, c_uchar};
+
+extern "C" {
+    fn ec_init_tables(k: c_int, rows: c_int, a: *mut c_uchar, gftbls: *mut c_uchar);
+    fn ec_encode_data(
+        len: c_int,
+        k: c_int,
+        rows: c_int,
+        gftbls: *mut c_uchar,
+        data: *mut *mut c_uchar,
+        coding: *mut *mut c_uchar,
+    );
+    fn ec_encode_data_update(
+        len: c_int,
+        k: c_int,
+        rows: c_int,
+        vec_i: c_int,
+        gftbls: *mut c_uchar,
+        data: *mut c_uchar,
+        coding: *mut *mut c_uchar,
+    );
+}
+
+/// Largest number of source or output vectors one call takes (N+M <= 64 in uraid).
+pub const MAX_VECS: usize = 64;
+
+/// Expanded multiplication tables for a `rows x k` coefficient matrix (32 bytes per entry).
+#[derive(Clone)]
+pub struct Tables {
+    k: usize,
+    rows: usize,
+    tbls: Vec<u8>,
+}
+
+impl std::fmt::Debug for Tables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tables({}x{})", self.rows, self.k)
+    }
+}
+
+impl Tables {
+    /// Builds tables from a row-major `rows x k` matrix over GF(2^8) (polynomial 0x11D).
+    pub fn new(k: usize, rows: usize, matrix: &[u8]) -> Self {
+        assert!(k > 0 && rows > 0 && k <= MAX_VECS && rows <= MAX_VECS);
+        assert_eq!(matrix.len(), k * rows, "matrix must be rows x k");
+        let mut a = matrix.to_vec();
+        let mut tbls = vec![0u8; 32 * k * rows];
+        // SAFETY: `a` holds k*rows bytes and `tbls` 32*k*rows bytes, exactly the sizes
+        // ec_init_tables reads and writes for these k and rows (both checked above to fit c_int).
+        unsafe { ec_init_tables(k as c_int, rows as c_int, a.as_mut_ptr(), tbls.as_mut_ptr()) };
+        Tables { k, rows, tbls }
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// out[r] = sum_j matrix[r][j] * data[j], byte-wise, for every r.
+    pub fn encode(&self, data: &[&[u8]], out: &mut [&mut [u8]]) {
+        assert_eq!(data.len(), self.k, "need k source buffers");
+        assert_eq!(out.len(), self.rows, "need one output per row");
+        let len = data[0].len();
+        assert!(
+            data.iter().all(|d| d.len() == len),
+            "sources differ in length"
+        );
+        assert!(
+            out.iter().all(|o| o.len() == len),
+            "outputs differ in length"
+        );
+        assert!(len <= c_int::MAX as usize);
+        if len == 0 {
+            return;
+        }
+        let mut src = [std::ptr::null_mut::<u8>(); MAX_VECS];
+        for (s, d) in src.iter_mut().zip(data) {
+            *s = d.as_ptr() as *mut u8;
+        }
+        let mut dst = [std::ptr::null_mut::<u8>(); MAX_VECS];
+        for (d, o) in dst.iter_mut().zip(out.iter_mut()) {
+            *d = o.as_mut_ptr();
+        }
+        // SAFETY: src has k pointers to buffers of `len` readable bytes (ISA-L only reads
+        // them despite the non-const type), dst has `rows` pointers to distinct `len`-byte
+        // writable buffers (distinct because they come from distinct &mut borrows), and the
+        // tables were built for exactly this k and rows; ISA-L only reads the tables, so passing
+        // the shared buffer as *mut is sound.
+        unsafe {
+            ec_encode_data(
+                len as c_int,
+                self.k as c_int,
+                self.rows as c_int,
+                self.tbls.as_ptr() as *mut u8,
+                src.as_mut_ptr(),
+                dst.as_mut_ptr(),
+            )
+        };
+    }
+
+    /// out[r] ^= matrix[r][vec_i] * data, byte-wise: adds one source's contribution.
+    /// Used for read-modify-write with `data` = old XOR new.
+    pub fn encode_update(&self, vec_i: usize, data: &[u8], out: &mut [&mut [u8]]) {
+        assert!(vec_i < self.k);
+        assert_eq!(out.len(), self.rows, "need one output per row");
+        let len = data.len();
+        assert!(
+            out.iter().all(|o| o.len() == len),
+            "outputs differ in length"
+        );
+        assert!(len <= c_int::MAX as usize);
+        if len == 0 {
+            return;
+        }
+        let mut dst = [std::ptr::null_mut::<u8>(); MAX_VECS];
+        for (d, o) in dst.iter_mut().zip(out.iter_mut()) {
+            *d = o.as_mut_ptr();
+        }
+        // SAFETY: `data` has len readable bytes (only read), dst has `rows` distinct writable
+        // buffers of len bytes, vec_i < k, and the tables match k and rows (read only by ISA-L).
+        unsafe {
+            ec_encode_data_update(
+                len as c_int,
+                self.k as c_int,
+                self.rows as c_int,
+                vec_i as c_int,
+                self.tbls.as_ptr() as *mut u8,
+                data.as_ptr() as *mut u8,
+                dst.as_mut_ptr(),
+            )
+        };
+    }
+}
