@@ -1,0 +1,241 @@
+//! Control plane: creating an array on members, reading superblocks back, and deciding which
+//! members an assembly may use.
+
+use crate::dev::{device_size, FileDev};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::{Path, PathBuf};
+use uraid_core::format::{self, uuid_string, FormatError, MemberState, Superblock, DATA_OFFSET, SB_SIZE};
+use uraid_core::{Geometry, Level};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AssembleError {
+    #[error("{path}: {err}")]
+    Io { path: String, err: io::Error },
+    #[error("{path}: {err}")]
+    Format { path: String, err: FormatError },
+    #[error("{0}")]
+    Geometry(#[from] uraid_core::geometry::GeometryError),
+    #[error("{path} already holds a uraid superblock (array {uuid}, '{name}'); use --force to overwrite")]
+    InUse { path: String, uuid: String, name: String },
+    #[error("{path} is given twice")]
+    Duplicate { path: String },
+    #[error("{path}: too small ({size} bytes); a member needs at least {need}")]
+    TooSmall { path: String, size: u64, need: u64 },
+    #[error("no usable members: {0}")]
+    NoMembers(String),
+    #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
+    TooManyMissing { level: Level, name: String, missing: usize, members: usize, tolerates: usize },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> AssembleError + '_ {
+    move |err| AssembleError::Io { path: path.display().to_string(), err }
+}
+
+/// Options for `create`.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    pub level: Level,
+    pub chunk: u64,
+    pub name: String,
+    pub force: bool,
+}
+
+/// Reads and validates the superblock at offset 0 of `path`.
+pub fn read_superblock(path: &Path) -> Result<Superblock, AssembleError> {
+    let f = File::open(path).map_err(io_err(path))?;
+    let mut b = vec![0u8; SB_SIZE];
+    f.read_exact_at(&mut b, 0).map_err(io_err(path))?;
+    Superblock::decode(&b).map_err(|err| AssembleError::Format { path: path.display().to_string(), err })
+}
+
+/// Writes a new array's superblocks to `paths` (in member order) and zeroes the data areas so
+/// that parity starts consistent. Refuses members that hold a superblock unless `force`.
+pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, AssembleError> {
+    for (i, p) in paths.iter().enumerate() {
+        if paths[..i].iter().any(|q| same_file(p, q)) {
+            return Err(AssembleError::Duplicate { path: p.display().to_string() });
+        }
+    }
+    let mut files = Vec::with_capacity(paths.len());
+    let mut min_size = u64::MAX;
+    for p in paths {
+        let f = OpenOptions::new().read(true).write(true).open(p).map_err(io_err(p))?;
+        let size = device_size(&f).map_err(io_err(p))?;
+        let need = DATA_OFFSET + opts.chunk;
+        if size < need {
+            return Err(AssembleError::TooSmall { path: p.display().to_string(), size, need });
+        }
+        if !opts.force {
+            if let Ok(sb) = read_superblock(p) {
+                return Err(AssembleError::InUse {
+                    path: p.display().to_string(),
+                    uuid: uuid_string(&sb.array_uuid),
+                    name: sb.name,
+                });
+            }
+        }
+        min_size = min_size.min(size);
+        files.push(f);
+    }
+    let geometry = Geometry::new(opts.level, paths.len(), opts.chunk, min_size - DATA_OFFSET)?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut sb = Superblock {
+        array_uuid: *uuid::Uuid::new_v4().as_bytes(),
+        name: opts.name.chars().take(format::NAME_LEN).collect(),
+        geometry,
+        index: 0,
+        clean: true,
+        data_offset: DATA_OFFSET,
+        events: 1,
+        ctime: now,
+        utime: now,
+        device_uuid: [0; 16],
+        states: vec![MemberState::Active; paths.len()],
+    };
+    while sb.name.len() > format::NAME_LEN {
+        sb.name.pop();
+    }
+    for (i, (f, p)) in files.iter().zip(paths).enumerate() {
+        zero_range(f, DATA_OFFSET, geometry.member_data).map_err(io_err(p))?;
+        sb.index = i;
+        sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+        f.write_all_at(&sb.encode(), 0).map_err(io_err(p))?;
+        f.sync_all().map_err(io_err(p))?;
+    }
+    sb.index = 0;
+    Ok(sb)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// Zeroes `[off, off + len)`: hole punching on files (also extends sparse files), BLKZEROOUT
+/// on block devices.
+fn zero_range(f: &File, off: u64, len: u64) -> io::Result<()> {
+    if f.metadata()?.file_type().is_block_device() {
+        let range: [u64; 2] = [off, len];
+        // SAFETY: BLKZEROOUT reads two u64s (start, length) through the pointer.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x127f, range.as_ptr()) };
+        return if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) };
+    }
+    // SAFETY: plain fallocate syscall on an fd we own.
+    let r = unsafe {
+        libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64)
+    };
+    if r < 0 {
+        // Filesystems without hole punching: write zeros.
+        let zeros = vec![0u8; 1 << 20];
+        let mut pos = off;
+        while pos < off + len {
+            let n = (off + len - pos).min(zeros.len() as u64) as usize;
+            f.write_all_at(&zeros[..n], pos)?;
+            pos += n as u64;
+        }
+    }
+    Ok(())
+}
+
+/// One member as found on disk.
+#[derive(Debug)]
+pub struct Found {
+    pub path: PathBuf,
+    pub sb: Superblock,
+}
+
+/// The outcome of examining a set of member paths: which members the array can use, and why
+/// every other path is left out.
+#[derive(Debug)]
+pub struct Plan {
+    /// The freshest superblock (highest event count) of the array.
+    pub sb: Superblock,
+    /// Path for each member slot, None when missing.
+    pub slots: Vec<Option<PathBuf>>,
+    pub device_uuids: Vec<[u8; 16]>,
+    /// Human-readable reasons for paths that were refused.
+    pub refused: Vec<String>,
+}
+
+impl Plan {
+    pub fn missing(&self) -> Vec<usize> {
+        (0..self.slots.len()).filter(|&i| self.slots[i].is_none() || self.sb.is_failed(i)).collect()
+    }
+
+    pub fn can_start(&self) -> Result<(), AssembleError> {
+        let g = self.sb.geometry;
+        let mask = self.missing().iter().fold(0u64, |m, &i| m | 1 << i);
+        if g.can_serve(mask) {
+            Ok(())
+        } else {
+            Err(AssembleError::TooManyMissing {
+                level: g.level,
+                name: self.sb.name.clone(),
+                missing: mask.count_ones() as usize,
+                members: g.members,
+                tolerates: g.fault_tolerance(),
+            })
+        }
+    }
+}
+
+/// Reads every path's superblock and decides the assembly. Members may be given in any
+/// order. Foreign members (another array), stale members (older event count) and members the
+/// array marked failed are refused with a reason; unreadable paths too.
+pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
+    let mut found = Vec::new();
+    let mut refused = Vec::new();
+    for p in paths {
+        match read_superblock(p) {
+            Ok(sb) => found.push(Found { path: p.clone(), sb }),
+            Err(e) => refused.push(format!("{e}")),
+        }
+    }
+    let Some(best) = found.iter().max_by_key(|f| f.sb.events) else {
+        return Err(AssembleError::NoMembers(refused.join("; ")));
+    };
+    let sb = best.sb.clone();
+    let mut slots: Vec<Option<PathBuf>> = vec![None; sb.geometry.members];
+    let mut device_uuids = vec![[0u8; 16]; sb.geometry.members];
+    for f in &found {
+        let p = f.path.display();
+        if f.sb.array_uuid != sb.array_uuid {
+            refused.push(format!(
+                "{p}: belongs to array {} ('{}'), not {} ('{}')",
+                uuid_string(&f.sb.array_uuid),
+                f.sb.name,
+                uuid_string(&sb.array_uuid),
+                sb.name
+            ));
+        } else if f.sb.geometry != sb.geometry {
+            refused.push(format!("{p}: geometry disagrees with the array's freshest superblock"));
+        } else if sb.is_failed(f.sb.index) {
+            refused.push(format!("{p}: member {} is marked failed in the array (events {})", f.sb.index, sb.events));
+        } else if f.sb.events < sb.events {
+            refused.push(format!("{p}: stale member {} (events {} < array's {})", f.sb.index, f.sb.events, sb.events));
+        } else if slots[f.sb.index].is_some() {
+            refused.push(format!("{p}: duplicate of member {}", f.sb.index));
+        } else {
+            slots[f.sb.index] = Some(f.path.clone());
+            device_uuids[f.sb.index] = f.sb.device_uuid;
+        }
+    }
+    Ok(Plan { sb, slots, device_uuids, refused })
+}
+
+/// Opens the members of a plan with O_DIRECT.
+pub fn open_members(plan: &Plan) -> Result<Vec<Option<FileDev>>, AssembleError> {
+    plan.slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match s {
+            Some(p) if !plan.sb.is_failed(i) => FileDev::open(p).map(Some).map_err(io_err(p)),
+            _ => Ok(None),
+        })
+        .collect()
+}

@@ -1,0 +1,139 @@
+//! Member devices. The array is generic over `BlockDev`, so tests swap in in-memory and
+//! fault-injecting devices (crate `uraid-sim`) for the real `FileDev`.
+
+use crate::buf::IoBuf;
+use crate::reactor;
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// A member device: positioned reads and writes of aligned buffers, and a durability barrier.
+/// Buffers are passed by value and handed back, so an implementation may keep them while the
+/// kernel works on them.
+pub trait BlockDev: Send + Sync + 'static {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// A name for messages (usually the path).
+    fn name(&self) -> &str;
+    /// Fills `buf` from `off`. A short read is an error.
+    fn read(&self, off: u64, buf: IoBuf) -> impl Future<Output = (io::Result<()>, IoBuf)>;
+    /// Writes all of `buf` at `off`.
+    fn write(&self, off: u64, buf: IoBuf) -> impl Future<Output = (io::Result<()>, IoBuf)>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> impl Future<Output = io::Result<()>>;
+}
+
+/// A member that is a regular file or a block device, opened with O_DIRECT. I/O goes through
+/// the calling reactor's io_uring when there is one, else blocking pread/pwrite.
+pub struct FileDev {
+    file: File,
+    path: String,
+    size: u64,
+}
+
+fn short(what: &str, got: i32, want: usize) -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, format!("short {what}: {got} of {want} bytes"))
+}
+
+impl FileDev {
+    pub fn open(path: &Path) -> io::Result<FileDev> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)?;
+        let size = device_size(&file)?;
+        Ok(FileDev { file, path: path.display().to_string(), size })
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(&self.path)
+    }
+}
+
+/// Size of a regular file or block device.
+pub fn device_size(file: &File) -> io::Result<u64> {
+    let md = file.metadata()?;
+    if md.file_type().is_block_device() {
+        let mut size: u64 = 0;
+        // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid and aligned.
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), 0x8008_1272, &mut size as *mut u64) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(size)
+    } else {
+        Ok(md.len())
+    }
+}
+
+impl BlockDev for FileDev {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn name(&self) -> &str {
+        &self.path
+    }
+
+    async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        let want = buf.len();
+        match reactor::local().filter(|l| l.has_ring()) {
+            Some(l) => {
+                let (res, b) = reactor::ring_read(&l, self.file.as_raw_fd(), off, buf).await;
+                let b = b.expect("read op returns its buffer");
+                let r = if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else if res as usize != want {
+                    Err(short("read", res, want))
+                } else {
+                    Ok(())
+                };
+                (r, b)
+            }
+            None => {
+                let r = self.file.read_exact_at(&mut buf, off);
+                (r, buf)
+            }
+        }
+    }
+
+    async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        let want = buf.len();
+        match reactor::local().filter(|l| l.has_ring()) {
+            Some(l) => {
+                let (res, b) = reactor::ring_write(&l, self.file.as_raw_fd(), off, buf).await;
+                let b = b.expect("write op returns its buffer");
+                let r = if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else if res as usize != want {
+                    Err(short("write", res, want))
+                } else {
+                    Ok(())
+                };
+                (r, b)
+            }
+            None => {
+                let r = self.file.write_all_at(&buf, off);
+                (r, buf)
+            }
+        }
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        match reactor::local().filter(|l| l.has_ring()) {
+            Some(l) => {
+                let (res, _) = reactor::ring_fdatasync(&l, self.file.as_raw_fd()).await;
+                if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else {
+                    Ok(())
+                }
+            }
+            None => self.file.sync_data(),
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! The reactor: one thread per core, each with its own io_uring and a tiny single-threaded
+//! executor for the array's request futures.
+//!
+//! Why hand-written: the data path needs (a) futures that own their buffers until the kernel
+//! completes them, (b) one ring per thread polled in the same loop as the tasks, and (c)
+//! cross-thread wake-ups that interrupt a thread sleeping in `io_uring_enter`. General-purpose
+//! runtimes either own the event loop (tokio) or do not drive io_uring (futures' LocalPool).
+//! The executor here is ~200 lines: a slab of tasks, a ready queue, and an eventfd that the
+//! ring polls so that a wake from another thread ends the thread's wait.
+//!
+//! When io_uring is unavailable (old kernel, seccomp), `Runtime::new` still starts reactors;
+//! devices then fall back to blocking pread/pwrite (see `dev`), and idle reactors sleep on the
+//! eventfd instead of the ring.
+
+use crate::buf::IoBuf;
+use io_uring::{opcode, types, IoUring};
+use slab::Slab;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::io;
+use std::os::fd::RawFd;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::JoinHandle;
+
+const EVENTFD_TOKEN: u64 = u64::MAX;
+
+type Job = Box<dyn FnOnce() + Send>;
+type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
+
+/// State of one reactor that other threads may touch.
+struct Shared {
+    index: usize,
+    jobs: Mutex<Vec<Job>>,
+    ready: Mutex<Vec<usize>>,
+    efd: RawFd,
+    /// Set by a remote waker that wrote the eventfd; cleared when the reactor consumes it.
+    notified: AtomicBool,
+    stop: AtomicBool,
+    tasks_live: AtomicUsize,
+}
+
+impl Shared {
+    fn notify(&self) {
+        if !self.notified.swap(true, Ordering::AcqRel) {
+            let one: u64 = 1;
+            // SAFETY: efd is an eventfd owned by this Shared for its whole life (closed in
+            // Drop); writing 8 bytes from a valid u64 is the eventfd protocol.
+            let _ = unsafe { libc::write(self.efd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+
+    fn push_ready(self: &Arc<Self>, id: usize) {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        if !CURRENT.with(|c| c.get() == Arc::as_ptr(self)) {
+            self.notify();
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: the eventfd was created in Runtime::new and is closed exactly once, here.
+        unsafe { libc::close(self.efd) };
+    }
+}
+
+struct TaskWaker {
+    id: usize,
+    shared: Arc<Shared>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.shared.push_ready(self.id);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.shared.push_ready(self.id);
+    }
+}
+
+/// An in-flight ring operation. The buffer lives here, not in the future, so that a dropped
+/// future can never let the kernel write into freed memory.
+struct OpSlot {
+    result: Option<i32>,
+    waker: Option<Waker>,
+    buf: Option<IoBuf>,
+    orphaned: bool,
+}
+
+/// Per-thread reactor state, reachable through the `LOCAL` thread-local.
+pub(crate) struct Local {
+    shared: Arc<Shared>,
+    peers: Arc<Vec<Arc<Shared>>>,
+    ring: Option<RefCell<IoUring>>,
+    ops: RefCell<Slab<OpSlot>>,
+    tasks: RefCell<Slab<(Option<LocalTask>, Waker)>>,
+    inflight: Cell<usize>,
+}
+
+thread_local! {
+    static LOCAL: RefCell<Option<Rc<Local>>> = const { RefCell::new(None) };
+    static CURRENT: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+}
+
+pub(crate) fn local() -> Option<Rc<Local>> {
+    LOCAL.with(|l| l.borrow().clone())
+}
+
+/// Index of the reactor this thread runs, if any, and the number of reactors in its runtime.
+pub fn current() -> Option<(usize, usize)> {
+    local().map(|l| (l.shared.index, l.peers.len()))
+}
+
+/// Spawns a task on this thread's reactor. Panics if called off a reactor thread.
+pub fn spawn_local(fut: impl Future<Output = ()> + 'static) {
+    let l = local().expect("spawn_local called outside a reactor thread");
+    l.spawn(Box::pin(fut));
+}
+
+impl Local {
+    fn spawn(&self, fut: LocalTask) {
+        let mut tasks = self.tasks.borrow_mut();
+        let entry = tasks.vacant_entry();
+        let id = entry.key();
+        let waker = Waker::from(Arc::new(TaskWaker { id, shared: self.shared.clone() }));
+        entry.insert((Some(fut), waker));
+        self.shared.tasks_live.fetch_add(1, Ordering::Relaxed);
+        self.shared.ready.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+    }
+
+    fn poll_task(&self, id: usize) {
+        let (fut, waker) = {
+            let mut tasks = self.tasks.borrow_mut();
+            match tasks.get_mut(id) {
+                Some((f, w)) => match f.take() {
+                    Some(f) => (f, w.clone()),
+                    None => return, // already being polled (re-entrant wake) or finished
+                },
+                None => return, // stale wake of a finished task
+            }
+        };
+        let mut fut = fut;
+        let mut cx = Context::from_waker(&waker);
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(()) => {
+                self.tasks.borrow_mut().remove(id);
+                self.shared.tasks_live.fetch_sub(1, Ordering::Relaxed);
+            }
+            Poll::Pending => {
+                if let Some(slot) = self.tasks.borrow_mut().get_mut(id) {
+                    slot.0 = Some(fut);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn has_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Queues one SQE; the returned future resolves with the CQE result and the buffer.
+    fn push(&self, build: impl FnOnce(u64) -> io_uring::squeue::Entry, buf: Option<IoBuf>) -> RingOp {
+        let ring = self.ring.as_ref().expect("push needs a ring");
+        let id = self.ops.borrow_mut().insert(OpSlot { result: None, waker: None, buf, orphaned: false });
+        let sqe = build(id as u64);
+        let mut ring = ring.borrow_mut();
+        loop {
+            // SAFETY: every pointer in the SQE refers to a buffer now owned by ops[id] (heap
+            // memory that does not move when the slot moves) or to an fd the caller keeps open
+            // until the completion; the slot is only freed after its CQE arrives.
+            if unsafe { ring.submission().push(&sqe) }.is_ok() {
+                break;
+            }
+            // Submission queue full: hand what we have to the kernel and retry.
+            if let Err(e) = ring.submit() {
+                tracing::warn!("io_uring submit failed while draining a full queue: {e}");
+            }
+        }
+        self.inflight.set(self.inflight.get() + 1);
+        RingOp { id }
+    }
+
+    fn complete(&self, id: usize, res: i32) {
+        let mut ops = self.ops.borrow_mut();
+        let Some(slot) = ops.get_mut(id) else { return };
+        self.inflight.set(self.inflight.get() - 1);
+        if slot.orphaned {
+            ops.remove(id);
+            return;
+        }
+        slot.result = Some(res);
+        if let Some(w) = slot.waker.take() {
+            drop(ops);
+            w.wake();
+        }
+    }
+}
+
+/// A submitted ring operation.
+pub(crate) struct RingOp {
+    id: usize,
+}
+
+impl Future for RingOp {
+    type Output = (i32, Option<IoBuf>);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let l = local().expect("RingOp polled off its reactor");
+        let mut ops = l.ops.borrow_mut();
+        let slot = ops.get_mut(self.id).expect("RingOp slot exists until taken");
+        if let Some(res) = slot.result {
+            let slot = ops.remove(self.id);
+            // Mark as taken so Drop does not touch the slab again.
+            drop(ops);
+            let this = self.get_mut();
+            this.id = usize::MAX;
+            Poll::Ready((res, slot.buf))
+        } else {
+            slot.waker = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for RingOp {
+    fn drop(&mut self) {
+        if self.id == usize::MAX {
+            return;
+        }
+        if let Some(l) = local() {
+            let mut ops = l.ops.borrow_mut();
+            if let Some(slot) = ops.get_mut(self.id) {
+                if slot.result.is_some() {
+                    ops.remove(self.id);
+                } else {
+                    // The kernel still owns the buffer; free it when the CQE arrives.
+                    slot.orphaned = true;
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn ring_read(l: &Local, fd: RawFd, off: u64, mut buf: IoBuf) -> RingOp {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
+    l.push(move |ud| opcode::Read::new(types::Fd(fd), ptr, len).offset(off).build().user_data(ud), Some(buf))
+}
+
+pub(crate) fn ring_write(l: &Local, fd: RawFd, off: u64, buf: IoBuf) -> RingOp {
+    let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
+    l.push(move |ud| opcode::Write::new(types::Fd(fd), ptr, len).offset(off).build().user_data(ud), Some(buf))
+}
+
+pub(crate) fn ring_fdatasync(l: &Local, fd: RawFd) -> RingOp {
+    l.push(
+        move |ud| opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build().user_data(ud),
+        None,
+    )
+}
+
+/// Yields once so other ready tasks (for example writes to the same stripe) can run first.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// A set of reactor threads.
+pub struct Runtime {
+    peers: Arc<Vec<Arc<Shared>>>,
+    threads: Vec<JoinHandle<()>>,
+    uring: bool,
+}
+
+#[derive(Clone)]
+pub struct RuntimeHandle {
+    peers: Arc<Vec<Arc<Shared>>>,
+}
+
+impl RuntimeHandle {
+    pub fn reactors(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Runs `f` on reactor `index`; `f` typically spawns a local task there.
+    pub fn run_on(&self, index: usize, f: impl FnOnce() + Send + 'static) {
+        let s = &self.peers[index];
+        s.jobs.lock().unwrap_or_else(|e| e.into_inner()).push(Box::new(f));
+        if !CURRENT.with(|c| c.get() == Arc::as_ptr(s)) {
+            s.notify();
+        }
+    }
+
+    /// Spawns the future built by `f` on reactor `index` and returns its output through a
+    /// channel, from any thread.
+    pub fn spawn_on<T, F, Fut>(&self, index: usize, f: F) -> futures::channel::oneshot::Receiver<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T> + 'static,
+    {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.run_on(index, move || {
+            spawn_local(async move {
+                let _ = tx.send(f().await);
+            })
+        });
+        rx
+    }
+
+    /// Blocks this (non-reactor) thread until the future built on reactor `index` finishes.
+    pub fn block_on<T, F, Fut>(&self, index: usize, f: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T> + 'static,
+    {
+        futures::executor::block_on(self.spawn_on(index, f)).expect("reactor stopped before finishing a task")
+    }
+}
+
+impl Runtime {
+    /// Starts `n` reactors with `ring_entries` submission slots each. `use_uring = false`
+    /// forces the pread/pwrite fallback.
+    pub fn new(n: usize, ring_entries: u32, use_uring: bool) -> io::Result<Runtime> {
+        let n = n.max(1);
+        let mut shared = Vec::with_capacity(n);
+        for index in 0..n {
+            // SAFETY: plain syscall; the returned fd is checked and then owned by Shared.
+            let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if efd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            shared.push(Arc::new(Shared {
+                index,
+                jobs: Mutex::new(Vec::new()),
+                ready: Mutex::new(Vec::new()),
+                efd,
+                notified: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                tasks_live: AtomicUsize::new(0),
+            }));
+        }
+        let peers = Arc::new(shared);
+        // Probe once so every reactor agrees on the mode.
+        let uring = use_uring && IoUring::new(8).is_ok();
+        let mut threads = Vec::with_capacity(n);
+        for index in 0..n {
+            let peers2 = peers.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("uraid-reactor-{index}"))
+                .spawn(move || run_reactor(peers2, index, ring_entries, uring))?;
+            threads.push(t);
+        }
+        Ok(Runtime { peers, threads, uring })
+    }
+
+    pub fn handle(&self) -> RuntimeHandle {
+        RuntimeHandle { peers: self.peers.clone() }
+    }
+
+    pub fn uses_uring(&self) -> bool {
+        self.uring
+    }
+
+    /// Stops the reactors once every task they run has finished, and joins them.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        for s in self.peers.iter() {
+            s.stop.store(true, Ordering::Release);
+            s.notify();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: bool) {
+    let shared = peers[index].clone();
+    let ring = if uring {
+        match IoUring::new(entries) {
+            Ok(r) => Some(RefCell::new(r)),
+            Err(e) => {
+                tracing::warn!("reactor {index}: io_uring unavailable ({e}); using pread/pwrite");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let local = Rc::new(Local {
+        shared: shared.clone(),
+        peers,
+        ring,
+        ops: RefCell::new(Slab::new()),
+        tasks: RefCell::new(Slab::new()),
+        inflight: Cell::new(0),
+    });
+    LOCAL.with(|l| *l.borrow_mut() = Some(local.clone()));
+    CURRENT.with(|c| c.set(Arc::as_ptr(&shared)));
+
+    // The eventfd read targets this word. It is leaked (8 bytes per reactor) so that a read
+    // still queued when the ring is torn down can never write into freed memory.
+    let efd_buf: &'static mut u64 = Box::leak(Box::new(0u64));
+    let mut efd_armed = false;
+    loop {
+        let jobs = std::mem::take(&mut *shared.jobs.lock().unwrap_or_else(|e| e.into_inner()));
+        let had_jobs = !jobs.is_empty();
+        for j in jobs {
+            j();
+        }
+        let ready = std::mem::take(&mut *shared.ready.lock().unwrap_or_else(|e| e.into_inner()));
+        let had_ready = !ready.is_empty();
+        for id in ready {
+            local.poll_task(id);
+        }
+        let busy = had_jobs || had_ready;
+        if !busy
+            && shared.stop.load(Ordering::Acquire)
+            && shared.tasks_live.load(Ordering::Relaxed) == 0
+            && local.inflight.get() == 0
+            && shared.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+        {
+            break;
+        }
+        match &local.ring {
+            Some(ring) => {
+                if !efd_armed {
+                    let ptr = &mut *efd_buf as *mut u64 as *mut u8;
+                    let sqe = opcode::Read::new(types::Fd(shared.efd), ptr, 8).build().user_data(EVENTFD_TOKEN);
+                    // SAFETY: efd_buf is a leaked, never-freed u64, and the eventfd stays open
+                    // until Shared drops, after this ring is gone.
+                    let pushed = unsafe { ring.borrow_mut().submission().push(&sqe) }.is_ok();
+                    efd_armed = pushed;
+                }
+                let wait = if busy || !shared.ready.lock().unwrap_or_else(|e| e.into_inner()).is_empty() { 0 } else { 1 };
+                let r = ring.borrow_mut().submit_and_wait(wait);
+                if let Err(e) = r {
+                    if e.raw_os_error() != Some(libc::EINTR) && e.raw_os_error() != Some(libc::EBUSY) {
+                        tracing::error!("reactor {index}: io_uring_enter failed: {e}");
+                    }
+                }
+                let cqes: Vec<(u64, i32)> = ring.borrow_mut().completion().map(|c| (c.user_data(), c.result())).collect();
+                for (ud, res) in cqes {
+                    if ud == EVENTFD_TOKEN {
+                        efd_armed = false;
+                        shared.notified.store(false, Ordering::Release);
+                    } else {
+                        local.complete(ud as usize, res);
+                    }
+                }
+            }
+            None => {
+                if !busy && shared.ready.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                    let mut pfd = libc::pollfd { fd: shared.efd, events: libc::POLLIN, revents: 0 };
+                    // SAFETY: pfd is a valid pollfd for the duration of the call.
+                    unsafe { libc::poll(&mut pfd, 1, 100) };
+                    // SAFETY: reading 8 bytes into a u64 from our own non-blocking eventfd.
+                    unsafe { libc::read(shared.efd, &mut *efd_buf as *mut u64 as *mut libc::c_void, 8) };
+                    shared.notified.store(false, Ordering::Release);
+                }
+            }
+        }
+    }
+    LOCAL.with(|l| *l.borrow_mut() = None);
+    CURRENT.with(|c| c.set(std::ptr::null()));
+}
