@@ -1,1 +1,164 @@
+//! Test support for uraid: in-memory member devices with injectable faults, and helpers to
+//! build arrays over them. Never used by the product itself.
 
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use uraid_engine::buf::IoBuf;
+use uraid_engine::BlockDev;
+use uraid_engine::{Array, RuntimeHandle};
+use uraid_engine::array::WriteBuf;
+use uraid_core::format::{MemberState, Superblock, DATA_OFFSET};
+use uraid_core::{Geometry, Level};
+
+/// Fault switch shared between a test and one device.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Every operation fails with EIO while set.
+    pub dead: AtomicBool,
+    /// When positive, counts operations down; the device dies when it reaches zero.
+    pub die_after: AtomicI64,
+}
+
+impl Faults {
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+    }
+
+    /// The device dies on its `ops`-th operation from now (1 = the next one).
+    pub fn kill_after(&self, ops: i64) {
+        self.die_after.store(ops, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> io::Result<()> {
+        if self.die_after.load(Ordering::SeqCst) > 0 && self.die_after.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.kill();
+        }
+        if self.dead.load(Ordering::SeqCst) {
+            Err(io::Error::from_raw_os_error(libc_eio()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+/// A member held in memory.
+pub struct MemDev {
+    name: String,
+    data: Mutex<Vec<u8>>,
+    pub faults: Arc<Faults>,
+}
+
+impl MemDev {
+    pub fn new(name: impl Into<String>, size: usize) -> MemDev {
+        MemDev { name: name.into(), data: Mutex::new(vec![0; size]), faults: Arc::new(Faults::default()) }
+    }
+
+    /// A copy of the device's bytes (for inspecting what landed where).
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.lock().unwrap().clone()
+    }
+}
+
+impl BlockDev for MemDev {
+    fn size(&self) -> u64 {
+        self.data.lock().unwrap().len() as u64
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        if let Err(e) = self.faults.check() {
+            return (Err(e), buf);
+        }
+        let d = self.data.lock().unwrap();
+        let o = off as usize;
+        let n = buf.len();
+        buf.copy_from_slice(&d[o..o + n]);
+        (Ok(()), buf)
+    }
+
+    async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        if let Err(e) = self.faults.check() {
+            return (Err(e), buf);
+        }
+        let mut d = self.data.lock().unwrap();
+        let o = off as usize;
+        d[o..o + buf.len()].copy_from_slice(&buf);
+        (Ok(()), buf)
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        self.faults.check()
+    }
+}
+
+/// A new array over fresh in-memory members, plus each member's fault switch.
+pub fn mem_array(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    member_data: u64,
+    rt: Option<RuntimeHandle>,
+) -> (Arc<Array<MemDev>>, Vec<Arc<Faults>>) {
+    let geometry = Geometry::new(level, members, chunk, member_data).expect("valid test geometry");
+    let sb = Superblock {
+        array_uuid: [1; 16],
+        name: "sim".into(),
+        geometry,
+        index: 0,
+        clean: true,
+        data_offset: DATA_OFFSET,
+        events: 1,
+        ctime: 0,
+        utime: 0,
+        device_uuid: [0; 16],
+        states: vec![MemberState::Active; members],
+    };
+    let devs: Vec<MemDev> = (0..members)
+        .map(|i| MemDev::new(format!("mem{i}"), (DATA_OFFSET + geometry.member_data) as usize))
+        .collect();
+    let faults = devs.iter().map(|d| d.faults.clone()).collect();
+    let uuids = (0..members).map(|i| [i as u8 + 1; 16]).collect();
+    (Array::new(sb, uuids, devs.into_iter().map(Some).collect(), rt), faults)
+}
+
+/// The flat reference model: what the volume must read back.
+pub struct Model {
+    pub bytes: Vec<u8>,
+}
+
+impl Model {
+    pub fn new(size: u64) -> Model {
+        Model { bytes: vec![0; size as usize] }
+    }
+
+    pub fn write(&mut self, off: u64, data: &[u8]) {
+        self.bytes[off as usize..off as usize + data.len()].copy_from_slice(data);
+    }
+
+    pub fn read(&self, off: u64, len: u64) -> &[u8] {
+        &self.bytes[off as usize..(off + len) as usize]
+    }
+}
+
+/// Deterministic pseudo-random payload for a write.
+pub fn payload(seed: u64, len: usize) -> WriteBuf {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    Arc::new(
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect(),
+    )
+}
