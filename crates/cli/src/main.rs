@@ -1,1 +1,282 @@
-fn main() {}
+//! `uraid`: create, inspect and benchmark uraid arrays (mdadm conventions).
+
+mod bench;
+mod size;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use uraid_core::format::{uuid_string, Superblock};
+use uraid_core::geometry::CHUNK_DEFAULT;
+use uraid_core::Level;
+use uraid_engine::assemble::{self, CreateOptions, Plan};
+
+/// Where `uraid bench` (and later `uraid serve`) keeps the embedded default volume.
+pub const DEFAULT_DIR: &str = "uraid-data";
+const DEFAULT_MEMBERS: usize = 10;
+const DEFAULT_MEMBER_SIZE: u64 = 1 << 30;
+
+#[derive(Parser)]
+#[command(name = "uraid", version, about = "Software RAID for NVMe in user space")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create an array on MEMBERs (files or block devices), writing a superblock to each.
+    Create {
+        /// RAID level: 0, 1, 10, 5, 6, 7 (triple parity) or ec (with --parity).
+        #[arg(short, long)]
+        level: String,
+        /// Parity members for --level ec (1..=8).
+        #[arg(long)]
+        parity: Option<usize>,
+        /// Chunk size, a power of two from 4K to 1M.
+        #[arg(short, long, default_value = "64K", value_parser = size::parse)]
+        chunk: u64,
+        /// Array name (up to 32 bytes).
+        #[arg(short = 'N', long, default_value = "uraid")]
+        name: String,
+        /// Overwrite members that already carry a uraid superblock.
+        #[arg(short, long)]
+        force: bool,
+        /// Create missing member files of this size first (sparse).
+        #[arg(long, value_parser = size::parse)]
+        size: Option<u64>,
+        #[arg(required = true)]
+        members: Vec<PathBuf>,
+    },
+    /// Print the superblock of one member.
+    Examine {
+        member: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the state of the array formed by MEMBERs: missing, failed, stale, foreign.
+    Status {
+        #[arg(required = true)]
+        members: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drive the engine directly (no network) and report IOPS, bandwidth and latency.
+    /// With no MEMBERs, uses the embedded default volume under ./uraid-data.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("URAID_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("uraid: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Create { level, parity, chunk, name, force, size, members } => {
+            let level = Level::parse(&level, parity)?;
+            if let Some(sz) = size {
+                for m in &members {
+                    if !m.exists() {
+                        let f = std::fs::File::create(m).with_context(|| format!("{}: cannot create", m.display()))?;
+                        f.set_len(sz)?;
+                    }
+                }
+            }
+            let sb = assemble::create(&members, &CreateOptions { level, chunk, name, force })?;
+            let g = sb.geometry;
+            println!(
+                "uraid: created {} array '{}' ({}) on {} members: chunk {}, volume {} ({} bytes)",
+                g.level,
+                sb.name,
+                uuid_string(&sb.array_uuid),
+                g.members,
+                size::human(g.chunk),
+                size::human(g.volume_size()),
+                g.volume_size()
+            );
+            Ok(())
+        }
+        Cmd::Examine { member, json } => {
+            let sb = assemble::read_superblock(&member)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&sb_json(&member, &sb))?);
+            } else {
+                print_examine(&member, &sb);
+            }
+            Ok(())
+        }
+        Cmd::Status { members, json } => {
+            let plan = assemble::plan(&members)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status_json(&plan))?);
+            } else {
+                print_status(&plan);
+            }
+            Ok(())
+        }
+        Cmd::Bench(args) => {
+            let members = if args.members.is_empty() { default_volume()? } else { args.members.clone() };
+            bench::run(&args, &members)
+        }
+    }
+}
+
+/// The embedded default: RAID6 8+2 over sparse 1 GiB files in ./uraid-data, created on
+/// first use and reused afterwards.
+pub fn default_volume() -> Result<Vec<PathBuf>> {
+    let dir = Path::new(DEFAULT_DIR);
+    let members: Vec<PathBuf> = (0..DEFAULT_MEMBERS).map(|i| dir.join(format!("member{i}.img"))).collect();
+    if members.iter().all(|m| m.exists()) {
+        return Ok(members);
+    }
+    if members.iter().any(|m| m.exists()) {
+        bail!("{}: some default member files exist and some do not; remove the directory or pass members", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    for m in &members {
+        std::fs::File::create(m)?.set_len(DEFAULT_MEMBER_SIZE)?;
+    }
+    let sb = assemble::create(
+        &members,
+        &CreateOptions { level: Level::Raid6, chunk: CHUNK_DEFAULT, name: "default".into(), force: false },
+    )?;
+    eprintln!(
+        "uraid: created the default raid6 8+2 volume ({}) in {}",
+        size::human(sb.geometry.volume_size()),
+        dir.display()
+    );
+    Ok(members)
+}
+
+fn state_word(sb: &Superblock) -> &'static str {
+    if sb.clean {
+        "clean"
+    } else {
+        "active (not cleanly stopped)"
+    }
+}
+
+fn print_examine(path: &Path, sb: &Superblock) {
+    let g = sb.geometry;
+    println!("{}:", path.display());
+    println!("          Magic : uraid-sb");
+    println!("        Version : {}", uraid_core::format::VERSION);
+    println!("     Array UUID : {}", uuid_string(&sb.array_uuid));
+    println!("           Name : {}", sb.name);
+    println!("     Raid Level : {}", g.level);
+    println!("   Raid Devices : {}", g.members);
+    println!("     Chunk Size : {}", size::human(g.chunk));
+    println!("    Data Offset : {} bytes", sb.data_offset);
+    println!("    Member Data : {} ({} bytes)", size::human(g.member_data), g.member_data);
+    println!("    Volume Size : {} ({} bytes)", size::human(g.volume_size()), g.volume_size());
+    println!("    Device UUID : {}", uuid_string(&sb.device_uuid));
+    println!("   Device Index : {}", sb.index);
+    println!("         Events : {}", sb.events);
+    println!("          State : {}", state_word(sb));
+    let states: String = (0..g.members).map(|i| if sb.is_failed(i) { 'F' } else { 'A' }).collect();
+    println!("   Array States : {states}  (A = active, F = failed)");
+}
+
+fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
+    let g = sb.geometry;
+    json!({
+        "path": path.display().to_string(),
+        "version": uraid_core::format::VERSION,
+        "array_uuid": uuid_string(&sb.array_uuid),
+        "name": sb.name,
+        "level": g.level.to_string(),
+        "parity": g.parity(),
+        "members": g.members,
+        "chunk": g.chunk,
+        "data_offset": sb.data_offset,
+        "member_data": g.member_data,
+        "volume_size": g.volume_size(),
+        "device_uuid": uuid_string(&sb.device_uuid),
+        "index": sb.index,
+        "events": sb.events,
+        "clean": sb.clean,
+        "ctime": sb.ctime,
+        "utime": sb.utime,
+        "member_states": (0..g.members).map(|i| if sb.is_failed(i) { "failed" } else { "active" }).collect::<Vec<_>>(),
+    })
+}
+
+fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
+    (0..plan.slots.len())
+        .map(|i| {
+            let path = plan.slots[i].as_ref().map_or("-".to_string(), |p| p.display().to_string());
+            let st = if plan.sb.is_failed(i) {
+                "failed"
+            } else if plan.slots[i].is_none() {
+                "missing"
+            } else {
+                "active"
+            };
+            (i, path, st)
+        })
+        .collect()
+}
+
+fn health(plan: &Plan) -> String {
+    let missing = plan.missing().len();
+    match (plan.can_start(), missing) {
+        (Err(_), _) => format!("FAILED ({missing} of {} members unavailable)", plan.slots.len()),
+        (Ok(()), 0) => "healthy".into(),
+        (Ok(()), n) => format!("degraded ({n} of {} members unavailable)", plan.slots.len()),
+    }
+}
+
+fn print_status(plan: &Plan) {
+    let sb = &plan.sb;
+    let g = sb.geometry;
+    let marks: String = member_states(plan).iter().map(|(_, _, s)| if *s == "active" { 'U' } else { '_' }).collect();
+    println!(
+        "{} : {} {} members, chunk {}, volume {} [{}/{}] [{}]",
+        sb.name,
+        g.level,
+        g.members,
+        size::human(g.chunk),
+        size::human(g.volume_size()),
+        g.members - plan.missing().len(),
+        g.members,
+        marks
+    );
+    println!("      uuid {}  events {}  {}  {}", uuid_string(&sb.array_uuid), sb.events, state_word(sb), health(plan));
+    for (i, path, st) in member_states(plan) {
+        println!("      [{i:>2}] {st:<8} {path}");
+    }
+    for r in &plan.refused {
+        println!("      refused: {r}");
+    }
+}
+
+fn status_json(plan: &Plan) -> serde_json::Value {
+    let sb = &plan.sb;
+    let g = sb.geometry;
+    json!({
+        "name": sb.name,
+        "array_uuid": uuid_string(&sb.array_uuid),
+        "level": g.level.to_string(),
+        "members": g.members,
+        "chunk": g.chunk,
+        "volume_size": g.volume_size(),
+        "events": sb.events,
+        "clean": sb.clean,
+        "state": health(plan),
+        "can_start": plan.can_start().is_ok(),
+        "fault_tolerance": g.fault_tolerance(),
+        "slots": member_states(plan).into_iter().map(|(i, p, s)| json!({"index": i, "path": p, "state": s})).collect::<Vec<_>>(),
+        "refused": plan.refused,
+    })
+}

@@ -252,7 +252,10 @@ impl<D: BlockDev> Array<D> {
             let batch = self.with_slot(stripe, |s| {
                 if s.pending.is_empty() {
                     s.locked = false;
-                    if let Some(w) = s.waiters.pop_front() {
+                    // Wake every waiter, not just the first: a task polled again while
+                    // waiting registers its waker twice, and a stale entry must never
+                    // swallow the only wake-up a real waiter gets. Waiters re-check the lock.
+                    for w in s.waiters.drain(..) {
                         w.wake();
                     }
                 }

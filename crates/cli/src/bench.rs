@@ -1,0 +1,264 @@
+//! `uraid bench`: drives the engine in-process, like fio drives a device: a number of reactor
+//! threads, each running its share of the queue depth as concurrent request loops.
+
+use crate::size;
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use serde_json::json;
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uraid_engine::assemble;
+use uraid_engine::{Array, FileDev, Runtime};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pattern {
+    Rand,
+    Seq,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct BenchArgs {
+    /// Access pattern.
+    #[arg(long, value_enum, default_value = "rand")]
+    pub pattern: Pattern,
+    /// Request size.
+    #[arg(long, default_value = "4K", value_parser = size::parse)]
+    pub bs: u64,
+    /// Total requests in flight, spread over the threads.
+    #[arg(long, default_value_t = 32)]
+    pub qd: usize,
+    /// Percentage of requests that are reads (100 = all reads, 0 = all writes).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub read_pct: u32,
+    /// Measurement time in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub runtime: f64,
+    /// Reactor threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Use blocking pread/pwrite instead of io_uring.
+    #[arg(long)]
+    pub no_uring: bool,
+    /// Write the whole volume sequentially (1M requests) before measuring.
+    #[arg(long)]
+    pub precondition: bool,
+    /// Leave these member indices out, to measure degraded operation.
+    #[arg(long = "fail", value_name = "INDEX")]
+    pub fail: Vec<usize>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    pub members: Vec<PathBuf>,
+}
+
+struct Outcome {
+    ops: u64,
+    errors: u64,
+    hist: Histogram<u64>,
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
+    if args.bs == 0 || args.bs % 512 != 0 {
+        bail!("--bs {} must be a non-zero multiple of 512", args.bs);
+    }
+    if args.qd == 0 {
+        bail!("--qd must be at least 1");
+    }
+    let mut plan = assemble::plan(members)?;
+    for r in &plan.refused {
+        eprintln!("uraid: warning: {r}");
+    }
+    for &i in &args.fail {
+        if i >= plan.slots.len() {
+            bail!("--fail {i}: the array has only {} members", plan.slots.len());
+        }
+        plan.slots[i] = None;
+    }
+    plan.can_start()?;
+    let devs = assemble::open_members(&plan)?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let rt = Runtime::new(threads, 1024, !args.no_uring).context("starting reactors")?;
+    let handle = rt.handle();
+    let array: Arc<Array<FileDev>> = Array::new(plan.sb.clone(), plan.device_uuids.clone(), devs, Some(handle.clone()));
+    let size = array.size();
+    if args.bs > size {
+        bail!("--bs {} exceeds the volume ({size} bytes)", args.bs);
+    }
+    let g = *array.geometry();
+    let engine = if rt.uses_uring() { "io_uring" } else { "pread/pwrite" };
+
+    if args.precondition {
+        let t0 = Instant::now();
+        let chunk: u64 = 1 << 20;
+        let per = size.div_ceil(threads as u64);
+        let futs: Vec<_> = (0..threads)
+            .map(|r| {
+                let a = array.clone();
+                handle.spawn_on(r, move || async move {
+                    let lo = r as u64 * per;
+                    let hi = (lo + per).min(size);
+                    let next = Rc::new(Cell::new(lo));
+                    let data = Arc::new(vec![0x5au8; chunk as usize]);
+                    let loops = (0..8).map(|_| {
+                        let (a, next, data) = (a.clone(), next.clone(), data.clone());
+                        async move {
+                            loop {
+                                let off = next.get();
+                                if off >= hi {
+                                    return Ok::<(), uraid_engine::ArrayError>(());
+                                }
+                                let len = chunk.min(hi - off);
+                                next.set(off + len);
+                                let buf = if len == chunk { data.clone() } else { Arc::new(data[..len as usize].to_vec()) };
+                                a.write(off, buf).await?;
+                            }
+                        }
+                    });
+                    futures::future::try_join_all(loops).await.map(|_| ())
+                })
+            })
+            .collect();
+        for r in futures::executor::block_on(futures::future::join_all(futs)) {
+            r.context("reactor stopped")?.context("preconditioning write failed")?;
+        }
+        if !args.json {
+            eprintln!("uraid: preconditioned {} in {:.1}s", size::human(size), t0.elapsed().as_secs_f64());
+        }
+    }
+
+    let before = snapshot(&array);
+    let deadline = Instant::now() + Duration::from_secs_f64(args.runtime);
+    let start = Instant::now();
+    let blocks = size / args.bs;
+    let futs: Vec<_> = (0..threads)
+        .map(|r| {
+            let a = array.clone();
+            let qd = args.qd / threads + usize::from(r < args.qd % threads);
+            let (bs, pattern, read_pct) = (args.bs, args.pattern, args.read_pct);
+            handle.spawn_on(r, move || async move {
+                // Sequential streams: each reactor walks its own slice of the volume.
+                let per = blocks / threads as u64;
+                let cursor = Rc::new(Cell::new(r as u64 * per));
+                let wbuf = Arc::new((0..bs).map(|i| (i * 7 + r as u64) as u8).collect::<Vec<u8>>());
+                let loops = (0..qd).map(|q| {
+                    let (a, cursor, wbuf) = (a.clone(), cursor.clone(), wbuf.clone());
+                    async move {
+                        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+                        let mut seed = 0x2545_F491_4F6C_DD1D ^ ((r as u64) << 32 | q as u64);
+                        let (mut ops, mut errors) = (0u64, 0u64);
+                        while Instant::now() < deadline {
+                            let blk = match pattern {
+                                Pattern::Rand => xorshift(&mut seed) % blocks,
+                                Pattern::Seq => {
+                                    let b = cursor.get();
+                                    let lo = r as u64 * per;
+                                    cursor.set(if b + 1 >= lo + per.max(1) { lo } else { b + 1 });
+                                    b
+                                }
+                            };
+                            let read = (xorshift(&mut seed) % 100) < read_pct as u64;
+                            let t0 = Instant::now();
+                            let ok = if read {
+                                a.read(blk * bs, bs).await.is_ok()
+                            } else {
+                                a.write(blk * bs, wbuf.clone()).await.is_ok()
+                            };
+                            let _ = hist.record(t0.elapsed().as_nanos() as u64);
+                            ops += 1;
+                            if !ok {
+                                errors += 1;
+                                if !a.is_serving() {
+                                    break;
+                                }
+                            }
+                        }
+                        Outcome { ops, errors, hist }
+                    }
+                });
+                let outs = futures::future::join_all(loops).await;
+                let mut total = Outcome { ops: 0, errors: 0, hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds") };
+                for o in outs {
+                    total.ops += o.ops;
+                    total.errors += o.errors;
+                    let _ = total.hist.add(&o.hist);
+                }
+                total
+            })
+        })
+        .collect();
+    let mut total = Outcome { ops: 0, errors: 0, hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)? };
+    for r in futures::executor::block_on(futures::future::join_all(futs)) {
+        let o = r.context("reactor stopped")?;
+        total.ops += o.ops;
+        total.errors += o.errors;
+        total.hist.add(&o.hist)?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let after = snapshot(&array);
+    let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let a2 = array.clone();
+    handle.block_on(0, move || async move { a2.close().await })?;
+    drop(array);
+    rt.shutdown();
+
+    let iops = total.ops as f64 / secs;
+    let mbps = iops * args.bs as f64 / 1e6;
+    let h = &total.hist;
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let (avg, p99, p999, max) = (h.mean() / 1000.0, us(h.value_at_quantile(0.99)), us(h.value_at_quantile(0.999)), us(h.max()));
+    let desc = format!("{} {}+{} chunk {}", g.level, g.data_chunks(), g.parity(), size::human(g.chunk));
+    if args.json {
+        let v = json!({
+            "array": desc, "volume_size": size, "threads": threads, "engine": engine,
+            "pattern": format!("{:?}", args.pattern).to_lowercase(), "bs": args.bs, "qd": args.qd,
+            "read_pct": args.read_pct, "seconds": secs, "ops": total.ops, "errors": total.errors,
+            "iops": iops, "mb_per_s": mbps, "lat_avg_us": avg, "lat_p99_us": p99, "lat_p999_us": p999, "lat_max_us": max,
+            "degraded_members": args.fail,
+            "planner": { "full_stripe_writes": delta[2], "rcw_writes": delta[3], "rmw_writes": delta[4], "merged_writes": delta[5], "degraded_reads": delta[1] },
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "uraid bench: {desc}, volume {}, {threads} reactors ({engine}), {:?} {} {}% read, QD{}, {:.1}s{}",
+            size::human(size),
+            args.pattern,
+            size::human(args.bs),
+            args.read_pct,
+            args.qd,
+            secs,
+            if args.fail.is_empty() { String::new() } else { format!(", degraded (members {:?} out)", args.fail) }
+        );
+        println!("  IOPS {iops:.0}   MB/s {mbps:.1}   lat avg {avg:.1}us  p99 {p99:.1}us  p99.9 {p999:.1}us  max {max:.1}us");
+        println!(
+            "  planner: full-stripe {}, reconstruct-write {}, read-modify-write {}, merged {}, degraded reads {}; errors {}",
+            delta[2], delta[3], delta[4], delta[5], delta[1], total.errors
+        );
+    }
+    if total.errors > 0 {
+        bail!("{} requests failed", total.errors);
+    }
+    Ok(())
+}
+
+fn snapshot(a: &Array<FileDev>) -> [u64; 6] {
+    let s = &a.stats;
+    [
+        s.reads.load(Ordering::Relaxed) + s.writes.load(Ordering::Relaxed),
+        s.degraded_reads.load(Ordering::Relaxed),
+        s.full_stripe_writes.load(Ordering::Relaxed),
+        s.rcw_writes.load(Ordering::Relaxed),
+        s.rmw_writes.load(Ordering::Relaxed),
+        s.merged_writes.load(Ordering::Relaxed),
+    ]
+}
