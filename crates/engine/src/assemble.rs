@@ -196,7 +196,10 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
             Err(e) => refused.push(format!("{e}")),
         }
     }
-    let Some(best) = found.iter().max_by_key(|f| f.sb.events) else {
+    // The array is the one most of the given members belong to (ties: the freshest); its
+    // truth is its member with the highest event count.
+    let votes = |u: &[u8; 16]| found.iter().filter(|f| &f.sb.array_uuid == u).count();
+    let Some(best) = found.iter().max_by_key(|f| (votes(&f.sb.array_uuid), f.sb.events)) else {
         return Err(AssembleError::NoMembers(refused.join("; ")));
     };
     let sb = best.sb.clone();
