@@ -69,7 +69,7 @@ fn xorshift(x: &mut u64) -> u64 {
 }
 
 pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
-    if args.bs == 0 || args.bs % 512 != 0 {
+    if args.bs == 0 || !args.bs.is_multiple_of(512) {
         bail!("--bs {} must be a non-zero multiple of 512", args.bs);
     }
     if args.qd == 0 {
@@ -81,22 +81,36 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
     }
     for &i in &args.fail {
         if i >= plan.slots.len() {
-            bail!("--fail {i}: the array has only {} members", plan.slots.len());
+            bail!(
+                "--fail {i}: the array has only {} members",
+                plan.slots.len()
+            );
         }
         plan.slots[i] = None;
     }
     plan.can_start()?;
     let devs = assemble::open_members(&plan)?;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let rt = Runtime::new(threads, 1024, !args.no_uring).context("starting reactors")?;
     let handle = rt.handle();
-    let array: Arc<Array<FileDev>> = Array::new(plan.sb.clone(), plan.device_uuids.clone(), devs, Some(handle.clone()));
+    let array: Arc<Array<FileDev>> = Array::new(
+        plan.sb.clone(),
+        plan.device_uuids.clone(),
+        devs,
+        Some(handle.clone()),
+    );
     let size = array.size();
     if args.bs > size {
         bail!("--bs {} exceeds the volume ({size} bytes)", args.bs);
     }
     let g = *array.geometry();
-    let engine = if rt.uses_uring() { "io_uring" } else { "pread/pwrite" };
+    let engine = if rt.uses_uring() {
+        "io_uring"
+    } else {
+        "pread/pwrite"
+    };
 
     if args.precondition {
         let t0 = Instant::now();
@@ -120,7 +134,11 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
                                 }
                                 let len = chunk.min(hi - off);
                                 next.set(off + len);
-                                let buf = if len == chunk { data.clone() } else { Arc::new(data[..len as usize].to_vec()) };
+                                let buf = if len == chunk {
+                                    data.clone()
+                                } else {
+                                    Arc::new(data[..len as usize].to_vec())
+                                };
                                 a.write(off, buf).await?;
                             }
                         }
@@ -130,10 +148,15 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
             })
             .collect();
         for r in futures::executor::block_on(futures::future::join_all(futs)) {
-            r.context("reactor stopped")?.context("preconditioning write failed")?;
+            r.context("reactor stopped")?
+                .context("preconditioning write failed")?;
         }
         if !args.json {
-            eprintln!("uraid: preconditioned {} in {:.1}s", size::human(size), t0.elapsed().as_secs_f64());
+            eprintln!(
+                "uraid: preconditioned {} in {:.1}s",
+                size::human(size),
+                t0.elapsed().as_secs_f64()
+            );
         }
     }
 
@@ -150,11 +173,16 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
                 // Sequential streams: each reactor walks its own slice of the volume.
                 let per = blocks / threads as u64;
                 let cursor = Rc::new(Cell::new(r as u64 * per));
-                let wbuf = Arc::new((0..bs).map(|i| (i * 7 + r as u64) as u8).collect::<Vec<u8>>());
+                let wbuf = Arc::new(
+                    (0..bs)
+                        .map(|i| (i * 7 + r as u64) as u8)
+                        .collect::<Vec<u8>>(),
+                );
                 let loops = (0..qd).map(|q| {
                     let (a, cursor, wbuf) = (a.clone(), cursor.clone(), wbuf.clone());
                     async move {
-                        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+                        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+                            .expect("valid bounds");
                         let mut seed = 0x2545_F491_4F6C_DD1D ^ ((r as u64) << 32 | q as u64);
                         let (mut ops, mut errors) = (0u64, 0u64);
                         while Instant::now() < deadline {
@@ -187,7 +215,11 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
                     }
                 });
                 let outs = futures::future::join_all(loops).await;
-                let mut total = Outcome { ops: 0, errors: 0, hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds") };
+                let mut total = Outcome {
+                    ops: 0,
+                    errors: 0,
+                    hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
+                };
                 for o in outs {
                     total.ops += o.ops;
                     total.errors += o.errors;
@@ -197,7 +229,11 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
             })
         })
         .collect();
-    let mut total = Outcome { ops: 0, errors: 0, hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)? };
+    let mut total = Outcome {
+        ops: 0,
+        errors: 0,
+        hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
+    };
     for r in futures::executor::block_on(futures::future::join_all(futs)) {
         let o = r.context("reactor stopped")?;
         total.ops += o.ops;
@@ -216,8 +252,19 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
     let mbps = iops * args.bs as f64 / 1e6;
     let h = &total.hist;
     let us = |ns: u64| ns as f64 / 1000.0;
-    let (avg, p99, p999, max) = (h.mean() / 1000.0, us(h.value_at_quantile(0.99)), us(h.value_at_quantile(0.999)), us(h.max()));
-    let desc = format!("{} {}+{} chunk {}", g.level, g.data_chunks(), g.parity(), size::human(g.chunk));
+    let (avg, p99, p999, max) = (
+        h.mean() / 1000.0,
+        us(h.value_at_quantile(0.99)),
+        us(h.value_at_quantile(0.999)),
+        us(h.max()),
+    );
+    let desc = format!(
+        "{} {}+{} chunk {}",
+        g.level,
+        g.data_chunks(),
+        g.parity(),
+        size::human(g.chunk)
+    );
     if args.json {
         let v = json!({
             "array": desc, "volume_size": size, "threads": threads, "engine": engine,

@@ -18,7 +18,11 @@ const DEFAULT_MEMBERS: usize = 10;
 const DEFAULT_MEMBER_SIZE: u64 = 1 << 30;
 
 #[derive(Parser)]
-#[command(name = "uraid", version, about = "Software RAID for NVMe in user space")]
+#[command(
+    name = "uraid",
+    version,
+    about = "Software RAID for NVMe in user space"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -70,7 +74,8 @@ enum Cmd {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("URAID_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("URAID_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -83,17 +88,34 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Create { level, parity, chunk, name, force, size, members } => {
+        Cmd::Create {
+            level,
+            parity,
+            chunk,
+            name,
+            force,
+            size,
+            members,
+        } => {
             let level = Level::parse(&level, parity)?;
             if let Some(sz) = size {
                 for m in &members {
                     if !m.exists() {
-                        let f = std::fs::File::create(m).with_context(|| format!("{}: cannot create", m.display()))?;
+                        let f = std::fs::File::create(m)
+                            .with_context(|| format!("{}: cannot create", m.display()))?;
                         f.set_len(sz)?;
                     }
                 }
             }
-            let sb = assemble::create(&members, &CreateOptions { level, chunk, name, force })?;
+            let sb = assemble::create(
+                &members,
+                &CreateOptions {
+                    level,
+                    chunk,
+                    name,
+                    force,
+                },
+            )?;
             let g = sb.geometry;
             println!(
                 "uraid: created {} array '{}' ({}) on {} members: chunk {}, volume {} ({} bytes)",
@@ -126,7 +148,11 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Bench(args) => {
-            let members = if args.members.is_empty() { default_volume()? } else { args.members.clone() };
+            let members = if args.members.is_empty() {
+                default_volume()?
+            } else {
+                args.members.clone()
+            };
             bench::run(&args, &members)
         }
     }
@@ -136,7 +162,9 @@ fn run(cli: Cli) -> Result<()> {
 /// first use and reused afterwards.
 pub fn default_volume() -> Result<Vec<PathBuf>> {
     let dir = Path::new(DEFAULT_DIR);
-    let members: Vec<PathBuf> = (0..DEFAULT_MEMBERS).map(|i| dir.join(format!("member{i}.img"))).collect();
+    let members: Vec<PathBuf> = (0..DEFAULT_MEMBERS)
+        .map(|i| dir.join(format!("member{i}.img")))
+        .collect();
     if members.iter().all(|m| m.exists()) {
         return Ok(members);
     }
@@ -149,7 +177,12 @@ pub fn default_volume() -> Result<Vec<PathBuf>> {
     }
     let sb = assemble::create(
         &members,
-        &CreateOptions { level: Level::Raid6, chunk: CHUNK_DEFAULT, name: "default".into(), force: false },
+        &CreateOptions {
+            level: Level::Raid6,
+            chunk: CHUNK_DEFAULT,
+            name: "default".into(),
+            force: false,
+        },
     )?;
     eprintln!(
         "uraid: created the default raid6 8+2 volume ({}) in {}",
@@ -178,13 +211,23 @@ fn print_examine(path: &Path, sb: &Superblock) {
     println!("   Raid Devices : {}", g.members);
     println!("     Chunk Size : {}", size::human(g.chunk));
     println!("    Data Offset : {} bytes", sb.data_offset);
-    println!("    Member Data : {} ({} bytes)", size::human(g.member_data), g.member_data);
-    println!("    Volume Size : {} ({} bytes)", size::human(g.volume_size()), g.volume_size());
+    println!(
+        "    Member Data : {} ({} bytes)",
+        size::human(g.member_data),
+        g.member_data
+    );
+    println!(
+        "    Volume Size : {} ({} bytes)",
+        size::human(g.volume_size()),
+        g.volume_size()
+    );
     println!("    Device UUID : {}", uuid_string(&sb.device_uuid));
     println!("   Device Index : {}", sb.index);
     println!("         Events : {}", sb.events);
     println!("          State : {}", state_word(sb));
-    let states: String = (0..g.members).map(|i| if sb.is_failed(i) { 'F' } else { 'A' }).collect();
+    let states: String = (0..g.members)
+        .map(|i| if sb.is_failed(i) { 'F' } else { 'A' })
+        .collect();
     println!("   Array States : {states}  (A = active, F = failed)");
 }
 
@@ -215,7 +258,9 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
 fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
     (0..plan.slots.len())
         .map(|i| {
-            let path = plan.slots[i].as_ref().map_or("-".to_string(), |p| p.display().to_string());
+            let path = plan.slots[i]
+                .as_ref()
+                .map_or("-".to_string(), |p| p.display().to_string());
             let st = if plan.sb.is_failed(i) {
                 "failed"
             } else if plan.slots[i].is_none() {
@@ -231,7 +276,10 @@ fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
 fn health(plan: &Plan) -> String {
     let missing = plan.missing().len();
     match (plan.can_start(), missing) {
-        (Err(_), _) => format!("FAILED ({missing} of {} members unavailable)", plan.slots.len()),
+        (Err(_), _) => format!(
+            "FAILED ({missing} of {} members unavailable)",
+            plan.slots.len()
+        ),
         (Ok(()), 0) => "healthy".into(),
         (Ok(()), n) => format!("degraded ({n} of {} members unavailable)", plan.slots.len()),
     }
@@ -240,7 +288,10 @@ fn health(plan: &Plan) -> String {
 fn print_status(plan: &Plan) {
     let sb = &plan.sb;
     let g = sb.geometry;
-    let marks: String = member_states(plan).iter().map(|(_, _, s)| if *s == "active" { 'U' } else { '_' }).collect();
+    let marks: String = member_states(plan)
+        .iter()
+        .map(|(_, _, s)| if *s == "active" { 'U' } else { '_' })
+        .collect();
     println!(
         "{} : {} {} members, chunk {}, volume {} [{}/{}] [{}]",
         sb.name,
@@ -252,7 +303,13 @@ fn print_status(plan: &Plan) {
         g.members,
         marks
     );
-    println!("      uuid {}  events {}  {}  {}", uuid_string(&sb.array_uuid), sb.events, state_word(sb), health(plan));
+    println!(
+        "      uuid {}  events {}  {}  {}",
+        uuid_string(&sb.array_uuid),
+        sb.events,
+        state_word(sb),
+        health(plan)
+    );
     for (i, path, st) in member_states(plan) {
         println!("      [{i:>2}] {st:<8} {path}");
     }

@@ -9,21 +9,37 @@ pub fn parse(s: &str) -> Result<u64, String> {
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,
-                _ => return Err(format!("'{s}': unknown size suffix '{c}' (use K, M, G or T)")),
+                _ => {
+                    return Err(format!(
+                        "'{s}': unknown size suffix '{c}' (use K, M, G or T)"
+                    ))
+                }
             };
             (&t[..i], m)
         }
         _ => (t, 1),
     };
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (examples: 4096, 64K, 1M, 2G)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 4096, 64K, 1M, 2G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 pub fn human(n: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("T", 1 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ];
     for (u, m) in UNITS {
         if n >= m {
-            return if n % m == 0 { format!("{}{u}", n / m) } else { format!("{:.2}{u}", n as f64 / m as f64) };
+            return if n.is_multiple_of(m) {
+                format!("{}{u}", n / m)
+            } else {
+                format!("{:.2}{u}", n as f64 / m as f64)
+            };
         }
     }
     format!("{n}B")

@@ -6,11 +6,20 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn uraid(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_uraid")).args(args).current_dir(cwd).output().expect("run uraid")
+    Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run uraid")
 }
 
 fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "uraid failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "uraid failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -18,8 +27,15 @@ fn ok(o: &Output) -> String {
 fn one_line_error(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line expected: {err}");
-    assert!(err.starts_with("uraid: ") && !err.contains("panicked"), "{err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected: {err}"
+    );
+    assert!(
+        err.starts_with("uraid: ") && !err.contains("panicked"),
+        "{err}"
+    );
     err
 }
 
@@ -36,7 +52,9 @@ fn members(n: usize) -> Vec<String> {
 
 fn create(dir: &Path, level: &str, n: usize, extra: &[&str]) -> String {
     let m = members(n);
-    let mut args = vec!["create", "--level", level, "--size", "48M", "--chunk", "64K"];
+    let mut args = vec![
+        "create", "--level", level, "--size", "48M", "--chunk", "64K",
+    ];
     args.extend_from_slice(extra);
     args.extend(m.iter().map(|s| s.as_str()));
     ok(&uraid(&args, dir))
@@ -47,7 +65,8 @@ fn superblock_matches_docs() {
     let dir = tmp("docs");
     create(&dir, "6", 6, &["--name", "docvol"]);
     let sb = std::fs::read(dir.join("m3")).unwrap();
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format.md")).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format.md"))
+        .unwrap();
     // Rows of the field table: | offset | size | field | meaning |
     let mut fields = std::collections::HashMap::new();
     for line in doc.lines() {
@@ -82,11 +101,15 @@ fn superblock_matches_docs() {
     assert_eq!(get("member_states")[..6], [0; 6]);
     assert_eq!(le(get("crc32c")) as u32, crc32c_of(&sb[..4092]));
     // The same values through examine --json.
-    let j: serde_json::Value = serde_json::from_str(&ok(&uraid(&["examine", "m3", "--json"], &dir))).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&ok(&uraid(&["examine", "m3", "--json"], &dir))).unwrap();
     assert_eq!(j["level"], "raid6");
     assert_eq!(j["index"], 3);
     assert_eq!(j["volume_size"], 4 * member_data);
-    assert_eq!(j["array_uuid"].as_str().unwrap().replace('-', ""), hex(get("array_uuid")));
+    assert_eq!(
+        j["array_uuid"].as_str().unwrap().replace('-', ""),
+        hex(get("array_uuid"))
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -100,7 +123,11 @@ fn crc32c_of(b: &[u8]) -> u32 {
     for &x in b {
         crc ^= x as u32;
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -110,26 +137,70 @@ fn crc32c_of(b: &[u8]) -> u32 {
 fn status_reports_missing_stale_and_foreign_members() {
     let dir = tmp("status");
     create(&dir, "6", 6, &["--name", "a"]);
-    let healthy = ok(&uraid(&["status", "m5", "m4", "m3", "m2", "m1", "m0"], &dir));
-    assert!(healthy.contains("[6/6] [UUUUUU]") && healthy.contains("healthy"), "{healthy}");
-    let j: serde_json::Value = serde_json::from_str(&ok(&uraid(&["status", "--json", "m0", "m2", "m3", "m4", "m5"], &dir))).unwrap();
+    let healthy = ok(&uraid(
+        &["status", "m5", "m4", "m3", "m2", "m1", "m0"],
+        &dir,
+    ));
+    assert!(
+        healthy.contains("[6/6] [UUUUUU]") && healthy.contains("healthy"),
+        "{healthy}"
+    );
+    let j: serde_json::Value = serde_json::from_str(&ok(&uraid(
+        &["status", "--json", "m0", "m2", "m3", "m4", "m5"],
+        &dir,
+    )))
+    .unwrap();
     assert_eq!(j["state"], "degraded (1 of 6 members unavailable)");
     assert_eq!(j["slots"][1]["state"], "missing");
     assert_eq!(j["can_start"], true);
     // A foreign member: another array's disk.
-    ok(&uraid(&["create", "--level", "1", "--size", "48M", "x0", "x1"], &dir));
-    let s = ok(&uraid(&["status", "m0", "m1", "m2", "m3", "m4", "x0"], &dir));
+    ok(&uraid(
+        &["create", "--level", "1", "--size", "48M", "x0", "x1"],
+        &dir,
+    ));
+    let s = ok(&uraid(
+        &["status", "m0", "m1", "m2", "m3", "m4", "x0"],
+        &dir,
+    ));
     assert!(s.contains("refused: x0: belongs to array"), "{s}");
     // Stale: write to the array while m1 is out (bench with --fail 1 writes), then bring it back.
-    ok(&uraid(&["bench", "--runtime", "0.3", "--read-pct", "0", "--fail", "1", "m0", "m1", "m2", "m3", "m4", "m5"], &dir));
-    let s = ok(&uraid(&["status", "m0", "m1", "m2", "m3", "m4", "m5"], &dir));
+    ok(&uraid(
+        &[
+            "bench",
+            "--runtime",
+            "0.3",
+            "--read-pct",
+            "0",
+            "--fail",
+            "1",
+            "m0",
+            "m1",
+            "m2",
+            "m3",
+            "m4",
+            "m5",
+        ],
+        &dir,
+    ));
+    let s = ok(&uraid(
+        &["status", "m0", "m1", "m2", "m3", "m4", "m5"],
+        &dir,
+    ));
     assert!(s.contains("refused: m1: member 1 is marked failed"), "{s}");
     assert!(s.contains("[5/6] [U_UUUU]"), "{s}");
     // Three gone from a raid6: cannot start, and bench says so in one line.
     let s = ok(&uraid(&["status", "m0", "m2", "m3"], &dir));
     assert!(s.contains("FAILED"), "{s}");
-    let e = one_line_error(&uraid(&["bench", "--runtime", "0.2", "m0", "m2", "m3"], &dir));
-    assert!(e.contains("cannot start raid6 array 'a': 3 of 6 members missing or failed, it tolerates 2"), "{e}");
+    let e = one_line_error(&uraid(
+        &["bench", "--runtime", "0.2", "m0", "m2", "m3"],
+        &dir,
+    ));
+    assert!(
+        e.contains(
+            "cannot start raid6 array 'a': 3 of 6 members missing or failed, it tolerates 2"
+        ),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -137,13 +208,36 @@ fn status_reports_missing_stale_and_foreign_members() {
 fn user_mistakes_are_one_line_errors() {
     let dir = tmp("errors");
     for (args, want) in [
-        (vec!["create", "--level", "9", "--size", "8M", "a", "b"], "unknown RAID level '9'"),
-        (vec!["create", "--level", "6", "--size", "8M", "a", "b", "c"], "raid6 needs at least 4 members, got 3"),
-        (vec!["create", "--level", "ec", "--size", "8M", "a", "b", "c"], "--level ec needs --parity M"),
-        (vec!["create", "--level", "5", "--chunk", "3K", "--size", "8M", "a", "b", "c"], "chunk size 3072 must be a power of two"),
-        (vec!["create", "--level", "5", "--size", "64K", "s0", "s1", "s2"], "too small"),
-        (vec!["create", "--level", "5", "--size", "8M", "d0", "d1", "d0"], "d0 is given twice"),
-        (vec!["examine", "nonexistent"], "nonexistent: No such file or directory"),
+        (
+            vec!["create", "--level", "9", "--size", "8M", "a", "b"],
+            "unknown RAID level '9'",
+        ),
+        (
+            vec!["create", "--level", "6", "--size", "8M", "a", "b", "c"],
+            "raid6 needs at least 4 members, got 3",
+        ),
+        (
+            vec!["create", "--level", "ec", "--size", "8M", "a", "b", "c"],
+            "--level ec needs --parity M",
+        ),
+        (
+            vec![
+                "create", "--level", "5", "--chunk", "3K", "--size", "8M", "a", "b", "c",
+            ],
+            "chunk size 3072 must be a power of two",
+        ),
+        (
+            vec!["create", "--level", "5", "--size", "64K", "s0", "s1", "s2"],
+            "too small",
+        ),
+        (
+            vec!["create", "--level", "5", "--size", "8M", "d0", "d1", "d0"],
+            "d0 is given twice",
+        ),
+        (
+            vec!["examine", "nonexistent"],
+            "nonexistent: No such file or directory",
+        ),
     ] {
         let e = one_line_error(&uraid(&args, &dir));
         assert!(e.contains(want), "{args:?}: {e}");
@@ -153,7 +247,10 @@ fn user_mistakes_are_one_line_errors() {
     assert!(e.contains("junk: no uraid superblock (bad magic)"), "{e}");
     create(&dir, "5", 3, &[]);
     let e = one_line_error(&uraid(&["create", "--level", "5", "m0", "m1", "m2"], &dir));
-    assert!(e.contains("m0 already holds a uraid superblock") && e.contains("--force"), "{e}");
+    assert!(
+        e.contains("m0 already holds a uraid superblock") && e.contains("--force"),
+        "{e}"
+    );
     create(&dir, "0", 3, &["--force"]);
     // clap's own usage errors exit 2 without a backtrace.
     let o = uraid(&["create", "--chunk", "12Q", "--level", "5", "a"], &dir);
@@ -165,7 +262,15 @@ fn user_mistakes_are_one_line_errors() {
 #[test]
 fn every_level_creates_and_benches() {
     let dir = tmp("levels");
-    for (level, n, extra) in [("0", 4, vec![]), ("1", 3, vec![]), ("10", 4, vec![]), ("5", 5, vec![]), ("6", 6, vec![]), ("7", 7, vec![]), ("ec", 8, vec!["--parity", "4"])] {
+    for (level, n, extra) in [
+        ("0", 4, vec![]),
+        ("1", 3, vec![]),
+        ("10", 4, vec![]),
+        ("5", 5, vec![]),
+        ("6", 6, vec![]),
+        ("7", 7, vec![]),
+        ("ec", 8, vec!["--parity", "4"]),
+    ] {
         let sub = dir.join(format!("l{level}"));
         std::fs::create_dir_all(&sub).unwrap();
         create(&sub, level, n, &extra);
@@ -173,7 +278,10 @@ fn every_level_creates_and_benches() {
         let mut args = vec!["bench", "--runtime", "0.3", "--read-pct", "50", "--json"];
         args.extend(m.iter().map(|s| s.as_str()));
         let j: serde_json::Value = serde_json::from_str(&ok(&uraid(&args, &sub))).unwrap();
-        assert!(j["ops"].as_u64().unwrap() > 0 && j["errors"] == 0, "{level}: {j}");
+        assert!(
+            j["ops"].as_u64().unwrap() > 0 && j["errors"] == 0,
+            "{level}: {j}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -186,7 +294,19 @@ fn degraded_bench_never_hangs() {
     create(&dir, "6", 6, &[]);
     for _ in 0..6 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
-            .args(["bench", "--runtime", "0.4", "--read-pct", "50", "--threads", "2", "--fail", "1", "--fail", "4"])
+            .args([
+                "bench",
+                "--runtime",
+                "0.4",
+                "--read-pct",
+                "50",
+                "--threads",
+                "2",
+                "--fail",
+                "1",
+                "--fail",
+                "4",
+            ])
             .args(members(6))
             .current_dir(&dir)
             .stdout(std::process::Stdio::null())
@@ -215,10 +335,18 @@ fn loop_devices() {
     let mut loops = Vec::new();
     for i in 0..4 {
         let f = dir.join(format!("back{i}"));
-        std::fs::File::create(&f).unwrap().set_len(32 << 20).unwrap();
-        let o = Command::new("losetup").args(["-f", "--show"]).arg(&f).output();
+        std::fs::File::create(&f)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let o = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&f)
+            .output();
         match o {
-            Ok(o) if o.status.success() => loops.push(String::from_utf8_lossy(&o.stdout).trim().to_string()),
+            Ok(o) if o.status.success() => {
+                loops.push(String::from_utf8_lossy(&o.stdout).trim().to_string())
+            }
             other => {
                 for l in &loops {
                     let _ = Command::new("losetup").args(["-d", l]).status();

@@ -201,7 +201,7 @@ impl Superblock {
         }
         let data_offset = u64_at(b, off::DATA_OFFSET);
         if data_offset < SB_SIZE as u64
-            || data_offset % 4096 != 0
+            || !data_offset.is_multiple_of(4096)
             || data_offset.checked_add(member_data).is_none()
         {
             return Err(field(

@@ -40,7 +40,12 @@ pub enum ArrayError {
     #[error("request at offset {off} length {len} is not aligned to {SECTOR}-byte sectors")]
     Misaligned { off: u64, len: u64 },
     #[error("array has failed: {lost} of {members} members lost, {level} tolerates {tolerates}")]
-    Failed { lost: usize, members: usize, level: Level, tolerates: usize },
+    Failed {
+        lost: usize,
+        members: usize,
+        level: Level,
+        tolerates: usize,
+    },
     #[error("reactor stopped before the request finished")]
     Shutdown,
 }
@@ -58,11 +63,15 @@ pub struct Stats {
     pub merged_writes: AtomicU64,
 }
 
+/// One piece of a write inside a stripe: (data index, chunk offset, length, offset in the
+/// write's buffer).
+type Piece = (usize, u64, u64, usize);
+
 /// A write (or part of one) waiting for its stripe.
 struct PendingWrite {
     src: WriteBuf,
     /// (data index, chunk offset, length, offset in src)
-    pieces: Vec<(usize, u64, u64, usize)>,
+    pieces: Vec<Piece>,
     done: oneshot::Sender<Result<(), ArrayError>>,
 }
 
@@ -113,16 +122,19 @@ impl<D: BlockDev> Array<D> {
         let geo = sb.geometry;
         assert_eq!(devs.len(), geo.members);
         assert_eq!(device_uuids.len(), geo.members);
-        let codec = geo.level.is_parity().then(|| {
-            Codec::new(geo.data_chunks(), geo.parity()).expect("geometry was validated")
-        });
+        let codec = geo
+            .level
+            .is_parity()
+            .then(|| Codec::new(geo.data_chunks(), geo.parity()).expect("geometry was validated"));
         let mut failed = 0u64;
         for (i, d) in devs.iter().enumerate() {
             if d.is_none() || sb.is_failed(i) {
                 failed |= 1 << i;
             }
         }
-        let persisted: u64 = (0..geo.members).filter(|&i| sb.is_failed(i)).fold(0, |m, i| m | 1 << i);
+        let persisted: u64 = (0..geo.members)
+            .filter(|&i| sb.is_failed(i))
+            .fold(0, |m, i| m | 1 << i);
         let shards = rt.as_ref().map_or(1, |r| r.reactors());
         Arc::new(Array {
             geo,
@@ -131,7 +143,11 @@ impl<D: BlockDev> Array<D> {
             data_offset: sb.data_offset,
             failed: AtomicU64::new(failed),
             dirty: AtomicBool::new(false),
-            meta: futures::lock::Mutex::new(Meta { sb, device_uuids, persisted_failed: persisted }),
+            meta: futures::lock::Mutex::new(Meta {
+                sb,
+                device_uuids,
+                persisted_failed: persisted,
+            }),
             rt,
             locks: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
             stats: Stats::default(),
@@ -183,14 +199,16 @@ impl<D: BlockDev> Array<D> {
         if off.checked_add(len).is_none_or(|end| end > size) {
             return Err(ArrayError::OutOfRange { off, len, size });
         }
-        if off % SECTOR != 0 || len % SECTOR != 0 {
+        if !off.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) {
             return Err(ArrayError::Misaligned { off, len });
         }
         Ok(())
     }
 
     fn dev(&self, member: usize) -> &D {
-        self.devs[member].as_ref().expect("I/O is only issued to present members")
+        self.devs[member]
+            .as_ref()
+            .expect("I/O is only issued to present members")
     }
 
     fn member_off(&self, off: u64) -> u64 {
@@ -204,7 +222,11 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Runs `f` on the reactor that owns `stripe` (here, if this is it).
-    fn on_owner<T, F, Fut>(self: &Arc<Self>, stripe: u64, f: F) -> Pin<Box<dyn Future<Output = Result<T, ArrayError>>>>
+    fn on_owner<T, F, Fut>(
+        self: &Arc<Self>,
+        stripe: u64,
+        f: F,
+    ) -> Pin<Box<dyn Future<Output = Result<T, ArrayError>>>>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
@@ -222,7 +244,9 @@ impl<D: BlockDev> Array<D> {
     }
 
     fn with_slot<R>(&self, stripe: u64, f: impl FnOnce(&mut StripeSlot) -> R) -> R {
-        let mut t = self.locks[self.owner(stripe)].lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.locks[self.owner(stripe)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let slot = t.entry(stripe).or_default();
         let r = f(slot);
         if !slot.locked && slot.waiters.is_empty() && slot.pending.is_empty() {
@@ -265,7 +289,9 @@ impl<D: BlockDev> Array<D> {
                 return;
             }
             if batch.len() > 1 {
-                self.stats.merged_writes.fetch_add(batch.len() as u64 - 1, Ordering::Relaxed);
+                self.stats
+                    .merged_writes
+                    .fetch_add(batch.len() as u64 - 1, Ordering::Relaxed);
             }
             let r = self.stripe_write(stripe, &batch).await;
             for w in batch {
@@ -300,22 +326,28 @@ impl<D: BlockDev> Array<D> {
             meta.sb.events += 1;
             meta.sb.utime = now();
             for i in 0..self.geo.members {
-                meta.sb.states[i] = if failed & (1 << i) != 0 { MemberState::Failed } else { MemberState::Active };
+                meta.sb.states[i] = if failed & (1 << i) != 0 {
+                    MemberState::Failed
+                } else {
+                    MemberState::Active
+                };
             }
-            let writes = (0..self.geo.members).filter(|i| failed & (1 << i) == 0).map(|i| {
-                let mut sb = meta.sb.clone();
-                sb.index = i;
-                sb.device_uuid = meta.device_uuids[i];
-                let block = buf::copy_of(&sb.encode());
-                async move {
-                    let (r, _) = self.dev(i).write(0, block).await;
-                    let r = match r {
-                        Ok(()) => self.dev(i).flush().await,
-                        Err(e) => Err(e),
-                    };
-                    (i, r)
-                }
-            });
+            let writes = (0..self.geo.members)
+                .filter(|i| failed & (1 << i) == 0)
+                .map(|i| {
+                    let mut sb = meta.sb.clone();
+                    sb.index = i;
+                    sb.device_uuid = meta.device_uuids[i];
+                    let block = buf::copy_of(&sb.encode());
+                    async move {
+                        let (r, _) = self.dev(i).write(0, block).await;
+                        let r = match r {
+                            Ok(()) => self.dev(i).flush().await,
+                            Err(e) => Err(e),
+                        };
+                        (i, r)
+                    }
+                });
             let mut newly = false;
             for (i, r) in join_all(writes).await {
                 if let Err(e) = r {
@@ -384,7 +416,15 @@ impl<D: BlockDev> Array<D> {
             }
             v
         };
-        Ok(Segments { parts: parts.into_iter().map(|b| { let l = b.len(); (b, 0..l) }).collect() })
+        Ok(Segments {
+            parts: parts
+                .into_iter()
+                .map(|b| {
+                    let l = b.len();
+                    (b, 0..l)
+                })
+                .collect(),
+        })
     }
 
     async fn read_extent(self: &Arc<Self>, e: Extent) -> Result<IoBuf, ArrayError> {
@@ -395,7 +435,9 @@ impl<D: BlockDev> Array<D> {
                 let m = self.geo.data_member(e.stripe, e.index);
                 if f & (1 << m) != 0 {
                     self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
-                    return self.on_owner(e.stripe, move |a| async move { a.degraded_read(e).await }).await;
+                    return self
+                        .on_owner(e.stripe, move |a| async move { a.degraded_read(e).await })
+                        .await;
                 }
                 let at = self.member_off(self.geo.member_offset(e.stripe, e.chunk_off));
                 match self.dev(m).read(at, buf::zeroed(e.len as usize)).await {
@@ -412,9 +454,20 @@ impl<D: BlockDev> Array<D> {
             let copies = self.geo.mirror_copies(e.stripe);
             // Spread reads over the copies: chunk number picks the first choice.
             let n = copies.len();
-            let pick = (0..n).map(|i| copies[(e.stripe as usize + i) % n]).find(|(m, _)| f & (1 << m) == 0);
-            let Some((m, base)) = pick else { return Err(self.check_serving().err().unwrap_or(ArrayError::Shutdown)) };
-            match self.dev(m).read(self.member_off(base + e.chunk_off), buf::zeroed(e.len as usize)).await {
+            let pick = (0..n)
+                .map(|i| copies[(e.stripe as usize + i) % n])
+                .find(|(m, _)| f & (1 << m) == 0);
+            let Some((m, base)) = pick else {
+                return Err(self.check_serving().err().unwrap_or(ArrayError::Shutdown));
+            };
+            match self
+                .dev(m)
+                .read(
+                    self.member_off(base + e.chunk_off),
+                    buf::zeroed(e.len as usize),
+                )
+                .await
+            {
                 (Ok(()), b) => return Ok(b),
                 (Err(err), _) => self.fail_member(m, &err).await,
             }
@@ -425,8 +478,16 @@ impl<D: BlockDev> Array<D> {
     async fn degraded_read(self: Arc<Self>, e: Extent) -> Result<IoBuf, ArrayError> {
         self.lock_stripe(e.stripe).await;
         let r = loop {
-            match self.fetch_data(e.stripe, e.chunk_off, e.len, &[e.index]).await {
-                Ok(Attempt::Done(mut v)) => break Ok(v.pop().flatten().expect("fetch_data returns what was asked")),
+            match self
+                .fetch_data(e.stripe, e.chunk_off, e.len, &[e.index])
+                .await
+            {
+                Ok(Attempt::Done(mut v)) => {
+                    break Ok(v
+                        .pop()
+                        .flatten()
+                        .expect("fetch_data returns what was asked"))
+                }
                 Ok(Attempt::Retry) => continue,
                 Err(err) => break Err(err),
             }
@@ -439,7 +500,12 @@ impl<D: BlockDev> Array<D> {
     /// the attempt reports Retry.
     async fn read_members(&self, reqs: &[(usize, u64, u64)]) -> Attempt<Vec<IoBuf>> {
         let results = join_all(reqs.iter().map(|&(m, at, len)| async move {
-            (m, self.dev(m).read(self.member_off(at), buf::zeroed(len as usize)).await)
+            (
+                m,
+                self.dev(m)
+                    .read(self.member_off(at), buf::zeroed(len as usize))
+                    .await,
+            )
         }))
         .await;
         let mut out = Vec::with_capacity(results.len());
@@ -473,18 +539,34 @@ impl<D: BlockDev> Array<D> {
         let g = &self.geo;
         let k = g.data_chunks();
         let at = g.member_offset(stripe, lo);
-        let missing: Vec<usize> = want.iter().copied().filter(|&i| f & (1 << g.data_member(stripe, i)) != 0).collect();
+        let missing: Vec<usize> = want
+            .iter()
+            .copied()
+            .filter(|&i| f & (1 << g.data_member(stripe, i)) != 0)
+            .collect();
         let mut out: Vec<Option<IoBuf>> = (0..want.len()).map(|_| None).collect();
         if missing.is_empty() {
-            let reqs: Vec<_> = want.iter().map(|&i| (g.data_member(stripe, i), at, len)).collect();
+            let reqs: Vec<_> = want
+                .iter()
+                .map(|&i| (g.data_member(stripe, i), at, len))
+                .collect();
             return Ok(match self.read_members(&reqs).await {
                 Attempt::Done(bufs) => Attempt::Done(bufs.into_iter().map(Some).collect()),
                 Attempt::Retry => Attempt::Retry,
             });
         }
         // Decode: the first k live shards, data before parity.
-        let shard_member = |s: usize| if s < k { g.data_member(stripe, s) } else { g.parity_member(stripe, s - k) };
-        let avail: Vec<usize> = (0..k + g.parity()).filter(|&s| f & (1 << shard_member(s)) == 0).take(k).collect();
+        let shard_member = |s: usize| {
+            if s < k {
+                g.data_member(stripe, s)
+            } else {
+                g.parity_member(stripe, s - k)
+            }
+        };
+        let avail: Vec<usize> = (0..k + g.parity())
+            .filter(|&s| f & (1 << shard_member(s)) == 0)
+            .take(k)
+            .collect();
         let reqs: Vec<_> = avail.iter().map(|&s| (shard_member(s), at, len)).collect();
         let shards = match self.read_members(&reqs).await {
             Attempt::Done(b) => b,
@@ -495,7 +577,9 @@ impl<D: BlockDev> Array<D> {
             let srcs: Vec<&[u8]> = shards.iter().map(|b| &b[..]).collect();
             let mut dsts: Vec<&mut [u8]> = rec.iter_mut().map(|b| &mut b[..]).collect();
             let codec = self.codec.as_ref().expect("parity level has a codec");
-            codec.decode(&avail, &srcs, &missing, &mut dsts).expect("k live shards decode");
+            codec
+                .decode(&avail, &srcs, &missing, &mut dsts)
+                .expect("k live shards decode");
         }
         // Place decoded chunks, and survivors that happened to be wanted.
         let mut rec = rec.into_iter();
@@ -510,7 +594,10 @@ impl<D: BlockDev> Array<D> {
         // Wanted live chunks not among the first k survivors (rare): read them.
         let extra: Vec<usize> = (0..want.len()).filter(|&p| out[p].is_none()).collect();
         if !extra.is_empty() {
-            let reqs: Vec<_> = extra.iter().map(|&p| (g.data_member(stripe, want[p]), at, len)).collect();
+            let reqs: Vec<_> = extra
+                .iter()
+                .map(|&p| (g.data_member(stripe, want[p]), at, len))
+                .collect();
             match self.read_members(&reqs).await {
                 Attempt::Done(bufs) => {
                     for (p, b) in extra.into_iter().zip(bufs) {
@@ -535,13 +622,14 @@ impl<D: BlockDev> Array<D> {
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         match self.geo.level {
             Level::Raid0 | Level::Raid1 | Level::Raid10 => {
-                let results = join_all(self.geo.map(off, len).map(|e| self.write_plain(e, &data))).await;
+                let results =
+                    join_all(self.geo.map(off, len).map(|e| self.write_plain(e, &data))).await;
                 results.into_iter().collect::<Result<(), _>>()?;
                 self.check_serving().map(|_| ())
             }
             _ => {
                 // Group extents by stripe; each stripe's part runs on its owner.
-                let mut parts: Vec<(u64, Vec<(usize, u64, u64, usize)>)> = Vec::new();
+                let mut parts: Vec<(u64, Vec<Piece>)> = Vec::new();
                 for e in self.geo.map(off, len) {
                     let piece = (e.index, e.chunk_off, e.len, e.buf_off as usize);
                     match parts.last_mut() {
@@ -551,7 +639,9 @@ impl<D: BlockDev> Array<D> {
                 }
                 let futs = parts.into_iter().map(|(stripe, pieces)| {
                     let src = data.clone();
-                    self.on_owner(stripe, move |a| async move { a.queue_stripe_write(stripe, src, pieces).await })
+                    self.on_owner(stripe, move |a| async move {
+                        a.queue_stripe_write(stripe, src, pieces).await
+                    })
                 });
                 for r in join_all(futs).await {
                     r?;
@@ -565,13 +655,26 @@ impl<D: BlockDev> Array<D> {
     async fn write_plain(&self, e: Extent, data: &WriteBuf) -> Result<(), ArrayError> {
         let src = &data[e.buf_off as usize..(e.buf_off + e.len) as usize];
         let targets: Vec<(usize, u64)> = match self.geo.level {
-            Level::Raid0 => vec![(self.geo.data_member(e.stripe, e.index), self.geo.member_offset(e.stripe, 0))],
+            Level::Raid0 => vec![(
+                self.geo.data_member(e.stripe, e.index),
+                self.geo.member_offset(e.stripe, 0),
+            )],
             _ => self.geo.mirror_copies(e.stripe),
         };
         let f = self.check_serving()?;
-        let writes = targets.into_iter().filter(|(m, _)| f & (1 << m) == 0).map(|(m, base)| async move {
-            (m, self.dev(m).write(self.member_off(base + e.chunk_off), buf::copy_of(src)).await.0)
-        });
+        let writes =
+            targets
+                .into_iter()
+                .filter(|(m, _)| f & (1 << m) == 0)
+                .map(|(m, base)| async move {
+                    (
+                        m,
+                        self.dev(m)
+                            .write(self.member_off(base + e.chunk_off), buf::copy_of(src))
+                            .await
+                            .0,
+                    )
+                });
         for (m, r) in join_all(writes).await {
             if let Err(err) = r {
                 self.fail_member(m, &err).await;
@@ -586,11 +689,15 @@ impl<D: BlockDev> Array<D> {
         self: Arc<Self>,
         stripe: u64,
         src: WriteBuf,
-        pieces: Vec<(usize, u64, u64, usize)>,
+        pieces: Vec<Piece>,
     ) -> Result<(), ArrayError> {
         let (tx, rx) = oneshot::channel();
         let lead = self.with_slot(stripe, |s| {
-            s.pending.push(PendingWrite { src, pieces, done: tx });
+            s.pending.push(PendingWrite {
+                src,
+                pieces,
+                done: tx,
+            });
             if s.locked {
                 false
             } else {
@@ -634,9 +741,15 @@ impl<D: BlockDev> Array<D> {
         loop {
             let f = self.check_serving()?;
             let alive = |mem: usize| f & (1 << mem) == 0;
-            let live_parity: Vec<usize> = (0..m).filter(|&j| alive(g.parity_member(stripe, j))).collect();
+            let live_parity: Vec<usize> = (0..m)
+                .filter(|&j| alive(g.parity_member(stripe, j)))
+                .collect();
             let uncovered: Vec<usize> = (0..k).filter(|&i| !covered[i]).collect();
-            let rcw_reads = if uncovered.iter().all(|&i| alive(g.data_member(stripe, i))) { uncovered.len() } else { k };
+            let rcw_reads = if uncovered.iter().all(|&i| alive(g.data_member(stripe, i))) {
+                uncovered.len()
+            } else {
+                k
+            };
             let rmw_ok = touched.iter().all(|&i| alive(g.data_member(stripe, i)));
             let rmw_reads = touched.len() + live_parity.len();
             let at = g.member_offset(stripe, lo);
@@ -652,7 +765,13 @@ impl<D: BlockDev> Array<D> {
                 };
                 let mut old = old.into_iter();
                 let mut data: Vec<IoBuf> = (0..k)
-                    .map(|i| if covered[i] { buf::zeroed(span as usize) } else { old.next().flatten().expect("fetched") })
+                    .map(|i| {
+                        if covered[i] {
+                            buf::zeroed(span as usize)
+                        } else {
+                            old.next().flatten().expect("fetched")
+                        }
+                    })
                     .collect();
                 for &i in &touched {
                     overlay(i, &mut data[i]);
@@ -662,7 +781,11 @@ impl<D: BlockDev> Array<D> {
                     let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
                     codec.encode(&srcs, &mut dsts);
                 }
-                let counter = if uncovered.is_empty() { &self.stats.full_stripe_writes } else { &self.stats.rcw_writes };
+                let counter = if uncovered.is_empty() {
+                    &self.stats.full_stripe_writes
+                } else {
+                    &self.stats.rcw_writes
+                };
                 counter.fetch_add(1, Ordering::Relaxed);
                 let mut data: Vec<Option<IoBuf>> = data.into_iter().map(Some).collect();
                 for &i in &touched {
@@ -670,8 +793,15 @@ impl<D: BlockDev> Array<D> {
                 }
             } else {
                 // Read-modify-write: old data of touched chunks and old live parity.
-                let mut reqs: Vec<(usize, u64, u64)> = touched.iter().map(|&i| (g.data_member(stripe, i), at, span)).collect();
-                reqs.extend(live_parity.iter().map(|&j| (g.parity_member(stripe, j), at, span)));
+                let mut reqs: Vec<(usize, u64, u64)> = touched
+                    .iter()
+                    .map(|&i| (g.data_member(stripe, i), at, span))
+                    .collect();
+                reqs.extend(
+                    live_parity
+                        .iter()
+                        .map(|&j| (g.parity_member(stripe, j), at, span)),
+                );
                 let mut bufs = match self.read_members(&reqs).await {
                     Attempt::Done(b) => b,
                     Attempt::Retry => continue,
@@ -703,7 +833,9 @@ impl<D: BlockDev> Array<D> {
                 writes
                     .into_iter()
                     .filter(|(mem, _)| alive(*mem))
-                    .map(|(mem, b)| async move { (mem, self.dev(mem).write(self.member_off(at), b).await.0) }),
+                    .map(|(mem, b)| async move {
+                        (mem, self.dev(mem).write(self.member_off(at), b).await.0)
+                    }),
             )
             .await;
             for (mem, r) in results {
@@ -732,5 +864,7 @@ fn covers(pieces: &[(u64, u64, &[u8])], lo: u64, hi: u64) -> bool {
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

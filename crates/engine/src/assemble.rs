@@ -7,7 +7,9 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
-use uraid_core::format::{self, uuid_string, FormatError, MemberState, Superblock, DATA_OFFSET, SB_SIZE};
+use uraid_core::format::{
+    self, uuid_string, FormatError, MemberState, Superblock, DATA_OFFSET, SB_SIZE,
+};
 use uraid_core::{Geometry, Level};
 
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +21,11 @@ pub enum AssembleError {
     #[error("{0}")]
     Geometry(#[from] uraid_core::geometry::GeometryError),
     #[error("{path} already holds a uraid superblock (array {uuid}, '{name}'); use --force to overwrite")]
-    InUse { path: String, uuid: String, name: String },
+    InUse {
+        path: String,
+        uuid: String,
+        name: String,
+    },
     #[error("{path} is given twice")]
     Duplicate { path: String },
     #[error("{path}: too small ({size} bytes); a member needs at least {need}")]
@@ -27,11 +33,20 @@ pub enum AssembleError {
     #[error("no usable members: {0}")]
     NoMembers(String),
     #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
-    TooManyMissing { level: Level, name: String, missing: usize, members: usize, tolerates: usize },
+    TooManyMissing {
+        level: Level,
+        name: String,
+        missing: usize,
+        members: usize,
+        tolerates: usize,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> AssembleError + '_ {
-    move |err| AssembleError::Io { path: path.display().to_string(), err }
+    move |err| AssembleError::Io {
+        path: path.display().to_string(),
+        err,
+    }
 }
 
 /// Options for `create`.
@@ -48,7 +63,10 @@ pub fn read_superblock(path: &Path) -> Result<Superblock, AssembleError> {
     let f = File::open(path).map_err(io_err(path))?;
     let mut b = vec![0u8; SB_SIZE];
     f.read_exact_at(&mut b, 0).map_err(io_err(path))?;
-    Superblock::decode(&b).map_err(|err| AssembleError::Format { path: path.display().to_string(), err })
+    Superblock::decode(&b).map_err(|err| AssembleError::Format {
+        path: path.display().to_string(),
+        err,
+    })
 }
 
 /// Writes a new array's superblocks to `paths` (in member order) and zeroes the data areas so
@@ -56,17 +74,27 @@ pub fn read_superblock(path: &Path) -> Result<Superblock, AssembleError> {
 pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, AssembleError> {
     for (i, p) in paths.iter().enumerate() {
         if paths[..i].iter().any(|q| same_file(p, q)) {
-            return Err(AssembleError::Duplicate { path: p.display().to_string() });
+            return Err(AssembleError::Duplicate {
+                path: p.display().to_string(),
+            });
         }
     }
     let mut files = Vec::with_capacity(paths.len());
     let mut min_size = u64::MAX;
     for p in paths {
-        let f = OpenOptions::new().read(true).write(true).open(p).map_err(io_err(p))?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .map_err(io_err(p))?;
         let size = device_size(&f).map_err(io_err(p))?;
         let need = DATA_OFFSET + opts.chunk;
         if size < need {
-            return Err(AssembleError::TooSmall { path: p.display().to_string(), size, need });
+            return Err(AssembleError::TooSmall {
+                path: p.display().to_string(),
+                size,
+                need,
+            });
         }
         if !opts.force {
             if let Ok(sb) = read_superblock(p) {
@@ -81,7 +109,9 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         files.push(f);
     }
     let geometry = Geometry::new(opts.level, paths.len(), opts.chunk, min_size - DATA_OFFSET)?;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let mut sb = Superblock {
         array_uuid: *uuid::Uuid::new_v4().as_bytes(),
         name: opts.name.chars().take(format::NAME_LEN).collect(),
@@ -123,11 +153,20 @@ fn zero_range(f: &File, off: u64, len: u64) -> io::Result<()> {
         let range: [u64; 2] = [off, len];
         // SAFETY: BLKZEROOUT reads two u64s (start, length) through the pointer.
         let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x127f, range.as_ptr()) };
-        return if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) };
+        return if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        };
     }
     // SAFETY: plain fallocate syscall on an fd we own.
     let r = unsafe {
-        libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64)
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as i64,
+            len as i64,
+        )
     };
     if r < 0 {
         // Filesystems without hole punching: write zeros.
@@ -164,7 +203,9 @@ pub struct Plan {
 
 impl Plan {
     pub fn missing(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|&i| self.slots[i].is_none() || self.sb.is_failed(i)).collect()
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].is_none() || self.sb.is_failed(i))
+            .collect()
     }
 
     pub fn can_start(&self) -> Result<(), AssembleError> {
@@ -192,14 +233,20 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
     let mut refused = Vec::new();
     for p in paths {
         match read_superblock(p) {
-            Ok(sb) => found.push(Found { path: p.clone(), sb }),
+            Ok(sb) => found.push(Found {
+                path: p.clone(),
+                sb,
+            }),
             Err(e) => refused.push(format!("{e}")),
         }
     }
     // The array is the one most of the given members belong to (ties: the freshest); its
     // truth is its member with the highest event count.
     let votes = |u: &[u8; 16]| found.iter().filter(|f| &f.sb.array_uuid == u).count();
-    let Some(best) = found.iter().max_by_key(|f| (votes(&f.sb.array_uuid), f.sb.events)) else {
+    let Some(best) = found
+        .iter()
+        .max_by_key(|f| (votes(&f.sb.array_uuid), f.sb.events))
+    else {
         return Err(AssembleError::NoMembers(refused.join("; ")));
     };
     let sb = best.sb.clone();
@@ -216,11 +263,19 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
                 sb.name
             ));
         } else if f.sb.geometry != sb.geometry {
-            refused.push(format!("{p}: geometry disagrees with the array's freshest superblock"));
+            refused.push(format!(
+                "{p}: geometry disagrees with the array's freshest superblock"
+            ));
         } else if sb.is_failed(f.sb.index) {
-            refused.push(format!("{p}: member {} is marked failed in the array (events {})", f.sb.index, sb.events));
+            refused.push(format!(
+                "{p}: member {} is marked failed in the array (events {})",
+                f.sb.index, sb.events
+            ));
         } else if f.sb.events < sb.events {
-            refused.push(format!("{p}: stale member {} (events {} < array's {})", f.sb.index, f.sb.events, sb.events));
+            refused.push(format!(
+                "{p}: stale member {} (events {} < array's {})",
+                f.sb.index, f.sb.events, sb.events
+            ));
         } else if slots[f.sb.index].is_some() {
             refused.push(format!("{p}: duplicate of member {}", f.sb.index));
         } else {
@@ -228,7 +283,12 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
             device_uuids[f.sb.index] = f.sb.device_uuid;
         }
     }
-    Ok(Plan { sb, slots, device_uuids, refused })
+    Ok(Plan {
+        sb,
+        slots,
+        device_uuids,
+        refused,
+    })
 }
 
 /// Opens the members of a plan with O_DIRECT.

@@ -35,7 +35,10 @@ pub struct FileDev {
 }
 
 fn short(what: &str, got: i32, want: usize) -> io::Error {
-    io::Error::new(io::ErrorKind::UnexpectedEof, format!("short {what}: {got} of {want} bytes"))
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("short {what}: {got} of {want} bytes"),
+    )
 }
 
 impl FileDev {
@@ -46,7 +49,11 @@ impl FileDev {
             .custom_flags(libc::O_DIRECT)
             .open(path)?;
         let size = device_size(&file)?;
-        Ok(FileDev { file, path: path.display().to_string(), size })
+        Ok(FileDev {
+            file,
+            path: path.display().to_string(),
+            size,
+        })
     }
 
     pub fn path(&self) -> PathBuf {

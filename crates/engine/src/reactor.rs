@@ -54,7 +54,10 @@ impl Shared {
     }
 
     fn push_ready(self: &Arc<Self>, id: usize) {
-        self.ready.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        self.ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id);
         if !CURRENT.with(|c| c.get() == Arc::as_ptr(self)) {
             self.notify();
         }
@@ -126,10 +129,17 @@ impl Local {
         let mut tasks = self.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
         let id = entry.key();
-        let waker = Waker::from(Arc::new(TaskWaker { id, shared: self.shared.clone() }));
+        let waker = Waker::from(Arc::new(TaskWaker {
+            id,
+            shared: self.shared.clone(),
+        }));
         entry.insert((Some(fut), waker));
         self.shared.tasks_live.fetch_add(1, Ordering::Relaxed);
-        self.shared.ready.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        self.shared
+            .ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id);
     }
 
     fn poll_task(&self, id: usize) {
@@ -163,9 +173,18 @@ impl Local {
     }
 
     /// Queues one SQE; the returned future resolves with the CQE result and the buffer.
-    fn push(&self, build: impl FnOnce(u64) -> io_uring::squeue::Entry, buf: Option<IoBuf>) -> RingOp {
+    fn push(
+        &self,
+        build: impl FnOnce(u64) -> io_uring::squeue::Entry,
+        buf: Option<IoBuf>,
+    ) -> RingOp {
         let ring = self.ring.as_ref().expect("push needs a ring");
-        let id = self.ops.borrow_mut().insert(OpSlot { result: None, waker: None, buf, orphaned: false });
+        let id = self.ops.borrow_mut().insert(OpSlot {
+            result: None,
+            waker: None,
+            buf,
+            orphaned: false,
+        });
         let sqe = build(id as u64);
         let mut ring = ring.borrow_mut();
         loop {
@@ -210,7 +229,9 @@ impl Future for RingOp {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let l = local().expect("RingOp polled off its reactor");
         let mut ops = l.ops.borrow_mut();
-        let slot = ops.get_mut(self.id).expect("RingOp slot exists until taken");
+        let slot = ops
+            .get_mut(self.id)
+            .expect("RingOp slot exists until taken");
         if let Some(res) = slot.result {
             let slot = ops.remove(self.id);
             // Mark as taken so Drop does not touch the slab again.
@@ -246,17 +267,38 @@ impl Drop for RingOp {
 
 pub(crate) fn ring_read(l: &Local, fd: RawFd, off: u64, mut buf: IoBuf) -> RingOp {
     let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
-    l.push(move |ud| opcode::Read::new(types::Fd(fd), ptr, len).offset(off).build().user_data(ud), Some(buf))
+    l.push(
+        move |ud| {
+            opcode::Read::new(types::Fd(fd), ptr, len)
+                .offset(off)
+                .build()
+                .user_data(ud)
+        },
+        Some(buf),
+    )
 }
 
 pub(crate) fn ring_write(l: &Local, fd: RawFd, off: u64, buf: IoBuf) -> RingOp {
     let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
-    l.push(move |ud| opcode::Write::new(types::Fd(fd), ptr, len).offset(off).build().user_data(ud), Some(buf))
+    l.push(
+        move |ud| {
+            opcode::Write::new(types::Fd(fd), ptr, len)
+                .offset(off)
+                .build()
+                .user_data(ud)
+        },
+        Some(buf),
+    )
 }
 
 pub(crate) fn ring_fdatasync(l: &Local, fd: RawFd) -> RingOp {
     l.push(
-        move |ud| opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build().user_data(ud),
+        move |ud| {
+            opcode::Fsync::new(types::Fd(fd))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build()
+                .user_data(ud)
+        },
         None,
     )
 }
@@ -296,7 +338,10 @@ impl RuntimeHandle {
     /// Runs `f` on reactor `index`; `f` typically spawns a local task there.
     pub fn run_on(&self, index: usize, f: impl FnOnce() + Send + 'static) {
         let s = &self.peers[index];
-        s.jobs.lock().unwrap_or_else(|e| e.into_inner()).push(Box::new(f));
+        s.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(f));
         if !CURRENT.with(|c| c.get() == Arc::as_ptr(s)) {
             s.notify();
         }
@@ -326,7 +371,8 @@ impl RuntimeHandle {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = T> + 'static,
     {
-        futures::executor::block_on(self.spawn_on(index, f)).expect("reactor stopped before finishing a task")
+        futures::executor::block_on(self.spawn_on(index, f))
+            .expect("reactor stopped before finishing a task")
     }
 }
 
@@ -363,11 +409,17 @@ impl Runtime {
                 .spawn(move || run_reactor(peers2, index, ring_entries, uring))?;
             threads.push(t);
         }
-        Ok(Runtime { peers, threads, uring })
+        Ok(Runtime {
+            peers,
+            threads,
+            uring,
+        })
     }
 
     pub fn handle(&self) -> RuntimeHandle {
-        RuntimeHandle { peers: self.peers.clone() }
+        RuntimeHandle {
+            peers: self.peers.clone(),
+        }
     }
 
     pub fn uses_uring(&self) -> bool {
@@ -440,7 +492,11 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
             && shared.stop.load(Ordering::Acquire)
             && shared.tasks_live.load(Ordering::Relaxed) == 0
             && local.inflight.get() == 0
-            && shared.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+            && shared
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
         {
             break;
         }
@@ -448,20 +504,38 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
             Some(ring) => {
                 if !efd_armed {
                     let ptr = &mut *efd_buf as *mut u64 as *mut u8;
-                    let sqe = opcode::Read::new(types::Fd(shared.efd), ptr, 8).build().user_data(EVENTFD_TOKEN);
+                    let sqe = opcode::Read::new(types::Fd(shared.efd), ptr, 8)
+                        .build()
+                        .user_data(EVENTFD_TOKEN);
                     // SAFETY: efd_buf is a leaked, never-freed u64, and the eventfd stays open
                     // until Shared drops, after this ring is gone.
                     let pushed = unsafe { ring.borrow_mut().submission().push(&sqe) }.is_ok();
                     efd_armed = pushed;
                 }
-                let wait = if busy || !shared.ready.lock().unwrap_or_else(|e| e.into_inner()).is_empty() { 0 } else { 1 };
+                let wait = if busy
+                    || !shared
+                        .ready
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_empty()
+                {
+                    0
+                } else {
+                    1
+                };
                 let r = ring.borrow_mut().submit_and_wait(wait);
                 if let Err(e) = r {
-                    if e.raw_os_error() != Some(libc::EINTR) && e.raw_os_error() != Some(libc::EBUSY) {
+                    if e.raw_os_error() != Some(libc::EINTR)
+                        && e.raw_os_error() != Some(libc::EBUSY)
+                    {
                         tracing::error!("reactor {index}: io_uring_enter failed: {e}");
                     }
                 }
-                let cqes: Vec<(u64, i32)> = ring.borrow_mut().completion().map(|c| (c.user_data(), c.result())).collect();
+                let cqes: Vec<(u64, i32)> = ring
+                    .borrow_mut()
+                    .completion()
+                    .map(|c| (c.user_data(), c.result()))
+                    .collect();
                 for (ud, res) in cqes {
                     if ud == EVENTFD_TOKEN {
                         efd_armed = false;
@@ -472,12 +546,28 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                 }
             }
             None => {
-                if !busy && shared.ready.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
-                    let mut pfd = libc::pollfd { fd: shared.efd, events: libc::POLLIN, revents: 0 };
+                if !busy
+                    && shared
+                        .ready
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_empty()
+                {
+                    let mut pfd = libc::pollfd {
+                        fd: shared.efd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
                     // SAFETY: pfd is a valid pollfd for the duration of the call.
                     unsafe { libc::poll(&mut pfd, 1, 100) };
                     // SAFETY: reading 8 bytes into a u64 from our own non-blocking eventfd.
-                    unsafe { libc::read(shared.efd, &mut *efd_buf as *mut u64 as *mut libc::c_void, 8) };
+                    unsafe {
+                        libc::read(
+                            shared.efd,
+                            &mut *efd_buf as *mut u64 as *mut libc::c_void,
+                            8,
+                        )
+                    };
                     shared.notified.store(false, Ordering::Release);
                 }
             }

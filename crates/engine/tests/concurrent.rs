@@ -18,7 +18,12 @@ const GROUPS: u64 = 3;
 
 /// Each loop `t` owns sectors s with s % LOOPS == t; it writes them and checks reads of its own
 /// sectors against what it wrote (or `base`, the volume's prior image). Returns the new image.
-fn hammer<D: BlockDev>(rt: &Runtime, array: &Arc<Array<D>>, ops_per_loop: u64, base: &[u8]) -> Vec<u8> {
+fn hammer<D: BlockDev>(
+    rt: &Runtime,
+    array: &Arc<Array<D>>,
+    ops_per_loop: u64,
+    base: &[u8],
+) -> Vec<u8> {
     let base = Arc::new(base.to_vec());
     let size = array.size();
     let sectors = size / SECTOR;
@@ -38,21 +43,33 @@ fn hammer<D: BlockDev>(rt: &Runtime, array: &Arc<Array<D>>, ops_per_loop: u64, b
                         let mut mine: Vec<(u64, u8)> = Vec::new();
                         let mut x = t * 7919 + 1;
                         for i in 0..ops_per_loop {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                            x = x
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
                             let s = ((x >> 20) % (sectors / LOOPS)) * LOOPS + t;
                             if i % 3 == 2 {
                                 let got = a.read(s * SECTOR, SECTOR).await.map(|g| g.to_vec());
-                                let want = mine.iter().rev().find(|(ms, _)| *ms == s).map_or(base[(s * SECTOR) as usize], |m| m.1);
+                                let want = mine
+                                    .iter()
+                                    .rev()
+                                    .find(|(ms, _)| *ms == s)
+                                    .map_or(base[(s * SECTOR) as usize], |m| m.1);
                                 match got {
                                     Ok(g) if g.iter().all(|&b| b == want) => {}
                                     other => {
-                                        let _ = tx.send(Err(format!("loop {t}: sector {s}: {:?}, want {want}", other.map(|g| g[0]))));
+                                        let _ = tx.send(Err(format!(
+                                            "loop {t}: sector {s}: {:?}, want {want}",
+                                            other.map(|g| g[0])
+                                        )));
                                         return;
                                     }
                                 }
                             } else {
                                 let v = (x >> 40) as u8 | 1;
-                                if let Err(e) = a.write(s * SECTOR, Arc::new(vec![v; SECTOR as usize])).await {
+                                if let Err(e) = a
+                                    .write(s * SECTOR, Arc::new(vec![v; SECTOR as usize]))
+                                    .await
+                                {
                                     let _ = tx.send(Err(format!("loop {t}: write: {e}")));
                                     return;
                                 }
@@ -85,12 +102,20 @@ fn hammer<D: BlockDev>(rt: &Runtime, array: &Arc<Array<D>>, ops_per_loop: u64, b
 fn read_all<D: BlockDev>(rt: &Runtime, array: &Arc<Array<D>>) -> Vec<u8> {
     let a = array.clone();
     let size = array.size();
-    rt.handle().block_on(0, move || async move { a.read(0, size).await.expect("read-back").to_vec() })
+    rt.handle().block_on(0, move || async move {
+        a.read(0, size).await.expect("read-back").to_vec()
+    })
 }
 
 #[test]
 fn contended_stripes_in_memory_with_failures() {
-    for (level, members) in [(Level::Raid5, 5), (Level::Raid6, 6), (Level::Raid7, 7), (Level::Raid10, 4), (Level::Raid1, 3)] {
+    for (level, members) in [
+        (Level::Raid5, 5),
+        (Level::Raid6, 6),
+        (Level::Raid7, 7),
+        (Level::Raid10, 4),
+        (Level::Raid1, 3),
+    ] {
         let rt = Runtime::new(2, 256, true).unwrap();
         let (array, faults) = mem_array(level, members, 4096, 24 * 4096, Some(rt.handle()));
         let image = hammer(&rt, &array, 300, &vec![0; array.size() as usize]);
@@ -101,7 +126,10 @@ fn contended_stripes_in_memory_with_failures() {
         }
         let image2 = hammer(&rt, &array, 300, &image);
         assert!(array.is_serving(), "{level}: array failed within tolerance");
-        assert!(read_all(&rt, &array) == image2, "{level}: degraded read-back");
+        assert!(
+            read_all(&rt, &array) == image2,
+            "{level}: degraded read-back"
+        );
         drop(array);
         rt.shutdown();
     }
@@ -121,44 +149,90 @@ fn files_through_io_uring_and_reassembly() {
     let dir = temp_dir("files");
     let paths: Vec<PathBuf> = (0..6).map(|i| dir.join(format!("m{i}"))).collect();
     for p in &paths {
-        std::fs::File::create(p).unwrap().set_len((1 << 20) + 64 * 4096).unwrap();
+        std::fs::File::create(p)
+            .unwrap()
+            .set_len((1 << 20) + 64 * 4096)
+            .unwrap();
     }
-    assemble::create(&paths, &CreateOptions { level: Level::Raid6, chunk: 4096, name: "t".into(), force: false }).unwrap();
+    assemble::create(
+        &paths,
+        &CreateOptions {
+            level: Level::Raid6,
+            chunk: 4096,
+            name: "t".into(),
+            force: false,
+        },
+    )
+    .unwrap();
     let image = {
         let plan = assemble::plan(&paths).unwrap();
         let rt = Runtime::new(2, 256, true).unwrap();
-        let array = Array::new(plan.sb.clone(), plan.device_uuids.clone(), assemble::open_members(&plan).unwrap(), Some(rt.handle()));
+        let array = Array::new(
+            plan.sb.clone(),
+            plan.device_uuids.clone(),
+            assemble::open_members(&plan).unwrap(),
+            Some(rt.handle()),
+        );
         let image = hammer(&rt, &array, 400, &vec![0; array.size() as usize]);
         assert!(read_all(&rt, &array) == image);
         let a = array.clone();
-        rt.handle().block_on(0, move || async move { a.close().await }).unwrap();
+        rt.handle()
+            .block_on(0, move || async move { a.close().await })
+            .unwrap();
         rt.shutdown();
         image
     };
     let sb = assemble::read_superblock(&paths[0]).unwrap();
     assert!(sb.clean, "close() records a clean shutdown");
     // Reassemble from members given out of order, two of them missing.
-    let some = vec![paths[5].clone(), paths[0].clone(), paths[3].clone(), paths[2].clone()];
+    let some = vec![
+        paths[5].clone(),
+        paths[0].clone(),
+        paths[3].clone(),
+        paths[2].clone(),
+    ];
     let plan = assemble::plan(&some).unwrap();
     assert_eq!(plan.missing(), vec![1, 4]);
     plan.can_start().unwrap();
     let rt = Runtime::new(2, 256, true).unwrap();
-    let array = Array::new(plan.sb.clone(), plan.device_uuids.clone(), assemble::open_members(&plan).unwrap(), Some(rt.handle()));
-    assert!(read_all(&rt, &array) == image, "degraded reassembly reads back the same data");
+    let array = Array::new(
+        plan.sb.clone(),
+        plan.device_uuids.clone(),
+        assemble::open_members(&plan).unwrap(),
+        Some(rt.handle()),
+    );
+    assert!(
+        read_all(&rt, &array) == image,
+        "degraded reassembly reads back the same data"
+    );
     // A write while degraded bumps events and records the missing members as failed, so
     // they are refused as stale if they come back.
     let image2 = hammer(&rt, &array, 600, &image);
     let a = array.clone();
-    rt.handle().block_on(0, move || async move { a.close().await }).unwrap();
+    rt.handle()
+        .block_on(0, move || async move { a.close().await })
+        .unwrap();
     drop(array);
     rt.shutdown();
     let plan = assemble::plan(&paths).unwrap();
     assert_eq!(plan.missing(), vec![1, 4]);
     assert_eq!(plan.refused.len(), 2, "{:?}", plan.refused);
-    assert!(plan.refused.iter().all(|r| r.contains("marked failed")), "{:?}", plan.refused);
+    assert!(
+        plan.refused.iter().all(|r| r.contains("marked failed")),
+        "{:?}",
+        plan.refused
+    );
     let rt = Runtime::new(1, 64, false).unwrap();
-    let array = Array::new(plan.sb.clone(), plan.device_uuids.clone(), assemble::open_members(&plan).unwrap(), Some(rt.handle()));
-    assert!(read_all(&rt, &array) == image2, "pread fallback reads the same");
+    let array = Array::new(
+        plan.sb.clone(),
+        plan.device_uuids.clone(),
+        assemble::open_members(&plan).unwrap(),
+        Some(rt.handle()),
+    );
+    assert!(
+        read_all(&rt, &array) == image2,
+        "pread fallback reads the same"
+    );
     drop(array);
     rt.shutdown();
     let _ = std::fs::remove_dir_all(&dir);

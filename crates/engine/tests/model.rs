@@ -15,10 +15,20 @@ const ROWS: u64 = 6;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { off: u64, sectors: u64, seed: u64 },
-    Read { off: u64, sectors: u64 },
+    Write {
+        off: u64,
+        sectors: u64,
+        seed: u64,
+    },
+    Read {
+        off: u64,
+        sectors: u64,
+    },
     /// Kill a member now, or after it has served `after` more operations (mid-request).
-    Fail { member: usize, after: i64 },
+    Fail {
+        member: usize,
+        after: i64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -30,10 +40,23 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn level_for(i: usize) -> Level {
-    [Level::Raid0, Level::Raid1, Level::Raid10, Level::Raid5, Level::Raid6, Level::Raid7, Level::Ec { parity: 4 }][i]
+    [
+        Level::Raid0,
+        Level::Raid1,
+        Level::Raid10,
+        Level::Raid5,
+        Level::Raid6,
+        Level::Raid7,
+        Level::Ec { parity: 4 },
+    ][i]
 }
 
-fn run(level: Level, members: usize, ops: Vec<Op>, allow_beyond: bool) -> Result<(), TestCaseError> {
+fn run(
+    level: Level,
+    members: usize,
+    ops: Vec<Op>,
+    allow_beyond: bool,
+) -> Result<(), TestCaseError> {
     let (array, faults) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
     let size = array.size();
     let sectors_total = size / SECTOR;
@@ -49,7 +72,10 @@ fn run(level: Level, members: usize, ops: Vec<Op>, allow_beyond: bool) -> Result
                 match block_on(array.write(off, data.clone())) {
                     Ok(()) => model.write(off, &data),
                     Err(ArrayError::Failed { .. }) => {
-                        prop_assert!(!array.is_serving(), "write refused while the array could serve");
+                        prop_assert!(
+                            !array.is_serving(),
+                            "write refused while the array could serve"
+                        );
                         // A refused write may have landed partially: the model no longer knows
                         // the range, but the array must keep refusing from now on.
                         return finish_failed(&array);
@@ -61,7 +87,10 @@ fn run(level: Level, members: usize, ops: Vec<Op>, allow_beyond: bool) -> Result
                 let off = off % sectors_total * SECTOR;
                 let len = (sectors * SECTOR).min(size - off);
                 match block_on(array.read(off, len)) {
-                    Ok(seg) => prop_assert!(seg.to_vec() == model.read(off, len), "wrong data at {off}+{len}"),
+                    Ok(seg) => prop_assert!(
+                        seg.to_vec() == model.read(off, len),
+                        "wrong data at {off}+{len}"
+                    ),
                     Err(ArrayError::Failed { .. }) => {
                         prop_assert!(!array.is_serving());
                         return finish_failed(&array);
@@ -76,7 +105,10 @@ fn run(level: Level, members: usize, ops: Vec<Op>, allow_beyond: bool) -> Result
                 if !allow_beyond && !array.geometry().can_serve(would) {
                     continue;
                 }
-                if (would.count_ones() as usize) > tol && !allow_beyond && !matches!(level, Level::Raid10) {
+                if (would.count_ones() as usize) > tol
+                    && !allow_beyond
+                    && !matches!(level, Level::Raid10)
+                {
                     continue;
                 }
                 scheduled |= 1 << member;
@@ -100,9 +132,17 @@ fn run(level: Level, members: usize, ops: Vec<Op>, allow_beyond: bool) -> Result
     Ok(())
 }
 
-fn finish_failed(array: &std::sync::Arc<uraid_engine::Array<uraid_sim::MemDev>>) -> Result<(), TestCaseError> {
-    let read_refused = matches!(block_on(array.read(0, SECTOR)), Err(ArrayError::Failed { .. }));
-    let write_refused = matches!(block_on(array.write(0, payload(1, SECTOR as usize))), Err(ArrayError::Failed { .. }));
+fn finish_failed(
+    array: &std::sync::Arc<uraid_engine::Array<uraid_sim::MemDev>>,
+) -> Result<(), TestCaseError> {
+    let read_refused = matches!(
+        block_on(array.read(0, SECTOR)),
+        Err(ArrayError::Failed { .. })
+    );
+    let write_refused = matches!(
+        block_on(array.write(0, payload(1, SECTOR as usize))),
+        Err(ArrayError::Failed { .. })
+    );
     prop_assert!(read_refused, "failed array served a read");
     prop_assert!(write_refused, "failed array accepted a write");
     Ok(())
@@ -155,11 +195,20 @@ fn every_member_count_survives_tolerated_failures() {
             for f in 0..tol.min(members - 1) {
                 // raid10's guaranteed tolerance is one member; fail members 0, 2, 4... so
                 // pairs stay served even when tolerating more.
-                let victim = if matches!(level, Level::Raid10) { 2 * f } else { (f * 5 + 1) % members };
+                let victim = if matches!(level, Level::Raid10) {
+                    2 * f
+                } else {
+                    (f * 5 + 1) % members
+                };
                 faults[victim].kill();
                 write_some(&array, &mut model);
-                let got = block_on(array.read(0, size)).unwrap_or_else(|e| panic!("{level} x{members} after {f}: {e}"));
-                assert!(got.to_vec() == model.bytes, "{level} x{members}: wrong data after failing {}", f + 1);
+                let got = block_on(array.read(0, size))
+                    .unwrap_or_else(|e| panic!("{level} x{members} after {f}: {e}"));
+                assert!(
+                    got.to_vec() == model.bytes,
+                    "{level} x{members}: wrong data after failing {}",
+                    f + 1
+                );
             }
             // One more than tolerated: a clean error.
             let mut extra = 0;
@@ -168,7 +217,13 @@ fn every_member_count_survives_tolerated_failures() {
                 let _ = block_on(array.read(0, size));
                 extra += 1;
             }
-            assert!(matches!(block_on(array.read(0, SECTOR)), Err(ArrayError::Failed { .. })), "{level} x{members}");
+            assert!(
+                matches!(
+                    block_on(array.read(0, SECTOR)),
+                    Err(ArrayError::Failed { .. })
+                ),
+                "{level} x{members}"
+            );
         }
     }
 }

@@ -4,12 +4,12 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use uraid_core::format::{MemberState, Superblock, DATA_OFFSET};
+use uraid_core::{Geometry, Level};
+use uraid_engine::array::WriteBuf;
 use uraid_engine::buf::IoBuf;
 use uraid_engine::BlockDev;
 use uraid_engine::{Array, RuntimeHandle};
-use uraid_engine::array::WriteBuf;
-use uraid_core::format::{MemberState, Superblock, DATA_OFFSET};
-use uraid_core::{Geometry, Level};
 
 /// Fault switch shared between a test and one device.
 #[derive(Debug, Default)]
@@ -31,7 +31,9 @@ impl Faults {
     }
 
     fn check(&self) -> io::Result<()> {
-        if self.die_after.load(Ordering::SeqCst) > 0 && self.die_after.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.die_after.load(Ordering::SeqCst) > 0
+            && self.die_after.fetch_sub(1, Ordering::SeqCst) == 1
+        {
             self.kill();
         }
         if self.dead.load(Ordering::SeqCst) {
@@ -55,7 +57,11 @@ pub struct MemDev {
 
 impl MemDev {
     pub fn new(name: impl Into<String>, size: usize) -> MemDev {
-        MemDev { name: name.into(), data: Mutex::new(vec![0; size]), faults: Arc::new(Faults::default()) }
+        MemDev {
+            name: name.into(),
+            data: Mutex::new(vec![0; size]),
+            faults: Arc::new(Faults::default()),
+        }
     }
 
     /// A copy of the device's bytes (for inspecting what landed where).
@@ -122,11 +128,19 @@ pub fn mem_array(
         states: vec![MemberState::Active; members],
     };
     let devs: Vec<MemDev> = (0..members)
-        .map(|i| MemDev::new(format!("mem{i}"), (DATA_OFFSET + geometry.member_data) as usize))
+        .map(|i| {
+            MemDev::new(
+                format!("mem{i}"),
+                (DATA_OFFSET + geometry.member_data) as usize,
+            )
+        })
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
     let uuids = (0..members).map(|i| [i as u8 + 1; 16]).collect();
-    (Array::new(sb, uuids, devs.into_iter().map(Some).collect(), rt), faults)
+    (
+        Array::new(sb, uuids, devs.into_iter().map(Some).collect(), rt),
+        faults,
+    )
 }
 
 /// The flat reference model: what the volume must read back.
@@ -136,7 +150,9 @@ pub struct Model {
 
 impl Model {
     pub fn new(size: u64) -> Model {
-        Model { bytes: vec![0; size as usize] }
+        Model {
+            bytes: vec![0; size as usize],
+        }
     }
 
     pub fn write(&mut self, off: u64, data: &[u8]) {

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what uraid needs to build, test and benchmark on a fresh Debian machine, then builds.
+# Idempotent; run as root (or with sudo available).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+need_pkgs=()
+have() { dpkg -s "$1" >/dev/null 2>&1; }
+# libisal-dev: parity kernels. fio: raw-device baselines. util-linux: losetup for tests.
+# libnbd-bin, nbdkit, qemu-utils, fuse3: NBD clients and peers for the serve/bench work.
+for p in libisal-dev fio util-linux libnbd-bin nbdkit qemu-utils fuse3 pkg-config; do
+  have "$p" || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "setup: installing ${need_pkgs[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; install a stable Rust toolchain (rustup) first" >&2
+  exit 1
+fi
+cargo build --release --workspace --quiet
+echo "setup: done; binary at target/release/uraid"
