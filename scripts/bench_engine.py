@@ -43,7 +43,7 @@ def fio_run(members, rw, bs, qd, runtime, threads):
     cmd = ["fio", "--name=raw", "--ioengine=io_uring", "--direct=1", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={qd // threads}", f"--numjobs={threads}", "--group_reporting", "--thread",
            f"--runtime={runtime}", "--time_based", "--output-format=json", "--norandommap",
-           "--randrepeat=0", "--filename=" + ":".join(members)]
+           "--randrepeat=0", "--offset=1m", "--filename=" + ":".join(members)]
     j = json.loads(run(cmd))["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
     return side["iops"], side["bw_bytes"] / 1e6, cmd

@@ -440,7 +440,7 @@ impl<D: BlockDev> Array<D> {
                         .await;
                 }
                 let at = self.member_off(self.geo.member_offset(e.stripe, e.chunk_off));
-                match self.dev(m).read(at, buf::zeroed(e.len as usize)).await {
+                match self.dev(m).read(at, buf::alloc(e.len as usize)).await {
                     (Ok(()), b) => return Ok(b),
                     (Err(err), _) => self.fail_member(m, &err).await,
                 }
@@ -464,7 +464,7 @@ impl<D: BlockDev> Array<D> {
                 .dev(m)
                 .read(
                     self.member_off(base + e.chunk_off),
-                    buf::zeroed(e.len as usize),
+                    buf::alloc(e.len as usize),
                 )
                 .await
             {
@@ -503,7 +503,7 @@ impl<D: BlockDev> Array<D> {
             (
                 m,
                 self.dev(m)
-                    .read(self.member_off(at), buf::zeroed(len as usize))
+                    .read(self.member_off(at), buf::alloc(len as usize))
                     .await,
             )
         }))
@@ -572,7 +572,7 @@ impl<D: BlockDev> Array<D> {
             Attempt::Done(b) => b,
             Attempt::Retry => return Ok(Attempt::Retry),
         };
-        let mut rec: Vec<IoBuf> = missing.iter().map(|_| buf::zeroed(len as usize)).collect();
+        let mut rec: Vec<IoBuf> = missing.iter().map(|_| buf::alloc(len as usize)).collect();
         {
             let srcs: Vec<&[u8]> = shards.iter().map(|b| &b[..]).collect();
             let mut dsts: Vec<&mut [u8]> = rec.iter_mut().map(|b| &mut b[..]).collect();
@@ -755,7 +755,7 @@ impl<D: BlockDev> Array<D> {
             let at = g.member_offset(stripe, lo);
 
             let mut data_out: Vec<(usize, IoBuf)> = Vec::with_capacity(touched.len());
-            let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::zeroed(span as usize)).collect();
+            let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
             let codec = self.codec.as_ref().expect("parity level has a codec");
             if !rmw_ok || rcw_reads <= rmw_reads {
                 // Reconstruct-write (full-stripe when nothing needs reading).
@@ -767,7 +767,7 @@ impl<D: BlockDev> Array<D> {
                 let mut data: Vec<IoBuf> = (0..k)
                     .map(|i| {
                         if covered[i] {
-                            buf::zeroed(span as usize)
+                            buf::alloc(span as usize)
                         } else {
                             old.next().flatten().expect("fetched")
                         }
