@@ -326,6 +326,16 @@ mod tests {
             Superblock::decode(&reseal(b)),
             Err(FormatError::Geometry(_))
         ));
+        // A huge member_data must be refused, not overflow the volume size (found by the
+        // mutation property test below).
+        let mut b = good;
+        b[off::MEMBER_DATA + 7] = 32;
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Geometry(
+                crate::geometry::GeometryError::TooLarge(_)
+            ))
+        ));
         let mut b = good;
         b[off::STATES + 2] = 9;
         assert!(matches!(

@@ -15,6 +15,9 @@ pub const SECTOR: u64 = 512;
 pub const CHUNK_MIN: u64 = 4 << 10;
 pub const CHUNK_MAX: u64 = 1 << 20;
 pub const CHUNK_DEFAULT: u64 = 64 << 10;
+/// Largest data area per member (64 PiB). With at most 64 members the volume size stays far
+/// below u64::MAX, so size arithmetic cannot overflow.
+pub const MEMBER_DATA_MAX: u64 = 1 << 56;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Level {
@@ -149,6 +152,8 @@ pub enum GeometryError {
     Chunk(u64),
     #[error("members are too small: each needs at least one {0}-byte chunk of data space")]
     TooSmall(u64),
+    #[error("member data size {0} exceeds the supported maximum of 2^56 bytes")]
+    TooLarge(u64),
 }
 
 /// A fully validated array shape.
@@ -206,6 +211,11 @@ impl Geometry {
         let member_data = member_bytes / chunk * chunk;
         if member_data == 0 {
             return Err(GeometryError::TooSmall(chunk));
+        }
+        // Sizes come from untrusted superblocks too: the volume must fit in a u64 (with room
+        // for the data offset on every member), or the shape is refused.
+        if member_data > MEMBER_DATA_MAX {
+            return Err(GeometryError::TooLarge(member_data));
         }
         Ok(Geometry {
             level,
