@@ -135,9 +135,18 @@ impl Codec {
         &self.matrix
     }
 
-    /// Computes all m parities of k equally long data buffers.
+    /// Computes all m parities of k equally long data buffers. For one and two parities the
+    /// dedicated RAID kernels (xor_gen, pq_gen) are used when the buffers suit them; they
+    /// compute exactly rows 0 and 1 of the matrix and run about twice as fast.
     pub fn encode(&self, data: &[&[u8]], parity: &mut [&mut [u8]]) {
-        self.enc.encode(data, parity);
+        let fast = match parity {
+            [p] => uraid_isal::xor_parity(data, p),
+            [p, q] => uraid_isal::pq_parity(data, p, q),
+            _ => false,
+        };
+        if !fast {
+            self.enc.encode(data, parity);
+        }
     }
 
     /// Read-modify-write: `parity[j] ^= A[j][index] * delta` where delta = old XOR new data.
@@ -299,6 +308,57 @@ mod tests {
                         }
                         assert_eq!(out, refd);
                     }
+                }
+            }
+        }
+    }
+
+    /// The xor_gen / pq_gen fast paths (taken for aligned, 32-byte-multiple buffers) agree
+    /// with the reference for every k.
+    #[test]
+    fn raid_kernel_fast_paths_match_reference() {
+        for k in 1..=16 {
+            for m in 1..=2 {
+                let codec = Codec::new(k, m).unwrap();
+                // Vec<u64> storage gives 8-byte alignment; offset to a 32-byte boundary.
+                let data = shards(k, 4096, (k * 7 + m) as u64);
+                let mut store: Vec<Vec<u8>> = data
+                    .iter()
+                    .map(|d| {
+                        let mut v = vec![0u8; 4096 + 32];
+                        let o = v.as_ptr().align_offset(32);
+                        v[o..o + 4096].copy_from_slice(d);
+                        v
+                    })
+                    .collect();
+                let drefs: Vec<&[u8]> = store
+                    .iter_mut()
+                    .map(|v| {
+                        let o = v.as_ptr().align_offset(32);
+                        &v[o..o + 4096]
+                    })
+                    .collect();
+                let mut pstore: Vec<Vec<u8>> = (0..m).map(|_| vec![0u8; 4096 + 32]).collect();
+                let mut prefs: Vec<&mut [u8]> = pstore
+                    .iter_mut()
+                    .map(|v| {
+                        let o = v.as_ptr().align_offset(32);
+                        &mut v[o..o + 4096]
+                    })
+                    .collect();
+                if k >= 2 {
+                    // The kernel must really take these buffers, or this test checks nothing new.
+                    let took = match &mut prefs[..] {
+                        [p] => uraid_isal::xor_parity(&drefs, p),
+                        [p, q] => uraid_isal::pq_parity(&drefs, p, q),
+                        _ => unreachable!(),
+                    };
+                    assert!(took, "k={k} m={m}: RAID kernel refused aligned buffers");
+                }
+                codec.encode(&drefs, &mut prefs);
+                let want = reference::encode(k, m, &drefs);
+                for (j, p) in prefs.iter().enumerate() {
+                    assert_eq!(&p[..], &want[j][..], "k={k} m={m} parity {j}");
                 }
             }
         }

@@ -26,6 +26,79 @@ extern "C" {
         data: *mut c_uchar,
         coding: *mut *mut c_uchar,
     );
+    fn xor_gen(vects: c_int, len: c_int, array: *mut *mut std::ffi::c_void) -> c_int;
+    fn pq_gen(vects: c_int, len: c_int, array: *mut *mut std::ffi::c_void) -> c_int;
+}
+
+/// Whether every buffer meets the RAID kernels' rules: 32-byte aligned, length a multiple of 32.
+fn raid_kernel_ok(len: usize, ptrs: &[*mut u8]) -> bool {
+    len > 0
+        && len % 32 == 0
+        && len <= c_int::MAX as usize
+        && ptrs.iter().all(|p| *p as usize % 32 == 0)
+}
+
+/// P = XOR of `data` with ISA-L's xor_gen. Returns false (and does nothing) when the buffers do
+/// not meet the kernel's alignment rules or there are fewer than two sources; the caller then
+/// uses the general encoder.
+pub fn xor_parity(data: &[&[u8]], p: &mut [u8]) -> bool {
+    let len = p.len();
+    if data.len() < 2 || data.len() + 1 > MAX_VECS || data.iter().any(|d| d.len() != len) {
+        return false;
+    }
+    let mut v = [std::ptr::null_mut::<u8>(); MAX_VECS];
+    for (slot, d) in v.iter_mut().zip(data) {
+        *slot = d.as_ptr() as *mut u8;
+    }
+    v[data.len()] = p.as_mut_ptr();
+    let n = data.len() + 1;
+    if !raid_kernel_ok(len, &v[..n]) {
+        return false;
+    }
+    // SAFETY: n pointers to buffers of len bytes (sources only read, the last one written and
+    // distinct from the sources because it comes from a &mut borrow), aligned and sized as
+    // xor_gen requires (checked above).
+    let r = unsafe {
+        xor_gen(
+            n as c_int,
+            len as c_int,
+            v.as_mut_ptr() as *mut *mut std::ffi::c_void,
+        )
+    };
+    r == 0
+}
+
+/// P (XOR) and Q (md RAID6: sum of 2^i * D_i over GF(2^8)/0x11D) with ISA-L's pq_gen. Returns
+/// false (and does nothing) when the buffers do not meet the kernel's rules; the caller then
+/// uses the general encoder.
+pub fn pq_parity(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) -> bool {
+    let len = p.len();
+    if data.len() < 2
+        || data.len() + 2 > MAX_VECS
+        || q.len() != len
+        || data.iter().any(|d| d.len() != len)
+    {
+        return false;
+    }
+    let mut v = [std::ptr::null_mut::<u8>(); MAX_VECS];
+    for (slot, d) in v.iter_mut().zip(data) {
+        *slot = d.as_ptr() as *mut u8;
+    }
+    v[data.len()] = p.as_mut_ptr();
+    v[data.len() + 1] = q.as_mut_ptr();
+    let n = data.len() + 2;
+    if !raid_kernel_ok(len, &v[..n]) {
+        return false;
+    }
+    // SAFETY: as in xor_parity; P and Q are distinct &mut buffers, the sources are only read.
+    let r = unsafe {
+        pq_gen(
+            n as c_int,
+            len as c_int,
+            v.as_mut_ptr() as *mut *mut std::ffi::c_void,
+        )
+    };
+    r == 0
 }
 
 /// Largest number of source or output vectors one call takes (N+M <= 64 in uraid).
