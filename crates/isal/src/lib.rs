@@ -33,9 +33,9 @@ extern "C" {
 /// Whether every buffer meets the RAID kernels' rules: 32-byte aligned, length a multiple of 32.
 fn raid_kernel_ok(len: usize, ptrs: &[*mut u8]) -> bool {
     len > 0
-        && len % 32 == 0
+        && len.is_multiple_of(32)
         && len <= c_int::MAX as usize
-        && ptrs.iter().all(|p| *p as usize % 32 == 0)
+        && ptrs.iter().all(|p| (*p as usize).is_multiple_of(32))
 }
 
 /// P = XOR of `data` with ISA-L's xor_gen. Returns false (and does nothing) when the buffers do
