@@ -34,11 +34,19 @@ pub struct FileDev {
     size: u64,
 }
 
-fn short(what: &str, got: i32, want: usize) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        format!("short {what}: {got} of {want} bytes"),
-    )
+/// Turns a CQE result for a `want`-byte transfer into an io::Result; a short transfer is an
+/// error (members are sized, so it means the device shrank or failed).
+fn ring_result(what: &str, res: i32, want: usize) -> io::Result<()> {
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else if res as usize != want {
+        Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("short {what}: {res} of {want} bytes"),
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 impl FileDev {
@@ -91,15 +99,10 @@ impl BlockDev for FileDev {
         match reactor::local().filter(|l| l.has_ring()) {
             Some(l) => {
                 let (res, b) = reactor::ring_read(&l, self.file.as_raw_fd(), off, buf).await;
-                let b = b.expect("read op returns its buffer");
-                let r = if res < 0 {
-                    Err(io::Error::from_raw_os_error(-res))
-                } else if res as usize != want {
-                    Err(short("read", res, want))
-                } else {
-                    Ok(())
-                };
-                (r, b)
+                (
+                    ring_result("read", res, want),
+                    b.expect("read op returns its buffer"),
+                )
             }
             None => {
                 let r = self.file.read_exact_at(&mut buf, off);
@@ -113,15 +116,10 @@ impl BlockDev for FileDev {
         match reactor::local().filter(|l| l.has_ring()) {
             Some(l) => {
                 let (res, b) = reactor::ring_write(&l, self.file.as_raw_fd(), off, buf).await;
-                let b = b.expect("write op returns its buffer");
-                let r = if res < 0 {
-                    Err(io::Error::from_raw_os_error(-res))
-                } else if res as usize != want {
-                    Err(short("write", res, want))
-                } else {
-                    Ok(())
-                };
-                (r, b)
+                (
+                    ring_result("write", res, want),
+                    b.expect("write op returns its buffer"),
+                )
             }
             None => {
                 let r = self.file.write_all_at(&buf, off);

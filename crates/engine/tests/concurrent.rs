@@ -135,6 +135,16 @@ fn contended_stripes_in_memory_with_failures() {
     }
 }
 
+/// Opens the array a plan describes on the runtime's reactors.
+fn open(plan: &assemble::Plan, rt: &Runtime) -> Arc<Array<uraid_engine::FileDev>> {
+    Array::new(
+        plan.sb.clone(),
+        plan.device_uuids.clone(),
+        assemble::open_members(plan).unwrap(),
+        Some(rt.handle()),
+    )
+}
+
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("uraid-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -167,12 +177,7 @@ fn files_through_io_uring_and_reassembly() {
     let image = {
         let plan = assemble::plan(&paths).unwrap();
         let rt = Runtime::new(2, 256, true).unwrap();
-        let array = Array::new(
-            plan.sb.clone(),
-            plan.device_uuids.clone(),
-            assemble::open_members(&plan).unwrap(),
-            Some(rt.handle()),
-        );
+        let array = open(&plan, &rt);
         let image = hammer(&rt, &array, 400, &vec![0; array.size() as usize]);
         assert!(read_all(&rt, &array) == image);
         let a = array.clone();
@@ -195,12 +200,7 @@ fn files_through_io_uring_and_reassembly() {
     assert_eq!(plan.missing(), vec![1, 4]);
     plan.can_start().unwrap();
     let rt = Runtime::new(2, 256, true).unwrap();
-    let array = Array::new(
-        plan.sb.clone(),
-        plan.device_uuids.clone(),
-        assemble::open_members(&plan).unwrap(),
-        Some(rt.handle()),
-    );
+    let array = open(&plan, &rt);
     assert!(
         read_all(&rt, &array) == image,
         "degraded reassembly reads back the same data"
@@ -223,12 +223,7 @@ fn files_through_io_uring_and_reassembly() {
         plan.refused
     );
     let rt = Runtime::new(1, 64, false).unwrap();
-    let array = Array::new(
-        plan.sb.clone(),
-        plan.device_uuids.clone(),
-        assemble::open_members(&plan).unwrap(),
-        Some(rt.handle()),
-    );
+    let array = open(&plan, &rt);
     assert!(
         read_all(&rt, &array) == image2,
         "pread fallback reads the same"
