@@ -163,6 +163,31 @@ fn status_reports_missing_stale_and_foreign_members() {
         &dir,
     ));
     assert!(s.contains("refused: x0: belongs to array"), "{s}");
+    // A read-only run with m1 left out changes nothing on disk: m1 is still current.
+    ok(&uraid(
+        &[
+            "bench",
+            "--runtime",
+            "0.3",
+            "--fail",
+            "1",
+            "m0",
+            "m1",
+            "m2",
+            "m3",
+            "m4",
+            "m5",
+        ],
+        &dir,
+    ));
+    let s = ok(&uraid(
+        &["status", "m0", "m1", "m2", "m3", "m4", "m5"],
+        &dir,
+    ));
+    assert!(
+        s.contains("[6/6] [UUUUUU]") && s.contains("events 1 "),
+        "{s}"
+    );
     // Stale: write to the array while m1 is out (bench with --fail 1 writes), then bring it back.
     ok(&uraid(
         &[

@@ -375,13 +375,17 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// Flushes every member, then records a clean shutdown in the superblocks.
+    /// Flushes every member and, if anything was written since assembly, records a clean
+    /// shutdown in the superblocks. A session that only read leaves them untouched: members
+    /// that were merely absent are not marked failed, since their data is still current.
     pub async fn close(&self) -> Result<(), ArrayError> {
         self.flush().await?;
         let mut meta = self.meta.lock().await;
-        meta.sb.clean = true;
-        self.persist(&mut meta, true).await;
-        self.dirty.store(false, Ordering::Release);
+        if self.dirty.load(Ordering::Acquire) {
+            meta.sb.clean = true;
+            self.persist(&mut meta, true).await;
+            self.dirty.store(false, Ordering::Release);
+        }
         Ok(())
     }
 
