@@ -188,9 +188,11 @@ mod tests {
 /// A read result: pieces of buffers that together hold the requested bytes, in order.
 /// Keeping pieces (rather than copying into one buffer) lets a network server send them with
 /// one writev and no copy.
+/// A member buffer may back several segments (adjacent chunks read from one member in one I/O),
+/// hence the Arc.
 #[derive(Debug, Default)]
 pub struct Segments {
-    pub parts: Vec<(IoBuf, std::ops::Range<usize>)>,
+    pub parts: Vec<(std::sync::Arc<IoBuf>, std::ops::Range<usize>)>,
 }
 
 impl Segments {
