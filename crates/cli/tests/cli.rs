@@ -403,3 +403,43 @@ fn loop_devices() {
     ok(&bench);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The README's main command: `uraid bench` with no members creates the embedded default
+/// volume (raid6 8+2 over ten sparse 1 GiB files in ./uraid-data) and reuses it afterwards.
+#[test]
+fn default_volume_is_created_then_reused() {
+    let dir = tmp("default");
+    let first = uraid(&["bench", "--runtime", "0.2", "--json"], &dir);
+    let j: serde_json::Value = serde_json::from_str(&ok(&first)).unwrap();
+    assert_eq!(j["array"], "raid6 8+2 chunk 64K");
+    assert!(String::from_utf8_lossy(&first.stderr).contains("created the default raid6 8+2 volume"));
+    let sb = ok(&uraid(
+        &["examine", "--json", "uraid-data/member7.img"],
+        &dir,
+    ));
+    let uuid = serde_json::from_str::<serde_json::Value>(&sb).unwrap()["array_uuid"].clone();
+    let second = uraid(
+        &["bench", "--runtime", "0.2", "--read-pct", "0", "--json"],
+        &dir,
+    );
+    ok(&second);
+    assert!(
+        !String::from_utf8_lossy(&second.stderr).contains("created"),
+        "second run must reuse the volume"
+    );
+    let sb = ok(&uraid(
+        &["examine", "--json", "uraid-data/member7.img"],
+        &dir,
+    ));
+    let v: serde_json::Value = serde_json::from_str(&sb).unwrap();
+    assert_eq!(v["array_uuid"], uuid);
+    assert_eq!(
+        v["clean"], true,
+        "a bench that wrote leaves the array clean on exit"
+    );
+    // Half a default volume is refused rather than silently recreated.
+    std::fs::remove_file(dir.join("uraid-data/member3.img")).unwrap();
+    let e = one_line_error(&uraid(&["bench", "--runtime", "0.2"], &dir));
+    assert!(e.contains("some default member files exist"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
