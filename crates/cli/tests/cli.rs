@@ -46,18 +46,24 @@ fn tmp(tag: &str) -> PathBuf {
     d
 }
 
+/// Runs uraid with `args` followed by members m0..m{n-1}.
+fn on_members(args: &[&str], n: usize, cwd: &Path) -> Output {
+    let m = members(n);
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(m.iter().map(|s| s.as_str()));
+    uraid(&all, cwd)
+}
+
 fn members(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("m{i}")).collect()
 }
 
 fn create(dir: &Path, level: &str, n: usize, extra: &[&str]) -> String {
-    let m = members(n);
     let mut args = vec![
         "create", "--level", level, "--size", "48M", "--chunk", "64K",
     ];
     args.extend_from_slice(extra);
-    args.extend(m.iter().map(|s| s.as_str()));
-    ok(&uraid(&args, dir))
+    ok(&on_members(&args, n, dir))
 }
 
 #[test]
@@ -164,32 +170,18 @@ fn status_reports_missing_stale_and_foreign_members() {
     ));
     assert!(s.contains("refused: x0: belongs to array"), "{s}");
     // A read-only run with m1 left out changes nothing on disk: m1 is still current.
-    ok(&uraid(
-        &[
-            "bench",
-            "--runtime",
-            "0.3",
-            "--fail",
-            "1",
-            "m0",
-            "m1",
-            "m2",
-            "m3",
-            "m4",
-            "m5",
-        ],
+    ok(&on_members(
+        &["bench", "--runtime", "0.3", "--fail", "1"],
+        6,
         &dir,
     ));
-    let s = ok(&uraid(
-        &["status", "m0", "m1", "m2", "m3", "m4", "m5"],
-        &dir,
-    ));
+    let s = ok(&on_members(&["status"], 6, &dir));
     assert!(
         s.contains("[6/6] [UUUUUU]") && s.contains("events 1 "),
         "{s}"
     );
     // Stale: write to the array while m1 is out (bench with --fail 1 writes), then bring it back.
-    ok(&uraid(
+    ok(&on_members(
         &[
             "bench",
             "--runtime",
@@ -198,19 +190,11 @@ fn status_reports_missing_stale_and_foreign_members() {
             "0",
             "--fail",
             "1",
-            "m0",
-            "m1",
-            "m2",
-            "m3",
-            "m4",
-            "m5",
         ],
+        6,
         &dir,
     ));
-    let s = ok(&uraid(
-        &["status", "m0", "m1", "m2", "m3", "m4", "m5"],
-        &dir,
-    ));
+    let s = ok(&on_members(&["status"], 6, &dir));
     assert!(s.contains("refused: m1: member 1 is marked failed"), "{s}");
     assert!(s.contains("[5/6] [U_UUUU]"), "{s}");
     // Three gone from a raid6: cannot start, and bench says so in one line.
@@ -299,10 +283,8 @@ fn every_level_creates_and_benches() {
         let sub = dir.join(format!("l{level}"));
         std::fs::create_dir_all(&sub).unwrap();
         create(&sub, level, n, &extra);
-        let m = members(n);
-        let mut args = vec!["bench", "--runtime", "0.3", "--read-pct", "50", "--json"];
-        args.extend(m.iter().map(|s| s.as_str()));
-        let j: serde_json::Value = serde_json::from_str(&ok(&uraid(&args, &sub))).unwrap();
+        let args = ["bench", "--runtime", "0.3", "--read-pct", "50", "--json"];
+        let j: serde_json::Value = serde_json::from_str(&ok(&on_members(&args, n, &sub))).unwrap();
         assert!(
             j["ops"].as_u64().unwrap() > 0 && j["errors"] == 0,
             "{level}: {j}"

@@ -5,7 +5,7 @@
 //! completes them, (b) one ring per thread polled in the same loop as the tasks, and (c)
 //! cross-thread wake-ups that interrupt a thread sleeping in `io_uring_enter`. General-purpose
 //! runtimes either own the event loop (tokio) or do not drive io_uring (futures' LocalPool).
-//! The executor here is ~200 lines: a slab of tasks, a ready queue, and an eventfd that the
+//! The executor here is small: a slab of tasks, a ready queue, and an eventfd that the
 //! ring polls so that a wake from another thread ends the thread's wait.
 //!
 //! When io_uring is unavailable (old kernel, seccomp), `Runtime::new` still starts reactors;
