@@ -89,18 +89,12 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
         plan.slots[i] = None;
     }
     plan.can_start()?;
-    let devs = assemble::open_members(&plan)?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let rt = Runtime::new(threads, 1024, !args.no_uring).context("starting reactors")?;
     let handle = rt.handle();
-    let array: Arc<Array<FileDev>> = Array::new(
-        plan.sb.clone(),
-        plan.device_uuids.clone(),
-        devs,
-        Some(handle.clone()),
-    );
+    let array: Arc<Array<FileDev>> = assemble::open_array(&plan, Some(handle.clone()))?;
     let size = array.size();
     if args.bs > size {
         bail!("--bs {} exceeds the volume ({size} bytes)", args.bs);

@@ -9,9 +9,9 @@ use crate::geometry::{Geometry, GeometryError, Level};
 
 pub const SB_SIZE: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"uraid-sb";
-pub const VERSION: u32 = 1;
-/// Start of the data area on every member. The space between the superblock and here is
-/// reserved for a write-intent bitmap and a journal.
+pub const VERSION: u32 = 2;
+/// Start of the data area on every member. Between the superblock and the allocation map
+/// (crate::alloc, from 64 KiB) the space is reserved for a write-intent bitmap and journal.
 pub const DATA_OFFSET: u64 = 1 << 20;
 pub const NAME_LEN: usize = 32;
 
@@ -305,8 +305,8 @@ mod tests {
             b
         };
         let mut b = good;
-        b[off::VERSION] = 2;
-        assert_eq!(Superblock::decode(&reseal(b)), Err(FormatError::Version(2)));
+        b[off::VERSION] = 3;
+        assert_eq!(Superblock::decode(&reseal(b)), Err(FormatError::Version(3)));
         for (o, v, name) in [
             (off::INDEX, 10u32, "index"),
             (off::MEMBERS, 65, "members"),

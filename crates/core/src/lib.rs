@@ -4,6 +4,7 @@
 //! behind the safe `uraid-isal` boundary). Everything is deterministic and unit-testable.
 #![forbid(unsafe_code)]
 
+pub mod alloc;
 pub mod codec;
 pub mod format;
 pub mod geometry;

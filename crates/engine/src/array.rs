@@ -10,6 +10,7 @@
 //!   writes that arrive while the stripe is busy are merged into one stripe operation (a run
 //!   of small sequential writes becomes full-stripe writes).
 
+use crate::alloc::{zero_segments, AllocMap, ReadPiece};
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::reactor::{self, RuntimeHandle};
@@ -97,7 +98,7 @@ enum Attempt<T> {
 }
 
 pub struct Array<D: BlockDev> {
-    geo: Geometry,
+    pub(crate) geo: Geometry,
     codec: Option<Codec>,
     devs: Vec<Option<D>>,
     data_offset: u64,
@@ -106,6 +107,7 @@ pub struct Array<D: BlockDev> {
     meta: futures::lock::Mutex<Meta>,
     rt: Option<RuntimeHandle>,
     locks: Vec<Mutex<HashMap<u64, StripeSlot>>>,
+    pub(crate) map: AllocMap,
     pub stats: Stats,
 }
 
@@ -113,11 +115,14 @@ impl<D: BlockDev> Array<D> {
     /// Builds an array over assembled members. `devs[i]` is None for a missing member;
     /// `sb` is the freshest superblock (any member's; index and device uuid are rewritten per
     /// member when superblocks are written). `rt` spreads stripe ownership over reactors.
+    /// `map` is the allocation map as loaded (`assemble::load_map`); None treats every
+    /// granule as allocated.
     pub fn new(
         sb: Superblock,
         device_uuids: Vec<[u8; 16]>,
         devs: Vec<Option<D>>,
         rt: Option<RuntimeHandle>,
+        map: Option<Vec<u64>>,
     ) -> Arc<Self> {
         let geo = sb.geometry;
         assert_eq!(devs.len(), geo.members);
@@ -150,6 +155,7 @@ impl<D: BlockDev> Array<D> {
             }),
             rt,
             locks: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            map: AllocMap::new(&geo, map),
             stats: Stats::default(),
         })
     }
@@ -175,7 +181,7 @@ impl<D: BlockDev> Array<D> {
         self.devs[member].as_ref().map(|d| d.name())
     }
 
-    fn check_serving(&self) -> Result<u64, ArrayError> {
+    pub(crate) fn check_serving(&self) -> Result<u64, ArrayError> {
         let f = self.failed_mask();
         if self.geo.can_serve(f) {
             Ok(f)
@@ -194,7 +200,7 @@ impl<D: BlockDev> Array<D> {
         self.check_serving().is_ok()
     }
 
-    fn validate(&self, off: u64, len: u64) -> Result<(), ArrayError> {
+    pub(crate) fn validate(&self, off: u64, len: u64) -> Result<(), ArrayError> {
         let size = self.size();
         if off.checked_add(len).is_none_or(|end| end > size) {
             return Err(ArrayError::OutOfRange { off, len, size });
@@ -205,7 +211,7 @@ impl<D: BlockDev> Array<D> {
         Ok(())
     }
 
-    fn dev(&self, member: usize) -> &D {
+    pub(crate) fn dev(&self, member: usize) -> &D {
         self.devs[member]
             .as_ref()
             .expect("I/O is only issued to present members")
@@ -304,7 +310,7 @@ impl<D: BlockDev> Array<D> {
 
     /// Marks a member failed and waits until every surviving superblock records it, so that
     /// nothing acknowledged afterwards can be lost to the member coming back stale.
-    async fn fail_member(&self, member: usize, err: &io::Error) {
+    pub(crate) async fn fail_member(&self, member: usize, err: &io::Error) {
         let prev = self.failed.fetch_or(1 << member, Ordering::AcqRel);
         if prev & (1 << member) == 0 {
             tracing::error!(
@@ -363,7 +369,7 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    async fn ensure_dirty(&self) {
+    pub(crate) async fn ensure_dirty(&self) {
         if self.dirty.load(Ordering::Acquire) {
             return;
         }
@@ -405,8 +411,30 @@ impl<D: BlockDev> Array<D> {
 
     // ---------------------------------------------------------------- reads
 
-    /// Reads `[off, off + len)`. Data comes back as segments in volume order.
+    /// Reads `[off, off + len)`. Data comes back as segments in volume order; holes (clear
+    /// granules of the allocation map) as zeros.
     pub async fn read(self: &Arc<Self>, off: u64, len: u64) -> Result<Segments, ArrayError> {
+        self.validate(off, len)?;
+        let runs = self.allocation(off, len);
+        if runs.len() == 1 && runs[0].2 {
+            return self.read_mapped(off, len).await;
+        }
+        let mut out = Segments::default();
+        for piece in self.read_sparse(off, len).await? {
+            match piece {
+                ReadPiece::Data { data, .. } => out.parts.extend(data.parts),
+                ReadPiece::Hole { len, .. } => out.parts.extend(zero_segments(len).parts),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads allocated granules from the members.
+    pub(crate) async fn read_mapped(
+        self: &Arc<Self>,
+        off: u64,
+        len: u64,
+    ) -> Result<Segments, ArrayError> {
         self.validate(off, len)?;
         self.check_serving()?;
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
@@ -670,8 +698,21 @@ impl<D: BlockDev> Array<D> {
     // ---------------------------------------------------------------- writes
 
     /// Writes `data` at `off`. Returns once every member the write touches has it (O_DIRECT
-    /// completion); FLUSH makes it durable.
+    /// completion) and the allocation map records it; FLUSH makes it durable.
     pub async fn write(self: &Arc<Self>, off: u64, data: WriteBuf) -> Result<(), ArrayError> {
+        self.validate(off, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.write_allocating(off, data).await
+    }
+
+    /// Writes to the members, ignoring the allocation map.
+    pub(crate) async fn write_mapped(
+        self: &Arc<Self>,
+        off: u64,
+        data: WriteBuf,
+    ) -> Result<(), ArrayError> {
         let len = data.len() as u64;
         self.validate(off, len)?;
         self.check_serving()?;

@@ -130,6 +130,8 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
     }
     for (i, (f, p)) in files.iter().zip(paths).enumerate() {
         zero_range(f, DATA_OFFSET, geometry.member_data).map_err(io_err(p))?;
+        f.write_all_at(&crate::alloc::empty_map_image(&geometry), uraid_core::alloc::MAP_OFFSET)
+            .map_err(io_err(p))?;
         sb.index = i;
         sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
         f.write_all_at(&sb.encode(), 0).map_err(io_err(p))?;
@@ -301,4 +303,46 @@ pub fn open_members(plan: &Plan) -> Result<Vec<Option<FileDev>>, AssembleError> 
             _ => Ok(None),
         })
         .collect()
+}
+
+/// Reads the allocation map from every usable member of a plan and merges the copies
+/// (`alloc::merge_map_copies`). Returns the map words and how many pages had no valid copy.
+pub fn load_map(plan: &Plan) -> Result<(Vec<u64>, usize), AssembleError> {
+    let g = plan.sb.geometry;
+    let len = uraid_core::alloc::pages(&g) * uraid_core::alloc::PAGE;
+    let mut copies = Vec::new();
+    for (i, slot) in plan.slots.iter().enumerate() {
+        let Some(p) = slot else { continue };
+        if plan.sb.is_failed(i) {
+            continue;
+        }
+        let f = File::open(p).map_err(io_err(p))?;
+        let mut v = vec![0u8; len];
+        f.read_exact_at(&mut v, uraid_core::alloc::MAP_OFFSET)
+            .map_err(io_err(p))?;
+        copies.push(v);
+    }
+    Ok(crate::alloc::merge_map_copies(&g, &copies))
+}
+
+/// Opens the members of a plan, loads its allocation map and builds the array on `rt`.
+pub fn open_array(
+    plan: &Plan,
+    rt: Option<crate::RuntimeHandle>,
+) -> Result<std::sync::Arc<crate::Array<FileDev>>, AssembleError> {
+    let devs = open_members(plan)?;
+    let (map, bad) = load_map(plan)?;
+    if bad > 0 {
+        tracing::warn!(
+            "allocation map: {bad} page(s) had no valid copy on any member; their granules are \
+             treated as allocated"
+        );
+    }
+    Ok(crate::Array::new(
+        plan.sb.clone(),
+        plan.device_uuids.clone(),
+        devs,
+        rt,
+        Some(map),
+    ))
 }

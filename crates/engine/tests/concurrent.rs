@@ -137,12 +137,7 @@ fn contended_stripes_in_memory_with_failures() {
 
 /// Opens the array a plan describes on the runtime's reactors.
 fn open(plan: &assemble::Plan, rt: &Runtime) -> Arc<Array<uraid_engine::FileDev>> {
-    Array::new(
-        plan.sb.clone(),
-        plan.device_uuids.clone(),
-        assemble::open_members(plan).unwrap(),
-        Some(rt.handle()),
-    )
+    assemble::open_array(plan, Some(rt.handle())).unwrap()
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

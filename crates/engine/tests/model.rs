@@ -24,6 +24,11 @@ enum Op {
         off: u64,
         sectors: u64,
     },
+    /// Trim: must read back as zeros (whole granules become holes, partial ones are zeroed).
+    Trim {
+        off: u64,
+        sectors: u64,
+    },
     /// Kill a member now, or after it has served `after` more operations (mid-request).
     Fail {
         member: usize,
@@ -35,6 +40,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (any::<u64>(), 1u64..40, any::<u64>()).prop_map(|(off, sectors, seed)| Op::Write { off, sectors, seed }),
         3 => (any::<u64>(), 1u64..40).prop_map(|(off, sectors)| Op::Read { off, sectors }),
+        1 => (any::<u64>(), 1u64..120).prop_map(|(off, sectors)| Op::Trim { off, sectors }),
         1 => (0usize..64, 0i64..6).prop_map(|(member, after)| Op::Fail { member, after }),
     ]
 }
@@ -96,6 +102,18 @@ fn run(
                         return finish_failed(&array);
                     }
                     Err(e) => return Err(TestCaseError::fail(format!("read: {e}"))),
+                }
+            }
+            Op::Trim { off, sectors } => {
+                let off = off % sectors_total * SECTOR;
+                let len = (sectors * SECTOR).min(size - off);
+                match block_on(array.trim(off, len)) {
+                    Ok(()) => model.write(off, &vec![0u8; len as usize]),
+                    Err(ArrayError::Failed { .. }) => {
+                        prop_assert!(!array.is_serving());
+                        return finish_failed(&array);
+                    }
+                    Err(e) => return Err(TestCaseError::fail(format!("trim: {e}"))),
                 }
             }
             Op::Fail { member, after } => {

@@ -105,7 +105,8 @@ impl BlockDev for MemDev {
     }
 }
 
-/// A new array over fresh in-memory members, plus each member's fault switch.
+/// A new array over fresh in-memory members (allocation map empty, as after `create`), plus
+/// each member's fault switch.
 pub fn mem_array(
     level: Level,
     members: usize,
@@ -127,18 +128,24 @@ pub fn mem_array(
         device_uuid: [0; 16],
         states: vec![MemberState::Active; members],
     };
+    // Data areas start as garbage (not even parity-consistent), as on a reused disk: the
+    // allocation map must keep every never-written byte reading as zero, and no parity may
+    // ever be computed from stale bytes.
     let devs: Vec<MemDev> = (0..members)
         .map(|i| {
-            MemDev::new(
+            let d = MemDev::new(
                 format!("mem{i}"),
                 (DATA_OFFSET + geometry.member_data) as usize,
-            )
+            );
+            let junk = payload(0xdead_0000 + i as u64, geometry.member_data as usize);
+            d.data.lock().unwrap()[DATA_OFFSET as usize..].copy_from_slice(&junk);
+            d
         })
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
     let uuids = (0..members).map(|i| [i as u8 + 1; 16]).collect();
     (
-        Array::new(sb, uuids, devs.into_iter().map(Some).collect(), rt),
+        Array::new(sb, uuids, devs.into_iter().map(Some).collect(), rt, Some(Vec::new())),
         faults,
     )
 }

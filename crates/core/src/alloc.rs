@@ -1,0 +1,124 @@
+//! The allocation map: one bit per *granule* of the volume, set once the granule holds data
+//! the client wrote. Clear granules read as zeros without touching the members, which is
+//! what makes TRIM, WRITE_ZEROES and "never written" holes (NBD_REPLY_TYPE_OFFSET_HOLE,
+//! base:allocation) cheap.
+//!
+//! A granule is a whole number of full stripes, so the first write into a clear granule can
+//! write the whole granule (zeros around the client's bytes) with freshly computed parity:
+//! whatever stale bytes a clear granule holds on the members never feed a parity update.
+//!
+//! Layout on every member (docs/format.md): `MAP_PAGES` 4 KiB pages from `MAP_OFFSET`; page
+//! p holds granules `p * BITS_PER_PAGE ..` in bytes 0..4092 (bit i of byte j is granule
+//! 8j + i) and a CRC-32C at 4092 over the page index (u32 LE) followed by bytes 0..4092.
+//! Pure code: the engine does the I/O.
+
+use crate::geometry::Geometry;
+
+pub const PAGE: usize = 4096;
+pub const MAP_OFFSET: u64 = 64 << 10;
+/// Pages reserved for the map: from 64 KiB up to the data area at 1 MiB.
+pub const MAP_PAGES: usize = ((crate::format::DATA_OFFSET - MAP_OFFSET) as usize) / PAGE;
+pub const PAGE_PAYLOAD: usize = PAGE - 4;
+pub const BITS_PER_PAGE: u64 = PAGE_PAYLOAD as u64 * 8;
+pub const MAX_GRANULES: u64 = BITS_PER_PAGE * MAP_PAGES as u64;
+
+/// Granule size for a geometry: the smallest power-of-two multiple of one stripe's data whose
+/// map fits the reserved pages.
+pub fn granule(g: &Geometry) -> u64 {
+    let mut gr = g.stripe_data_bytes();
+    while g.volume_size().div_ceil(gr) > MAX_GRANULES {
+        gr *= 2;
+    }
+    gr
+}
+
+/// Number of granules covering the volume (the last may be partial).
+pub fn granules(g: &Geometry) -> u64 {
+    g.volume_size().div_ceil(granule(g))
+}
+
+/// Pages the map of this geometry uses.
+pub fn pages(g: &Geometry) -> usize {
+    granules(g).div_ceil(BITS_PER_PAGE) as usize
+}
+
+fn page_crc(index: usize, payload: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&(index as u32).to_le_bytes());
+    crc32c::crc32c_append(c, payload)
+}
+
+/// Seals page `index` whose payload (bytes 0..4092) is already in `page`.
+pub fn seal_page(index: usize, page: &mut [u8]) {
+    assert_eq!(page.len(), PAGE);
+    let crc = page_crc(index, &page[..PAGE_PAYLOAD]);
+    page[PAGE_PAYLOAD..].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Whether `page` (read from disk: untrusted) is a valid copy of page `index`.
+pub fn page_valid(index: usize, page: &[u8]) -> bool {
+    page.len() == PAGE
+        && u32::from_le_bytes(
+            page[PAGE_PAYLOAD..]
+                .try_into()
+                .expect("4-byte slice of a 4096-byte page"),
+        ) == page_crc(index, &page[..PAGE_PAYLOAD])
+}
+
+/// Granule range `[first, last]` of the granules `[off, off+len)` touches, and of those the
+/// range fully covered (empty if none).
+pub fn covered(granule: u64, off: u64, len: u64) -> (u64, u64) {
+    let first_full = off.div_ceil(granule);
+    let end_full = (off + len) / granule;
+    (first_full, end_full.max(first_full))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::Level;
+
+    #[test]
+    fn granule_is_whole_stripes_and_map_fits() {
+        for (level, n, chunk, member) in [
+            (Level::Raid6, 10, 65536u64, 1u64 << 30),
+            (Level::Raid0, 4, 4096, 1 << 20),
+            (Level::Raid1, 2, 4096, 1 << 40),
+            (Level::Raid5, 5, 1 << 20, 1 << 44),
+            (Level::Raid10, 4, 65536, 1 << 34),
+        ] {
+            let g = Geometry::new(level, n, chunk, member).unwrap();
+            let gr = granule(&g);
+            assert_eq!(gr % g.stripe_data_bytes(), 0);
+            assert!((gr / g.stripe_data_bytes()).is_power_of_two());
+            assert!(granules(&g) <= MAX_GRANULES);
+            assert!(pages(&g) <= MAP_PAGES);
+            if gr > g.stripe_data_bytes() {
+                // Not larger than needed.
+                assert!(g.volume_size().div_ceil(gr / 2) > MAX_GRANULES);
+            }
+        }
+        let g = Geometry::new(Level::Raid6, 10, 65536, 1 << 30).unwrap();
+        assert_eq!(granule(&g), 512 << 10);
+    }
+
+    #[test]
+    fn pages_seal_and_validate() {
+        let mut p = vec![0u8; PAGE];
+        p[7] = 0x81;
+        seal_page(3, &mut p);
+        assert!(page_valid(3, &p));
+        assert!(!page_valid(4, &p), "a page written to the wrong slot is refused");
+        p[100] ^= 1;
+        assert!(!page_valid(3, &p));
+        assert!(!page_valid(3, &[0u8; PAGE]), "an all-zero block is not a page");
+        assert!(!page_valid(3, &p[..100]));
+    }
+
+    #[test]
+    fn covered_granules() {
+        assert_eq!(covered(100, 0, 100), (0, 1));
+        assert_eq!(covered(100, 50, 100), (1, 1));
+        assert_eq!(covered(100, 50, 300), (1, 3));
+        assert_eq!(covered(100, 0, 50), (0, 0));
+    }
+}
