@@ -1,6 +1,7 @@
 //! `uraid`: create, inspect and benchmark uraid arrays (mdadm conventions).
 
 mod bench;
+mod serve;
 mod size;
 
 use anyhow::{bail, Context, Result};
@@ -12,7 +13,7 @@ use uraid_core::geometry::CHUNK_DEFAULT;
 use uraid_core::Level;
 use uraid_engine::assemble::{self, CreateOptions, Plan};
 
-/// Where `uraid bench` (and later `uraid serve`) keeps the embedded default volume.
+/// Where `uraid serve` and `uraid bench` keep the embedded default volume.
 pub const DEFAULT_DIR: &str = "uraid-data";
 const DEFAULT_MEMBERS: usize = 10;
 const DEFAULT_MEMBER_SIZE: u64 = 1 << 30;
@@ -69,6 +70,9 @@ enum Cmd {
     /// Drive the engine directly (no network) and report IOPS, bandwidth and latency.
     /// With no MEMBERs, uses the embedded default volume under ./uraid-data.
     Bench(bench::BenchArgs),
+    /// Export the array formed by MEMBERs over NBD (TCP and/or Unix sockets) until SIGINT or
+    /// SIGTERM. With no MEMBERs, serves the embedded default volume under ./uraid-data.
+    Serve(serve::ServeArgs),
 }
 
 fn main() {
@@ -154,6 +158,15 @@ fn run(cli: Cli) -> Result<()> {
                 args.members.clone()
             };
             bench::run(&args, &members)
+        }
+        Cmd::Serve(args) => {
+            let embedded = args.members.is_empty();
+            let members = if embedded {
+                default_volume()?
+            } else {
+                args.members.clone()
+            };
+            serve::run(&args, &members, embedded)
         }
     }
 }

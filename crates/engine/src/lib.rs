@@ -6,6 +6,7 @@ pub mod array;
 pub mod assemble;
 pub mod buf;
 pub mod dev;
+pub mod net;
 pub mod reactor;
 
 pub use alloc::ReadPiece;

@@ -91,6 +91,8 @@ struct OpSlot {
     result: Option<i32>,
     waker: Option<Waker>,
     buf: Option<IoBuf>,
+    /// Anything else the kernel points into (socket buffers, iovec arrays, msghdr).
+    keep: Option<Box<dyn std::any::Any>>,
     orphaned: bool,
 }
 
@@ -173,16 +175,27 @@ impl Local {
     }
 
     /// Queues one SQE; the returned future resolves with the CQE result and the buffer.
-    fn push(
+    pub(crate) fn push(
         &self,
         build: impl FnOnce(u64) -> io_uring::squeue::Entry,
         buf: Option<IoBuf>,
+    ) -> RingOp {
+        self.push_keep(build, buf, None)
+    }
+
+    /// Like `push`, also holding `keep` (memory the SQE points into) until the completion.
+    pub(crate) fn push_keep(
+        &self,
+        build: impl FnOnce(u64) -> io_uring::squeue::Entry,
+        buf: Option<IoBuf>,
+        keep: Option<Box<dyn std::any::Any>>,
     ) -> RingOp {
         let ring = self.ring.as_ref().expect("push needs a ring");
         let id = self.ops.borrow_mut().insert(OpSlot {
             result: None,
             waker: None,
             buf,
+            keep,
             orphaned: false,
         });
         let sqe = build(id as u64);
@@ -222,6 +235,28 @@ impl Local {
 /// A submitted ring operation.
 pub(crate) struct RingOp {
     id: usize,
+}
+
+impl RingOp {
+    /// Waits for the completion and also returns what was kept alive for the kernel.
+    pub(crate) async fn with_keep(mut self) -> (i32, Option<Box<dyn std::any::Any>>) {
+        std::future::poll_fn(|cx| {
+            let l = local().expect("RingOp polled off its reactor");
+            let mut ops = l.ops.borrow_mut();
+            let slot = ops
+                .get_mut(self.id)
+                .expect("RingOp slot exists until taken");
+            if let Some(res) = slot.result {
+                let slot = ops.remove(self.id);
+                self.id = usize::MAX;
+                Poll::Ready((res, slot.keep))
+            } else {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
 }
 
 impl Future for RingOp {

@@ -1,0 +1,151 @@
+//! Socket I/O on the calling reactor's io_uring: accept, receive, and vectored send of whole
+//! replies (header and payload pieces in one sendmsg, no copy of read data).
+//!
+//! Every buffer and iovec the kernel points into is moved into the ring operation's slot, so
+//! it stays alive until the completion even if the awaiting task is dropped.
+
+use crate::buf::IoBuf;
+use crate::reactor::{self, Local};
+use io_uring::{opcode, types};
+use std::io;
+use std::ops::Range;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// One piece of outgoing bytes.
+pub enum OutPart {
+    Bytes(Vec<u8>),
+    Shared(Arc<IoBuf>, Range<usize>),
+}
+
+impl OutPart {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            OutPart::Bytes(v) => v,
+            OutPart::Shared(b, r) => &b[r.clone()],
+        }
+    }
+}
+
+fn ring() -> io::Result<Rc<Local>> {
+    reactor::local()
+        .filter(|l| l.has_ring())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "network I/O needs io_uring"))
+}
+
+fn cqe(res: i32) -> io::Result<usize> {
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as usize)
+    }
+}
+
+/// Accepts one connection on a listening socket.
+pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
+    let l = ring()?;
+    let op = l.push(
+        move |ud| {
+            opcode::Accept::new(types::Fd(listener), std::ptr::null_mut(), std::ptr::null_mut())
+                .flags(libc::SOCK_CLOEXEC)
+                .build()
+                .user_data(ud)
+        },
+        None,
+    );
+    let (res, _) = op.await;
+    let fd = cqe(res)? as RawFd;
+    // SAFETY: a successful accept CQE carries a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Receives into `buf[start..]` (up to its length). Returns the byte count (0 = peer closed)
+/// and the buffer.
+pub async fn recv(fd: RawFd, mut buf: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>) {
+    let l = match ring() {
+        Ok(l) => l,
+        Err(e) => return (Err(e), buf),
+    };
+    let len = (buf.len() - start) as u32;
+    // SAFETY: start <= buf.len(); the pointer stays valid because the Vec is moved into the
+    // op slot (its heap block does not move) until the completion.
+    let ptr = unsafe { buf.as_mut_ptr().add(start) };
+    let op = l.push_keep(
+        move |ud| {
+            opcode::Recv::new(types::Fd(fd), ptr, len)
+                .build()
+                .user_data(ud)
+        },
+        None,
+        Some(Box::new(buf)),
+    );
+    let (res, keep) = op.with_keep().await;
+    let buf = *keep
+        .and_then(|k| k.downcast::<Vec<u8>>().ok())
+        .expect("recv op keeps its Vec");
+    (cqe(res), buf)
+}
+
+/// What a sendmsg points into.
+struct SendState {
+    parts: Vec<OutPart>,
+    iov: Vec<libc::iovec>,
+    msg: libc::msghdr,
+}
+
+/// Sends every byte of `parts`, in order, with as few sendmsg calls as the socket allows.
+pub async fn send_all(fd: RawFd, parts: Vec<OutPart>) -> io::Result<()> {
+    let l = ring()?;
+    let total: usize = parts.iter().map(|p| p.as_slice().len()).sum();
+    let mut st = Box::new(SendState {
+        parts,
+        iov: Vec::new(),
+        // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+        msg: unsafe { std::mem::zeroed() },
+    });
+    let mut sent = 0usize;
+    while sent < total {
+        // Rebuild the iovecs from the first unsent byte (at most IOV_MAX per call).
+        st.iov.clear();
+        let mut skip = sent;
+        for p in &st.parts {
+            let s = p.as_slice();
+            if skip >= s.len() {
+                skip -= s.len();
+                continue;
+            }
+            st.iov.push(libc::iovec {
+                iov_base: s[skip..].as_ptr() as *mut libc::c_void,
+                iov_len: s.len() - skip,
+            });
+            skip = 0;
+            if st.iov.len() == 1024 {
+                break;
+            }
+        }
+        st.msg.msg_iov = st.iov.as_mut_ptr();
+        st.msg.msg_iovlen = st.iov.len();
+        let msg_ptr = &st.msg as *const libc::msghdr;
+        let op = l.push_keep(
+            move |ud| {
+                opcode::SendMsg::new(types::Fd(fd), msg_ptr)
+                    .flags(libc::MSG_NOSIGNAL as u32)
+                    .build()
+                    .user_data(ud)
+            },
+            None,
+            Some(st),
+        );
+        let (res, keep) = op.with_keep().await;
+        st = keep
+            .and_then(|k| k.downcast::<SendState>().ok())
+            .expect("send op keeps its state");
+        let n = cqe(res)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "socket closed"));
+        }
+        sent += n;
+    }
+    Ok(())
+}

@@ -1,0 +1,839 @@
+//! The NBD server: listeners, the fixed-newstyle handshake, and the transmission phase.
+//!
+//! Each connection is a task on one reactor (connections are spread round-robin). Its reader
+//! parses requests and spawns one task per request on the same reactor, so requests run
+//! concurrently and are answered out of order, each as soon as it completes. Replies go
+//! through a per-connection queue: whoever finds the socket idle sends everything queued in
+//! one sendmsg (header and payload pieces as iovecs), so a burst of completions costs one
+//! system call and a lone reply is never held back waiting for company.
+
+use crate::proto::{self, Errno, Request};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Poll, Waker};
+use uraid_core::geometry::SECTOR;
+use uraid_engine::net::{self, OutPart};
+use uraid_engine::reactor;
+use uraid_engine::{Array, ArrayError, BlockDev, ReadPiece, RuntimeHandle};
+
+/// Largest READ or WRITE payload accepted (and advertised as the maximum block size).
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+/// Requests a connection may have in flight before its reader waits.
+const MAX_INFLIGHT: usize = 256;
+/// Receive buffer per connection.
+const RECV_BUF: usize = 256 << 10;
+/// Base:allocation's metadata context id.
+const META_ID: u32 = 1;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub export: String,
+    pub description: String,
+    pub read_only: bool,
+}
+
+/// Counters visible while serving.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections: AtomicU64,
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+struct Inner<D: BlockDev> {
+    array: Arc<Array<D>>,
+    rt: RuntimeHandle,
+    cfg: Config,
+    stopping: AtomicBool,
+    next: AtomicUsize,
+    next_id: AtomicU64,
+    /// Live connections' sockets, so shutdown can end their reads.
+    conns: Mutex<HashMap<u64, RawFd>>,
+    live: Mutex<usize>,
+    idle: Condvar,
+    listeners: Mutex<Vec<RawFd>>,
+    pub stats: ServerStats,
+}
+
+/// A running NBD server over one array.
+pub struct Server<D: BlockDev> {
+    inner: Arc<Inner<D>>,
+}
+
+impl<D: BlockDev> Server<D> {
+    pub fn new(array: Arc<Array<D>>, rt: RuntimeHandle, cfg: Config) -> Server<D> {
+        Server {
+            inner: Arc::new(Inner {
+                array,
+                rt,
+                cfg,
+                stopping: AtomicBool::new(false),
+                next: AtomicUsize::new(0),
+                next_id: AtomicU64::new(0),
+                conns: Mutex::new(HashMap::new()),
+                live: Mutex::new(0),
+                idle: Condvar::new(),
+                listeners: Mutex::new(Vec::new()),
+                stats: ServerStats::default(),
+            }),
+        }
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.inner.stats
+    }
+
+    /// Starts accepting on a bound, listening socket. `tcp` turns on TCP_NODELAY for its
+    /// connections. The listener must stay open until `shutdown` returns.
+    pub fn listen(&self, listener: RawFd, tcp: bool) {
+        self.inner
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(listener);
+        let inner = self.inner.clone();
+        self.inner.rt.run_on(0, move || {
+            reactor::spawn_local(accept_loop(inner, listener, tcp));
+        });
+    }
+
+    /// Stops accepting, lets every connection finish the requests it has read, waits for
+    /// them to close, then flushes the array and records a clean shutdown.
+    pub fn shutdown(&self) -> Result<(), ArrayError> {
+        let inner = &self.inner;
+        inner.stopping.store(true, Ordering::SeqCst);
+        for &l in inner
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            // SAFETY: shutdown(2) on a socket fd the caller keeps open; it only wakes the
+            // pending accept.
+            unsafe { libc::shutdown(l, libc::SHUT_RDWR) };
+        }
+        for &fd in inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            // SAFETY: the fd is registered only while its connection task owns it open;
+            // SHUT_RD ends the pending receive with EOF and leaves replies flowing.
+            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+        }
+        let mut live = inner.live.lock().unwrap_or_else(|e| e.into_inner());
+        while *live > 0 {
+            live = inner
+                .idle
+                .wait(live)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        drop(live);
+        let array = inner.array.clone();
+        inner
+            .rt
+            .block_on(0, move || async move { array.close().await })
+    }
+}
+
+async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bool) {
+    loop {
+        let fd = match net::accept(listener).await {
+            Ok(fd) => fd,
+            Err(e) => {
+                if inner.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                tracing::warn!("accept failed: {e}");
+                if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                continue;
+            }
+        };
+        if inner.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        if tcp {
+            let one: libc::c_int = 1;
+            // SAFETY: setsockopt with a pointer to a live c_int of the stated size.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_NODELAY,
+                    &one as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, fd.as_raw_fd());
+        *inner.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        inner.stats.connections.fetch_add(1, Ordering::Relaxed);
+        let r = inner.next.fetch_add(1, Ordering::Relaxed) % inner.rt.reactors();
+        let inner2 = inner.clone();
+        inner.rt.run_on(r, move || {
+            reactor::spawn_local(async move {
+                let raw = fd.as_raw_fd();
+                if let Err(e) = connection(inner2.clone(), raw).await {
+                    tracing::debug!("connection closed: {e}");
+                }
+                inner2
+                    .conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+                drop(fd);
+                let mut live = inner2.live.lock().unwrap_or_else(|e| e.into_inner());
+                *live -= 1;
+                inner2.idle.notify_all();
+            })
+        });
+    }
+}
+
+// ---------------------------------------------------------------- receive side
+
+/// Buffered reader over a socket.
+struct Reader {
+    fd: RawFd,
+    buf: Option<Vec<u8>>,
+    start: usize,
+    end: usize,
+}
+
+fn eof() -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, "client closed the connection")
+}
+
+impl Reader {
+    fn new(fd: RawFd) -> Reader {
+        Reader {
+            fd,
+            buf: Some(vec![0u8; RECV_BUF]),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Receives at least once more into the free tail (compacting first).
+    async fn fill(&mut self) -> io::Result<()> {
+        let mut buf = self.buf.take().expect("reader buffer present");
+        if self.start > 0 {
+            buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let (r, buf) = net::recv(self.fd, buf, self.end).await;
+        self.buf = Some(buf);
+        match r? {
+            0 => Err(eof()),
+            n => {
+                self.end += n;
+                Ok(())
+            }
+        }
+    }
+
+    /// The next `n` bytes (n <= RECV_BUF).
+    async fn exact(&mut self, n: usize) -> io::Result<&[u8]> {
+        while self.buffered() < n {
+            self.fill().await?;
+        }
+        let s = self.start;
+        self.start += n;
+        let b = self.buf.as_ref().expect("reader buffer present");
+        Ok(&b[s..s + n])
+    }
+
+    /// The next `n` bytes as an owned vector (payloads of any size up to MAX_PAYLOAD).
+    async fn take_vec(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        let have = self.buffered().min(n);
+        let mut v = vec![0u8; n];
+        {
+            let b = self.buf.as_ref().expect("reader buffer present");
+            v[..have].copy_from_slice(&b[self.start..self.start + have]);
+        }
+        self.start += have;
+        let mut got = have;
+        while got < n {
+            let (r, back) = net::recv(self.fd, v, got).await;
+            v = back;
+            match r? {
+                0 => return Err(eof()),
+                k => got += k,
+            }
+        }
+        Ok(v)
+    }
+
+    /// Reads and drops `n` bytes without holding more than the receive buffer.
+    async fn skip(&mut self, mut n: usize) -> io::Result<()> {
+        while n > 0 {
+            if self.buffered() == 0 {
+                self.fill().await?;
+            }
+            let k = self.buffered().min(n);
+            self.start += k;
+            n -= k;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- send side
+
+/// Per-connection reply queue.
+struct Conn {
+    fd: RawFd,
+    queue: RefCell<VecDeque<OutPart>>,
+    sending: Cell<bool>,
+    broken: Cell<bool>,
+    inflight: Cell<usize>,
+    /// The reader (waiting for room) or the closer (waiting for the end).
+    waiter: RefCell<Option<Waker>>,
+}
+
+impl Conn {
+    fn wake(&self) {
+        if let Some(w) = self.waiter.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Queues one whole reply; starts a sender if the socket is idle.
+    fn send(self: &Rc<Self>, parts: Vec<OutPart>) {
+        if self.broken.get() {
+            return;
+        }
+        self.queue.borrow_mut().extend(parts);
+        if !self.sending.get() {
+            self.sending.set(true);
+            let c = self.clone();
+            reactor::spawn_local(async move {
+                loop {
+                    let batch: Vec<OutPart> = c.queue.borrow_mut().drain(..).collect();
+                    if batch.is_empty() || c.broken.get() {
+                        break;
+                    }
+                    if let Err(e) = net::send_all(c.fd, batch).await {
+                        tracing::debug!("send failed: {e}");
+                        c.broken.set(true);
+                        c.queue.borrow_mut().clear();
+                        break;
+                    }
+                }
+                c.sending.set(false);
+                c.wake();
+            });
+        }
+    }
+
+    async fn wait_until(&self, cond: impl Fn(&Conn) -> bool) {
+        std::future::poll_fn(|cx| {
+            if cond(self) {
+                Poll::Ready(())
+            } else {
+                *self.waiter.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// Sends bytes during the handshake (nothing else is in flight then).
+async fn send_now(fd: RawFd, v: Vec<u8>) -> io::Result<()> {
+    net::send_all(fd, vec![OutPart::Bytes(v)]).await
+}
+
+// ---------------------------------------------------------------- handshake
+
+/// What the client negotiated.
+struct Session {
+    structured: bool,
+    meta: bool,
+}
+
+fn transmission_flags<D: BlockDev>(inner: &Inner<D>, structured: bool) -> u16 {
+    use proto::*;
+    let mut f = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN | FLAG_SEND_CACHE;
+    if inner.cfg.read_only {
+        f |= FLAG_READ_ONLY;
+    } else {
+        f |= FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+    }
+    if structured {
+        f |= FLAG_SEND_DF;
+    }
+    f
+}
+
+/// (minimum, preferred, maximum) block sizes: sector, one full stripe (as a power of two),
+/// MAX_PAYLOAD.
+pub fn block_sizes<D: BlockDev>(array: &Array<D>) -> (u32, u32, u32) {
+    let stripe = array.geometry().stripe_data_bytes();
+    let preferred = stripe.next_power_of_two().clamp(4096, MAX_PAYLOAD as u64) as u32;
+    (SECTOR as u32, preferred, MAX_PAYLOAD)
+}
+
+fn name_ok<D: BlockDev>(inner: &Inner<D>, name: &str) -> bool {
+    name.is_empty() || name == inner.cfg.export
+}
+
+/// Runs option haggling. Ok(Some) = enter transmission; Ok(None) = client aborted.
+async fn handshake<D: BlockDev>(
+    inner: &Inner<D>,
+    rd: &mut Reader,
+) -> io::Result<Option<Session>> {
+    use proto::*;
+    let fd = rd.fd;
+    send_now(fd, greeting()).await?;
+    let cflags = {
+        let b = rd.exact(4).await?;
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+    };
+    if cflags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unknown client flags {cflags:#x}"),
+        ));
+    }
+    let no_zeroes = cflags & FLAG_C_NO_ZEROES != 0;
+    let mut structured = false;
+    let mut meta = false;
+    let size = inner.array.size();
+    loop {
+        let hdr: [u8; 16] = rd.exact(16).await?.try_into().expect("16 bytes");
+        let (opt, len) = parse_option_header(&hdr)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        if len > MAX_OPTION_LEN {
+            if opt == OPT_EXPORT_NAME {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "option too long"));
+            }
+            rd.skip(len as usize).await?;
+            send_now(
+                fd,
+                option_reply(opt, REP_ERR_TOO_BIG, b"option data too long"),
+            )
+            .await?;
+            continue;
+        }
+        let data = rd.take_vec(len as usize).await?;
+        if inner.stopping.load(Ordering::SeqCst) {
+            send_now(fd, option_reply(opt, REP_ERR_SHUTDOWN, b"server shutting down")).await?;
+            return Ok(None);
+        }
+        let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
+        let invalid = |msg: &str| option_reply(opt, REP_ERR_INVALID, msg.as_bytes());
+        match opt {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data);
+                if !name_ok(inner, &name) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("unknown export '{name}'"),
+                    ));
+                }
+                let flags = transmission_flags(inner, structured);
+                send_now(fd, export_name_reply(size, flags, no_zeroes)).await?;
+                return Ok(Some(Session { structured, meta }));
+            }
+            OPT_ABORT => {
+                let _ = send_now(fd, reply(REP_ACK, &[])).await;
+                return Ok(None);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    send_now(fd, invalid("NBD_OPT_LIST takes no data")).await?;
+                    continue;
+                }
+                let mut v = reply(
+                    REP_SERVER,
+                    &rep_server(&inner.cfg.export, &inner.cfg.description),
+                );
+                v.extend(reply(REP_ACK, &[]));
+                send_now(fd, v).await?;
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    send_now(fd, invalid("NBD_OPT_STRUCTURED_REPLY takes no data")).await?;
+                    continue;
+                }
+                structured = true;
+                send_now(fd, reply(REP_ACK, &[])).await?;
+            }
+            OPT_INFO | OPT_GO => {
+                let go = match parse_go(&data) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        send_now(fd, invalid(&e.to_string())).await?;
+                        continue;
+                    }
+                };
+                if !name_ok(inner, &go.name) {
+                    let msg = format!("no export named '{}'", go.name);
+                    send_now(fd, reply(REP_ERR_UNKNOWN, msg.as_bytes())).await?;
+                    continue;
+                }
+                let flags = transmission_flags(inner, structured);
+                let mut v = reply(REP_INFO, &info_export(size, flags));
+                let (min, pref, max) = block_sizes(&inner.array);
+                v.extend(reply(REP_INFO, &info_block_size(min, pref, max)));
+                if go.info.contains(&INFO_NAME) {
+                    v.extend(reply(REP_INFO, &info_string(INFO_NAME, &inner.cfg.export)));
+                }
+                if go.info.contains(&INFO_DESCRIPTION) {
+                    v.extend(reply(
+                        REP_INFO,
+                        &info_string(INFO_DESCRIPTION, &inner.cfg.description),
+                    ));
+                }
+                v.extend(reply(REP_ACK, &[]));
+                send_now(fd, v).await?;
+                if opt == OPT_GO {
+                    return Ok(Some(Session { structured, meta }));
+                }
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                if !structured {
+                    send_now(fd, invalid("negotiate structured replies first")).await?;
+                    continue;
+                }
+                let m = match parse_meta(&data) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        send_now(fd, invalid(&e.to_string())).await?;
+                        continue;
+                    }
+                };
+                if !name_ok(inner, &m.name) {
+                    let msg = format!("no export named '{}'", m.name);
+                    send_now(fd, reply(REP_ERR_UNKNOWN, msg.as_bytes())).await?;
+                    continue;
+                }
+                let listing = opt == OPT_LIST_META_CONTEXT;
+                let matches = if listing && m.queries.is_empty() {
+                    true
+                } else {
+                    m.queries
+                        .iter()
+                        .any(|q| q == BASE_ALLOCATION || (listing && q == "base:"))
+                };
+                if !listing {
+                    meta = matches;
+                }
+                let mut v = Vec::new();
+                if matches {
+                    let id = if listing { 0 } else { META_ID };
+                    v.extend(reply(REP_META_CONTEXT, &rep_meta_context(id, BASE_ALLOCATION)));
+                }
+                v.extend(reply(REP_ACK, &[]));
+                send_now(fd, v).await?;
+            }
+            OPT_STARTTLS => {
+                send_now(
+                    fd,
+                    reply(REP_ERR_UNSUP, b"TLS is not supported by this server"),
+                )
+                .await?;
+            }
+            _ => {
+                let msg = format!("option {opt} is not supported");
+                send_now(fd, reply(REP_ERR_UNSUP, msg.as_bytes())).await?;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- transmission
+
+async fn connection<D: BlockDev>(inner: Arc<Inner<D>>, fd: RawFd) -> io::Result<()> {
+    let mut rd = Reader::new(fd);
+    let Some(sess) = handshake(&inner, &mut rd).await? else {
+        return Ok(());
+    };
+    let sess = Rc::new(sess);
+    let conn = Rc::new(Conn {
+        fd,
+        queue: RefCell::new(VecDeque::new()),
+        sending: Cell::new(false),
+        broken: Cell::new(false),
+        inflight: Cell::new(0),
+        waiter: RefCell::new(None),
+    });
+    let r = transmission(&inner, &sess, &conn, &mut rd).await;
+    // Finish what was read: every request answered, every reply sent.
+    conn.wait_until(|c| c.inflight.get() == 0 && !c.sending.get())
+        .await;
+    r
+}
+
+async fn transmission<D: BlockDev>(
+    inner: &Arc<Inner<D>>,
+    sess: &Rc<Session>,
+    conn: &Rc<Conn>,
+    rd: &mut Reader,
+) -> io::Result<()> {
+    loop {
+        if conn.inflight.get() >= MAX_INFLIGHT {
+            conn.wait_until(|c| c.inflight.get() < MAX_INFLIGHT).await;
+        }
+        if conn.broken.get() {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "send failed"));
+        }
+        let req = match proto::parse_request(rd.exact(proto::REQUEST_LEN).await?) {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
+            }
+        };
+        inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let payload = if req.typ == proto::CMD_WRITE {
+            if req.length > MAX_PAYLOAD {
+                // Drain it in bounded pieces and refuse.
+                rd.skip(req.length as usize).await?;
+                reply_error(inner, sess, conn, &req, Errno::Inval, "write exceeds 32 MiB");
+                continue;
+            }
+            Some(rd.take_vec(req.length as usize).await?)
+        } else {
+            None
+        };
+        if req.typ == proto::CMD_DISC {
+            return Ok(());
+        }
+        conn.inflight.set(conn.inflight.get() + 1);
+        let (inner, sess, conn) = (inner.clone(), sess.clone(), conn.clone());
+        reactor::spawn_local(async move {
+            handle(&inner, &sess, &conn, req, payload).await;
+            conn.inflight.set(conn.inflight.get() - 1);
+            conn.wake();
+        });
+    }
+}
+
+fn errno_of(e: &ArrayError) -> Errno {
+    match e {
+        ArrayError::OutOfRange { .. } | ArrayError::Misaligned { .. } => Errno::Inval,
+        ArrayError::Failed { .. } => Errno::Io,
+        ArrayError::Shutdown => Errno::Shutdown,
+    }
+}
+
+/// Error reply: structured for commands that negotiated it (READ, BLOCK_STATUS), else simple.
+fn reply_error<D: BlockDev>(
+    inner: &Inner<D>,
+    sess: &Session,
+    conn: &Rc<Conn>,
+    req: &Request,
+    err: Errno,
+    msg: &str,
+) {
+    inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        "request type {} at {} len {}: {:?} ({msg})",
+        req.typ,
+        req.offset,
+        req.length,
+        err
+    );
+    let structured = sess.structured
+        && matches!(req.typ, proto::CMD_READ | proto::CMD_BLOCK_STATUS);
+    if structured {
+        conn.send(vec![OutPart::Bytes(proto::error_chunk(req.handle, err, msg))]);
+    } else {
+        conn.send(vec![OutPart::Bytes(
+            proto::simple_reply(err as u32, req.handle).to_vec(),
+        )]);
+    }
+}
+
+fn reply_ok(conn: &Rc<Conn>, req: &Request) {
+    conn.send(vec![OutPart::Bytes(proto::simple_reply(0, req.handle).to_vec())]);
+}
+
+async fn handle<D: BlockDev>(
+    inner: &Inner<D>,
+    sess: &Session,
+    conn: &Rc<Conn>,
+    req: Request,
+    payload: Option<Vec<u8>>,
+) {
+    use proto::*;
+    let array = &inner.array;
+    let size = array.size();
+    let (off, len) = (req.offset, req.length as u64);
+    let end = off.checked_add(len);
+    let in_range = end.is_some_and(|e| e <= size);
+    let aligned = off.is_multiple_of(SECTOR) && len.is_multiple_of(SECTOR);
+    let allowed = match req.typ {
+        CMD_READ => CMD_FLAG_FUA | if sess.structured { CMD_FLAG_DF } else { 0 },
+        CMD_WRITE | CMD_TRIM | CMD_FLUSH | CMD_CACHE => CMD_FLAG_FUA,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+        CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
+        _ => 0,
+    };
+    let err = |e: Errno, m: &str| reply_error(inner, sess, conn, &req, e, m);
+    if !matches!(
+        req.typ,
+        CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE | CMD_WRITE_ZEROES | CMD_BLOCK_STATUS
+    ) {
+        return err(Errno::Inval, "unknown command");
+    }
+    if req.flags & !allowed != 0 {
+        return err(Errno::Inval, "command flag not valid for this command");
+    }
+    let writes = matches!(req.typ, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    if writes && inner.cfg.read_only {
+        return err(Errno::Perm, "export is read-only");
+    }
+    if req.typ != CMD_FLUSH && !in_range {
+        let e = if matches!(req.typ, CMD_WRITE | CMD_WRITE_ZEROES) {
+            Errno::NoSpc
+        } else {
+            Errno::Inval
+        };
+        return err(e, "request beyond the end of the export");
+    }
+    if req.typ == CMD_FLUSH && (off != 0 || len != 0) {
+        return err(Errno::Inval, "flush with nonzero offset or length");
+    }
+    if matches!(
+        req.typ,
+        CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE
+    ) && !aligned
+    {
+        return err(Errno::Inval, "request not aligned to the 512-byte minimum block size");
+    }
+    let fua = req.flags & CMD_FLAG_FUA != 0 && writes;
+    let result: Result<(), ArrayError> = match req.typ {
+        CMD_READ => {
+            if req.length > MAX_PAYLOAD {
+                return err(Errno::Overflow, "read exceeds 32 MiB");
+            }
+            return read(inner, sess, conn, &req).await;
+        }
+        CMD_WRITE => {
+            let data = Arc::new(payload.unwrap_or_default());
+            array.write(off, data).await
+        }
+        CMD_FLUSH => array.flush().await,
+        CMD_TRIM => array.trim(off, len).await,
+        CMD_WRITE_ZEROES => {
+            let fast = req.flags & CMD_FLAG_FAST_ZERO != 0;
+            let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
+            if fast && (no_hole || !array.zero_is_fast(off, len)) {
+                return err(Errno::NotSup, "zeroing this range is not faster than writing");
+            }
+            if no_hole {
+                array.write_zeros(off, len).await
+            } else {
+                array.trim(off, len).await
+            }
+        }
+        CMD_CACHE => Ok(()),
+        CMD_BLOCK_STATUS => {
+            if !sess.meta {
+                return err(Errno::Inval, "no metadata context was negotiated");
+            }
+            if len == 0 {
+                return err(Errno::Inval, "zero-length block status");
+            }
+            let runs = array.allocation(off, len);
+            let limit = if req.flags & CMD_FLAG_REQ_ONE != 0 {
+                1
+            } else {
+                1 << 20
+            };
+            let ext: Vec<(u32, u32)> = runs
+                .iter()
+                .take(limit)
+                .map(|&(_, l, a)| (l as u32, if a { 0 } else { STATE_HOLE | STATE_ZERO }))
+                .collect();
+            conn.send(vec![OutPart::Bytes(block_status(
+                REPLY_FLAG_DONE,
+                req.handle,
+                META_ID,
+                &ext,
+            ))]);
+            return;
+        }
+        _ => return err(Errno::Inval, "unknown command"),
+    };
+    let result = match result {
+        Ok(()) if fua => array.flush().await,
+        r => r,
+    };
+    match result {
+        Ok(()) => reply_ok(conn, &req),
+        Err(e) => err(errno_of(&e), &e.to_string()),
+    }
+}
+
+async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, req: &Request) {
+    use proto::*;
+    let array = &inner.array;
+    let (off, len) = (req.offset, req.length as u64);
+    if !sess.structured {
+        match array.read(off, len).await {
+            Ok(seg) => {
+                let mut parts = Vec::with_capacity(seg.parts.len() + 1);
+                parts.push(OutPart::Bytes(simple_reply(0, req.handle).to_vec()));
+                parts.extend(seg.parts.into_iter().map(|(b, r)| OutPart::Shared(b, r)));
+                conn.send(parts);
+            }
+            Err(e) => reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string()),
+        }
+        return;
+    }
+    if len == 0 {
+        conn.send(vec![OutPart::Bytes(done_chunk(req.handle).to_vec())]);
+        return;
+    }
+    let df = req.flags & CMD_FLAG_DF != 0;
+    let pieces = if df {
+        array.read(off, len).await.map(|data| vec![ReadPiece::Data { off, data }])
+    } else {
+        array.read_sparse(off, len).await
+    };
+    let pieces = match pieces {
+        Ok(p) => p,
+        Err(e) => return reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string()),
+    };
+    let n = pieces.len();
+    let mut parts = Vec::new();
+    for (i, p) in pieces.into_iter().enumerate() {
+        let flags = if i + 1 == n { REPLY_FLAG_DONE } else { 0 };
+        match p {
+            ReadPiece::Data { off, data } => {
+                parts.push(OutPart::Bytes(offset_data_header(
+                    flags,
+                    req.handle,
+                    off,
+                    data.len() as u32,
+                )));
+                parts.extend(data.parts.into_iter().map(|(b, r)| OutPart::Shared(b, r)));
+            }
+            ReadPiece::Hole { off, len } => {
+                parts.push(OutPart::Bytes(offset_hole(flags, req.handle, off, len as u32)));
+            }
+        }
+    }
+    conn.send(parts);
+}
