@@ -54,7 +54,8 @@ fn bind(addr: &str) -> Result<Listen> {
             std::fs::remove_file(&path)
                 .with_context(|| format!("--listen {addr}: cannot remove stale {p}"))?;
         }
-        let l = UnixListener::bind(&path).with_context(|| format!("--listen {addr}: cannot bind"))?;
+        let l =
+            UnixListener::bind(&path).with_context(|| format!("--listen {addr}: cannot bind"))?;
         Ok(Listen::Unix(l, path))
     } else {
         bail!("--listen {addr}: expected tcp:HOST:PORT or unix:PATH")
@@ -113,7 +114,11 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         g.level,
         g.members,
         size::human(g.chunk),
-        if missing.is_empty() { "optimal" } else { "degraded" }
+        if missing.is_empty() {
+            "optimal"
+        } else {
+            "degraded"
+        }
     );
     let server = Server::new(
         array.clone(),

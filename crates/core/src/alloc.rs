@@ -107,10 +107,16 @@ mod tests {
         p[7] = 0x81;
         seal_page(3, &mut p);
         assert!(page_valid(3, &p));
-        assert!(!page_valid(4, &p), "a page written to the wrong slot is refused");
+        assert!(
+            !page_valid(4, &p),
+            "a page written to the wrong slot is refused"
+        );
         p[100] ^= 1;
         assert!(!page_valid(3, &p));
-        assert!(!page_valid(3, &[0u8; PAGE]), "an all-zero block is not a page");
+        assert!(
+            !page_valid(3, &[0u8; PAGE]),
+            "an all-zero block is not a page"
+        );
         assert!(!page_valid(3, &p[..100]));
     }
 

@@ -362,11 +362,7 @@ impl<D: BlockDev> Array<D> {
         let end = off + len;
         let whole = |s: u64| s.is_multiple_of(gr);
         let edge_ok = |a: u64, b: u64| a >= b || self.allocation(a, b - a).iter().all(|r| !r.2);
-        let head = if whole(off) {
-            off
-        } else {
-            (off / gr + 1) * gr
-        };
+        let head = if whole(off) { off } else { (off / gr + 1) * gr };
         let tail = if whole(end) || end == size {
             end
         } else {

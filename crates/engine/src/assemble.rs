@@ -130,8 +130,11 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
     }
     for (i, (f, p)) in files.iter().zip(paths).enumerate() {
         zero_range(f, DATA_OFFSET, geometry.member_data).map_err(io_err(p))?;
-        f.write_all_at(&crate::alloc::empty_map_image(&geometry), uraid_core::alloc::MAP_OFFSET)
-            .map_err(io_err(p))?;
+        f.write_all_at(
+            &crate::alloc::empty_map_image(&geometry),
+            uraid_core::alloc::MAP_OFFSET,
+        )
+        .map_err(io_err(p))?;
         sb.index = i;
         sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
         f.write_all_at(&sb.encode(), 0).map_err(io_err(p))?;

@@ -47,10 +47,14 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     let l = ring()?;
     let op = l.push(
         move |ud| {
-            opcode::Accept::new(types::Fd(listener), std::ptr::null_mut(), std::ptr::null_mut())
-                .flags(libc::SOCK_CLOEXEC)
-                .build()
-                .user_data(ud)
+            opcode::Accept::new(
+                types::Fd(listener),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(ud)
         },
         None,
     );

@@ -146,10 +146,14 @@ impl<'a> Cur<'a> {
         Ok(h)
     }
     fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_be_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_be_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn string(&mut self, len: usize) -> Result<String, WireError> {
         if len > MAX_STRING {
@@ -431,7 +435,10 @@ mod tests {
             Err(WireError::TooLong(0xffff_ffff))
         );
         assert!(parse_go(&go_bytes("a\0b", &[])).is_err());
-        assert!(parse_go(&[0, 0, 0, 1, 0xc3, 0, 0]).is_err(), "invalid UTF-8");
+        assert!(
+            parse_go(&[0, 0, 0, 1, 0xc3, 0, 0]).is_err(),
+            "invalid UTF-8"
+        );
         assert!(parse_go(&[]).is_err());
     }
 

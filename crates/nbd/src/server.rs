@@ -129,10 +129,7 @@ impl<D: BlockDev> Server<D> {
         }
         let mut live = inner.live.lock().unwrap_or_else(|e| e.into_inner());
         while *live > 0 {
-            live = inner
-                .idle
-                .wait(live)
-                .unwrap_or_else(|e| e.into_inner());
+            live = inner.idle.wait(live).unwrap_or_else(|e| e.into_inner());
         }
         drop(live);
         let array = inner.array.clone();
@@ -397,10 +394,7 @@ fn name_ok<D: BlockDev>(inner: &Inner<D>, name: &str) -> bool {
 }
 
 /// Runs option haggling. Ok(Some) = enter transmission; Ok(None) = client aborted.
-async fn handshake<D: BlockDev>(
-    inner: &Inner<D>,
-    rd: &mut Reader,
-) -> io::Result<Option<Session>> {
+async fn handshake<D: BlockDev>(inner: &Inner<D>, rd: &mut Reader) -> io::Result<Option<Session>> {
     use proto::*;
     let fd = rd.fd;
     send_now(fd, greeting()).await?;
@@ -424,7 +418,10 @@ async fn handshake<D: BlockDev>(
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         if len > MAX_OPTION_LEN {
             if opt == OPT_EXPORT_NAME {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "option too long"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "option too long",
+                ));
             }
             rd.skip(len as usize).await?;
             send_now(
@@ -436,7 +433,11 @@ async fn handshake<D: BlockDev>(
         }
         let data = rd.take_vec(len as usize).await?;
         if inner.stopping.load(Ordering::SeqCst) {
-            send_now(fd, option_reply(opt, REP_ERR_SHUTDOWN, b"server shutting down")).await?;
+            send_now(
+                fd,
+                option_reply(opt, REP_ERR_SHUTDOWN, b"server shutting down"),
+            )
+            .await?;
             return Ok(None);
         }
         let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
@@ -541,7 +542,10 @@ async fn handshake<D: BlockDev>(
                 let mut v = Vec::new();
                 if matches {
                     let id = if listing { 0 } else { META_ID };
-                    v.extend(reply(REP_META_CONTEXT, &rep_meta_context(id, BASE_ALLOCATION)));
+                    v.extend(reply(
+                        REP_META_CONTEXT,
+                        &rep_meta_context(id, BASE_ALLOCATION),
+                    ));
                 }
                 v.extend(reply(REP_ACK, &[]));
                 send_now(fd, v).await?;
@@ -608,7 +612,14 @@ async fn transmission<D: BlockDev>(
             if req.length > MAX_PAYLOAD {
                 // Drain it in bounded pieces and refuse.
                 rd.skip(req.length as usize).await?;
-                reply_error(inner, sess, conn, &req, Errno::Inval, "write exceeds 32 MiB");
+                reply_error(
+                    inner,
+                    sess,
+                    conn,
+                    &req,
+                    Errno::Inval,
+                    "write exceeds 32 MiB",
+                );
                 continue;
             }
             Some(rd.take_vec(req.length as usize).await?)
@@ -653,10 +664,12 @@ fn reply_error<D: BlockDev>(
         req.length,
         err
     );
-    let structured = sess.structured
-        && matches!(req.typ, proto::CMD_READ | proto::CMD_BLOCK_STATUS);
+    let structured =
+        sess.structured && matches!(req.typ, proto::CMD_READ | proto::CMD_BLOCK_STATUS);
     if structured {
-        conn.send(vec![OutPart::Bytes(proto::error_chunk(req.handle, err, msg))]);
+        conn.send(vec![OutPart::Bytes(proto::error_chunk(
+            req.handle, err, msg,
+        ))]);
     } else {
         conn.send(vec![OutPart::Bytes(
             proto::simple_reply(err as u32, req.handle).to_vec(),
@@ -665,7 +678,9 @@ fn reply_error<D: BlockDev>(
 }
 
 fn reply_ok(conn: &Rc<Conn>, req: &Request) {
-    conn.send(vec![OutPart::Bytes(proto::simple_reply(0, req.handle).to_vec())]);
+    conn.send(vec![OutPart::Bytes(
+        proto::simple_reply(0, req.handle).to_vec(),
+    )]);
 }
 
 async fn handle<D: BlockDev>(
@@ -692,7 +707,13 @@ async fn handle<D: BlockDev>(
     let err = |e: Errno, m: &str| reply_error(inner, sess, conn, &req, e, m);
     if !matches!(
         req.typ,
-        CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE | CMD_WRITE_ZEROES | CMD_BLOCK_STATUS
+        CMD_READ
+            | CMD_WRITE
+            | CMD_FLUSH
+            | CMD_TRIM
+            | CMD_CACHE
+            | CMD_WRITE_ZEROES
+            | CMD_BLOCK_STATUS
     ) {
         return err(Errno::Inval, "unknown command");
     }
@@ -719,7 +740,10 @@ async fn handle<D: BlockDev>(
         CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE
     ) && !aligned
     {
-        return err(Errno::Inval, "request not aligned to the 512-byte minimum block size");
+        return err(
+            Errno::Inval,
+            "request not aligned to the 512-byte minimum block size",
+        );
     }
     let fua = req.flags & CMD_FLAG_FUA != 0 && writes;
     let result: Result<(), ArrayError> = match req.typ {
@@ -739,7 +763,10 @@ async fn handle<D: BlockDev>(
             let fast = req.flags & CMD_FLAG_FAST_ZERO != 0;
             let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
             if fast && (no_hole || !array.zero_is_fast(off, len)) {
-                return err(Errno::NotSup, "zeroing this range is not faster than writing");
+                return err(
+                    Errno::NotSup,
+                    "zeroing this range is not faster than writing",
+                );
             }
             if no_hole {
                 array.write_zeros(off, len).await
@@ -808,7 +835,10 @@ async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, re
     }
     let df = req.flags & CMD_FLAG_DF != 0;
     let pieces = if df {
-        array.read(off, len).await.map(|data| vec![ReadPiece::Data { off, data }])
+        array
+            .read(off, len)
+            .await
+            .map(|data| vec![ReadPiece::Data { off, data }])
     } else {
         array.read_sparse(off, len).await
     };
@@ -831,7 +861,9 @@ async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, re
                 parts.extend(data.parts.into_iter().map(|(b, r)| OutPart::Shared(b, r)));
             }
             ReadPiece::Hole { off, len } => {
-                parts.push(OutPart::Bytes(offset_hole(flags, req.handle, off, len as u32)));
+                parts.push(OutPart::Bytes(offset_hole(
+                    flags, req.handle, off, len as u32,
+                )));
             }
         }
     }

@@ -145,7 +145,13 @@ pub fn mem_array(
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
     let uuids = (0..members).map(|i| [i as u8 + 1; 16]).collect();
     (
-        Array::new(sb, uuids, devs.into_iter().map(Some).collect(), rt, Some(Vec::new())),
+        Array::new(
+            sb,
+            uuids,
+            devs.into_iter().map(Some).collect(),
+            rt,
+            Some(Vec::new()),
+        ),
         faults,
     )
 }

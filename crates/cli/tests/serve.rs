@@ -1,0 +1,636 @@
+//! `uraid serve` against real NBD clients (nbdinfo, qemu-img, nbdcopy, fio, nbdfuse + loop +
+//! ext4) and against a hand-written client that sends malformed and out-of-range requests.
+//! Every test starts its own server on a Unix socket and an ephemeral loopback port in a
+//! temp dir, and stops it with SIGTERM (checking the clean exit).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uraid-serve-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// Creates a raid6 over `n` sparse member files of `size` bytes in `dir`.
+fn create(dir: &Path, n: usize, size: &str) -> Vec<PathBuf> {
+    let m: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("m{i}"))).collect();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args([
+            "create", "--level", "6", "--chunk", "64K", "-N", "vol", "--size", size,
+        ])
+        .args(&m));
+    m
+}
+
+struct Srv {
+    child: Child,
+    sock: PathBuf,
+    tcp: String,
+}
+
+impl Srv {
+    fn start(dir: &Path, members: &[PathBuf], extra: &[&str]) -> Srv {
+        let sock = dir.join("nbd.sock");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .args(["--listen", "tcp:127.0.0.1:0"])
+            .args(extra)
+            .args(members)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start uraid serve");
+        let mut tcp = String::new();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        for line in out.lines() {
+            let line = line.expect("server stdout");
+            if let Some(u) = line.strip_prefix("uraid: listening on nbd://") {
+                tcp = u.split('/').next().unwrap().to_string();
+            }
+            if line.contains("stop with") {
+                break;
+            }
+        }
+        assert!(!tcp.is_empty(), "server did not report its TCP address");
+        Srv { child, sock, tcp }
+    }
+
+    fn unix_uri(&self) -> String {
+        format!("nbd+unix:///vol?socket={}", self.sock.display())
+    }
+
+    fn tcp_uri(&self) -> String {
+        format!("nbd://{}/vol", self.tcp)
+    }
+
+    /// SIGTERM, and the server must exit 0 (in-flight finished, array flushed and clean).
+    fn stop(mut self) {
+        run(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "uraid serve exited with {st}");
+    }
+}
+
+impl Drop for Srv {
+    /// A failing test must not leave its server behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn random_file(path: &Path, len: usize, seed: u64) {
+    let mut x = seed | 1;
+    let v: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, v).unwrap();
+}
+
+#[test]
+fn nbdinfo_shows_the_export_and_its_capabilities() {
+    let dir = tmp("info");
+    let m = create(&dir, 6, "64M");
+    let s = Srv::start(&dir, &m, &[]);
+    let o = run(Command::new("nbdinfo").args(["--json", &s.tcp_uri()]));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let e = &j["exports"][0];
+    assert_eq!(e["export-name"], "vol");
+    assert_eq!(e["export-size"], 4 * (64 << 20) - 4 * (1 << 20));
+    for cap in [
+        "can_multi_conn",
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_fast_zero",
+        "can_df",
+        "can_cache",
+    ] {
+        assert_eq!(e[cap], true, "{cap}: {e}");
+    }
+    assert_eq!(e["is_read_only"], false);
+    assert_eq!(e["block_size_minimum"], 512);
+    assert_eq!(
+        e["block_size_preferred"],
+        256 << 10,
+        "one full stripe (4 x 64K)"
+    );
+    assert_eq!(e["block_size_maximum"], 32 << 20);
+    assert!(e["contexts"].to_string().contains("base:allocation"));
+    assert!(e["description"].as_str().unwrap().contains("raid6"));
+    // NBD_OPT_LIST over the Unix socket.
+    let o = run(Command::new("nbdinfo").args(["--list", "--json", &s.unix_uri()]));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["exports"][0]["export-name"], "vol");
+    // A fresh volume is one hole; nbdinfo --map reads base:allocation.
+    let o = run(Command::new("nbdinfo").args(["--map", &s.tcp_uri()]));
+    let map = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        map.contains("hole,zero") && map.lines().count() == 1,
+        "{map}"
+    );
+    s.stop();
+    // Read-only serving advertises it.
+    let s = Srv::start(&dir, &m, &["--read-only"]);
+    let o = run(Command::new("nbdinfo").args(["--json", &s.tcp_uri()]));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["exports"][0]["is_read_only"], true);
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn qemu_img_and_nbdcopy_round_trip_with_holes_and_degraded_restart() {
+    let dir = tmp("qemu");
+    let m = create(&dir, 6, "64M");
+    let size = 4 * (64u64 << 20) - 4 * (1 << 20);
+    let img = dir.join("src.img");
+    random_file(&img, 48 << 20, 7);
+    let s = Srv::start(&dir, &m, &[]);
+    run(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&img)
+        .arg(s.tcp_uri()));
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&img)
+        .arg(s.unix_uri()));
+    // nbdcopy back out over 4 connections (multi-conn) and in again to another offset range
+    // through a second file.
+    let back = dir.join("back.img");
+    run(Command::new("nbdcopy")
+        .args(["--connections=4", &s.unix_uri()])
+        .arg(&back));
+    let got = std::fs::read(&back).unwrap();
+    assert_eq!(got.len() as u64, size);
+    let want = std::fs::read(&img).unwrap();
+    assert!(
+        got[..want.len()] == want[..],
+        "nbdcopy read back different data"
+    );
+    assert!(
+        got[want.len()..].iter().all(|&b| b == 0),
+        "never-written tail must read as zeros"
+    );
+    let full = dir.join("full.img");
+    random_file(&full, size as usize, 11);
+    run(Command::new("nbdcopy")
+        .args(["--connections=4", "--flush"])
+        .arg(&full)
+        .arg(s.tcp_uri()));
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&full)
+        .arg(s.tcp_uri()));
+    // Zero a range with qemu-io (WRITE_ZEROES, may unmap) and check it reads back as zeros.
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -z -u 1M 8M", &s.tcp_uri()]));
+    let mut expect = std::fs::read(&full).unwrap();
+    expect[1 << 20..9 << 20].fill(0);
+    std::fs::write(&full, &expect).unwrap();
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&full)
+        .arg(s.tcp_uri()));
+    s.stop();
+    // Restart with two of the six members gone: same data.
+    let s = Srv::start(&dir, &m[2..], &[]);
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&full)
+        .arg(s.unix_uri()));
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fio_random_writes_verify_over_tcp_and_unix() {
+    let dir = tmp("fio");
+    let m = create(&dir, 6, "64M");
+    let s = Srv::start(&dir, &m, &[]);
+    for (name, uri) in [("tcp", s.tcp_uri()), ("unix", s.unix_uri())] {
+        let o = run(Command::new("fio").args([
+            &format!("--name={name}"),
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=32",
+            "--size=32m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--output-format=json",
+        ]));
+        let out = String::from_utf8_lossy(&o.stdout);
+        let json = &out[out.find('{').expect("fio printed JSON")..];
+        let j: serde_json::Value = serde_json::from_str(json).unwrap();
+        let job = &j["jobs"][0];
+        assert_eq!(job["error"], 0, "{name}: {job}");
+        assert_eq!(job["write"]["io_bytes"], 32 << 20, "{name}");
+        assert_eq!(
+            job["read"]["io_bytes"],
+            32 << 20,
+            "{name}: verify pass read everything"
+        );
+    }
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// ext4 through nbdfuse + a loop device: mkfs, files, unmount, fsck, restart, verify; then
+/// again with two members missing.
+#[test]
+fn ext4_on_the_volume_survives_restart_and_two_missing_members() {
+    let dir = tmp("ext4");
+    let m = create(&dir, 6, "96M");
+    let files: Vec<(String, PathBuf)> = (0..5)
+        .map(|i| {
+            let p = dir.join(format!("f{i}"));
+            random_file(&p, (1 << 20) + i * 4097, 100 + i as u64);
+            (format!("f{i}"), p)
+        })
+        .collect();
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+
+    let s = Srv::start(&dir, &m, &[]);
+    let fuse = Fuse::mount(&dir, &s.unix_uri(), false);
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&fuse.loopdev));
+    run(Command::new("mount").arg(&fuse.loopdev).arg(&mnt));
+    for (n, p) in &files {
+        std::fs::copy(p, mnt.join(n)).unwrap();
+    }
+    run(Command::new("umount").arg(&mnt));
+    run(Command::new("e2fsck").args(["-fn"]).arg(&fuse.loopdev));
+    fuse.unmount();
+    s.stop();
+
+    for members in [&m[..], &m[2..]] {
+        let s = Srv::start(&dir, members, &["--read-only"]);
+        let fuse = Fuse::mount(&dir, &s.unix_uri(), true);
+        run(Command::new("e2fsck").args(["-fn"]).arg(&fuse.loopdev));
+        run(Command::new("mount")
+            .args(["-o", "ro,noload"])
+            .arg(&fuse.loopdev)
+            .arg(&mnt));
+        for (n, p) in &files {
+            assert!(
+                std::fs::read(mnt.join(n)).unwrap() == std::fs::read(p).unwrap(),
+                "{n} differs with {} members",
+                members.len()
+            );
+        }
+        run(Command::new("umount").arg(&mnt));
+        fuse.unmount();
+        s.stop();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// nbdfuse exposing the export as a file, and a loop device over that file.
+struct Fuse {
+    child: Child,
+    dir: PathBuf,
+    loopdev: String,
+}
+
+impl Fuse {
+    fn mount(base: &Path, uri: &str, ro: bool) -> Fuse {
+        let dir = base.join("fuse");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cmd = Command::new("nbdfuse");
+        if ro {
+            cmd.arg("--readonly");
+        }
+        // Four connections: the kernel's requests go out over multi-conn.
+        let child = cmd
+            .args(["-C", "4"])
+            .arg(&dir)
+            .arg(uri)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start nbdfuse");
+        let file = dir.join("nbd");
+        for _ in 0..100 {
+            if std::fs::metadata(&file).is_ok_and(|m| m.len() > 0) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut args = vec!["--find", "--show", "--direct-io=on"];
+        if ro {
+            args.push("--read-only");
+        }
+        let o = run(Command::new("losetup").args(&args).arg(&file));
+        let loopdev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        Fuse {
+            child,
+            dir,
+            loopdev,
+        }
+    }
+
+    fn unmount(mut self) {
+        run(Command::new("losetup").args(["-d", &self.loopdev]));
+        // The loop device lets go asynchronously; retry the unmount briefly.
+        for i in 0..50 {
+            let o = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.dir)
+                .output();
+            if o.is_ok_and(|o| o.status.success()) {
+                break;
+            }
+            assert!(i < 49, "fusermount3 -u {} kept failing", self.dir.display());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Fuse {
+    /// Best-effort cleanup when a test fails with the device still set up.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("losetup").args(["-d", &self.loopdev]).output();
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.dir)
+                .output();
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------- hand-written client
+
+struct Raw {
+    s: UnixStream,
+}
+
+const IHAVEOPT: &[u8; 8] = b"IHAVEOPT";
+
+impl Raw {
+    /// Connects and finishes the greeting (client flags: fixed newstyle + no zeroes).
+    fn connect(sock: &Path) -> Raw {
+        let mut s = UnixStream::connect(sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).unwrap();
+        assert_eq!(&g[..8], b"NBDMAGIC");
+        assert_eq!(&g[8..16], IHAVEOPT);
+        assert_eq!(u16::from_be_bytes([g[16], g[17]]), 3);
+        s.write_all(&3u32.to_be_bytes()).unwrap();
+        Raw { s }
+    }
+
+    fn option(&mut self, opt: u32, data: &[u8]) {
+        let mut v = IHAVEOPT.to_vec();
+        v.extend_from_slice(&opt.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        v.extend_from_slice(data);
+        self.s.write_all(&v).unwrap();
+    }
+
+    /// One option reply: (type, data).
+    fn opt_reply(&mut self) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(&h[..8], &0x0003_e889_0455_65a9u64.to_be_bytes());
+        let typ = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        self.s.read_exact(&mut d).unwrap();
+        (typ, d)
+    }
+
+    /// NBD_OPT_GO on "vol"; returns the transmission flags.
+    fn go(&mut self) -> u16 {
+        let mut d = 3u32.to_be_bytes().to_vec();
+        d.extend_from_slice(b"vol");
+        d.extend_from_slice(&0u16.to_be_bytes());
+        self.option(7, &d);
+        let mut flags = 0;
+        loop {
+            let (t, d) = self.opt_reply();
+            match t {
+                3 if d[..2] == [0, 0] => flags = u16::from_be_bytes([d[10], d[11]]),
+                3 => {}
+                1 => return flags,
+                _ => panic!("GO failed: {t:#x}"),
+            }
+        }
+    }
+
+    fn request(&mut self, flags: u16, typ: u16, handle: u64, off: u64, len: u32, data: &[u8]) {
+        let mut v = 0x2560_9513u32.to_be_bytes().to_vec();
+        v.extend_from_slice(&flags.to_be_bytes());
+        v.extend_from_slice(&typ.to_be_bytes());
+        v.extend_from_slice(&handle.to_be_bytes());
+        v.extend_from_slice(&off.to_be_bytes());
+        v.extend_from_slice(&len.to_be_bytes());
+        v.extend_from_slice(data);
+        self.s.write_all(&v).unwrap();
+    }
+
+    /// A simple reply: (error, handle).
+    fn simple(&mut self) -> (u32, u64) {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(&h[..4], &0x6744_6698u32.to_be_bytes());
+        (
+            u32::from_be_bytes(h[4..8].try_into().unwrap()),
+            u64::from_be_bytes(h[8..16].try_into().unwrap()),
+        )
+    }
+
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+#[test]
+fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
+    const EPERM: u32 = 1;
+    const EINVAL: u32 = 22;
+    const ENOSPC: u32 = 28;
+    const EOVERFLOW: u32 = 75;
+    let dir = tmp("bad");
+    let m = create(&dir, 6, "16M");
+    let size = 4 * (16u64 << 20) - 4 * (1 << 20);
+    let s = Srv::start(&dir, &m, &[]);
+
+    // Handshake: unknown option, malformed GO, unknown export, then a good GO.
+    let mut c = Raw::connect(&s.sock);
+    c.option(0x4242, b"xyz");
+    assert_eq!(c.opt_reply().0, 0x8000_0001, "unknown option -> ERR_UNSUP");
+    c.option(7, &[0, 0, 0, 200, b'v']);
+    assert_eq!(c.opt_reply().0, 0x8000_0003, "truncated GO -> ERR_INVALID");
+    c.option(3, b"junk");
+    assert_eq!(
+        c.opt_reply().0,
+        0x8000_0003,
+        "LIST with data -> ERR_INVALID"
+    );
+    let mut d = 4u32.to_be_bytes().to_vec();
+    d.extend_from_slice(b"nope");
+    d.extend_from_slice(&0u16.to_be_bytes());
+    c.option(7, &d);
+    assert_eq!(
+        c.opt_reply().0,
+        0x8000_0006,
+        "unknown export -> ERR_UNKNOWN"
+    );
+    let flags = c.go();
+    assert!(flags & (1 << 8) != 0, "multi-conn advertised");
+
+    let sector = vec![0xabu8; 512];
+    // (what, flags, command, offset, length, payload, expected error)
+    type Case<'a> = (&'a str, u16, u16, u64, u32, Vec<u8>, u32);
+    let cases: Vec<Case> = vec![
+        ("read past the end", 0, 0, size - 512, 1024, vec![], EINVAL),
+        (
+            "read with overflowing offset",
+            0,
+            0,
+            u64::MAX - 511,
+            1024,
+            vec![],
+            EINVAL,
+        ),
+        ("misaligned read", 0, 0, 100, 512, vec![], EINVAL),
+        ("misaligned length", 0, 0, 0, 100, vec![], EINVAL),
+        (
+            "oversized simple read",
+            0,
+            0,
+            0,
+            (32 << 20) + 512,
+            vec![],
+            EOVERFLOW,
+        ),
+        (
+            "write past the end",
+            0,
+            1,
+            size,
+            512,
+            sector.clone(),
+            ENOSPC,
+        ),
+        ("misaligned write", 0, 1, 4, 512, sector.clone(), EINVAL),
+        ("trim past the end", 0, 4, size, 512, vec![], EINVAL),
+        (
+            "zeroes past the end",
+            0,
+            6,
+            size - 512,
+            1024,
+            vec![],
+            ENOSPC,
+        ),
+        ("unknown command", 0, 99, 0, 0, vec![], EINVAL),
+        ("unknown flag on read", 1 << 9, 0, 0, 512, vec![], EINVAL),
+        (
+            "DF without structured replies",
+            1 << 2,
+            0,
+            0,
+            512,
+            vec![],
+            EINVAL,
+        ),
+        ("flush with a length", 0, 3, 0, 512, vec![], EINVAL),
+        (
+            "block status without a context",
+            0,
+            7,
+            0,
+            512,
+            vec![],
+            EINVAL,
+        ),
+    ];
+    for (i, (what, fl, typ, off, len, data, want)) in cases.iter().enumerate() {
+        c.request(*fl, *typ, i as u64, *off, *len, data);
+        assert_eq!(c.simple(), (*want, i as u64), "{what}");
+    }
+    // An oversized write's payload is drained (never buffered whole) and refused.
+    let big = (33u32 << 20) + 512;
+    c.request(0, 1, 77, 0, big, &vec![1u8; big as usize]);
+    assert_eq!(c.simple(), (EINVAL, 77), "oversized write");
+    // The connection still works: write, read back, flush with FUA, pipelined.
+    c.request(1, 1, 100, 4096, 512, &sector);
+    c.request(0, 3, 101, 0, 0, &[]);
+    let mut got = [c.simple(), c.simple()];
+    got.sort();
+    assert_eq!(got, [(0, 100), (0, 101)]);
+    c.request(0, 0, 102, 4096, 512, &[]);
+    assert_eq!(c.simple(), (0, 102));
+    let mut back = vec![0u8; 512];
+    c.s.read_exact(&mut back).unwrap();
+    assert_eq!(back, sector);
+    // Bad request magic closes this connection only.
+    c.s.write_all(&[0u8; 28]).unwrap();
+    assert!(c.closed(), "bad magic must close the connection");
+    // Unknown client flags close the handshake.
+    let mut c2 = UnixStream::connect(&s.sock).unwrap();
+    let mut g = [0u8; 18];
+    c2.read_exact(&mut g).unwrap();
+    c2.write_all(&0x80u32.to_be_bytes()).unwrap();
+    let mut b = [0u8; 1];
+    assert!(matches!(c2.read(&mut b), Ok(0) | Err(_)));
+    // Garbage instead of an option header closes it too.
+    let mut c3 = Raw::connect(&s.sock);
+    c3.s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert!(c3.closed());
+    // Everyone else is still served.
+    let o = run(Command::new("nbdinfo").args(["--size", &s.unix_uri()]));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
+    s.stop();
+
+    // Read-only export: writes, trims and zeroes get EPERM.
+    let s = Srv::start(&dir, &m, &["--read-only"]);
+    let mut c = Raw::connect(&s.sock);
+    let flags = c.go();
+    assert!(flags & 2 != 0, "read-only flag");
+    c.request(0, 1, 1, 0, 512, &sector);
+    assert_eq!(c.simple(), (EPERM, 1));
+    c.request(0, 4, 2, 0, 512, &[]);
+    assert_eq!(c.simple(), (EPERM, 2));
+    c.request(0, 6, 3, 0, 512, &[]);
+    assert_eq!(c.simple(), (EPERM, 3));
+    c.request(0, 2, 4, 0, 0, &[]); // NBD_CMD_DISC
+    assert!(c.closed());
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
