@@ -28,10 +28,27 @@ pub trait BlockDev: Send + Sync + 'static {
 
 /// A member that is a regular file or a block device, opened with O_DIRECT. I/O goes through
 /// the calling reactor's io_uring when there is one, else blocking pread/pwrite.
+///
+/// Members on tmpfs (memory) are the exception: tmpfs cannot do I/O asynchronously, so
+/// io_uring hands every request to a kernel worker thread and back (an IPI and two context
+/// switches for a memcpy). For them the reactor copies inline with pread/pwrite, which is what
+/// the worker would do, minus the hand-offs.
 pub struct FileDev {
     file: File,
     path: String,
     size: u64,
+    memory: bool,
+}
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Whether `file` lives on tmpfs.
+fn on_tmpfs(file: &File) -> bool {
+    // SAFETY: fstatfs fills the statfs struct we pass; all-zero is a valid initial value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and a pointer to a live statfs.
+    let r = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    r == 0 && st.f_type as i64 == TMPFS_MAGIC
 }
 
 /// Turns a CQE result for a `want`-byte transfer into an io::Result; a short transfer is an
@@ -57,10 +74,12 @@ impl FileDev {
             .custom_flags(libc::O_DIRECT)
             .open(path)?;
         let size = device_size(&file)?;
+        let memory = on_tmpfs(&file);
         Ok(FileDev {
             file,
             path: path.display().to_string(),
             size,
+            memory,
         })
     }
 
@@ -96,7 +115,7 @@ impl BlockDev for FileDev {
 
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         let want = buf.len();
-        match reactor::local().filter(|l| l.has_ring()) {
+        match reactor::local().filter(|l| l.has_ring() && !self.memory) {
             Some(l) => {
                 let (res, b) = reactor::ring_read(&l, self.file.as_raw_fd(), off, buf).await;
                 (
@@ -113,7 +132,7 @@ impl BlockDev for FileDev {
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         let want = buf.len();
-        match reactor::local().filter(|l| l.has_ring()) {
+        match reactor::local().filter(|l| l.has_ring() && !self.memory) {
             Some(l) => {
                 let (res, b) = reactor::ring_write(&l, self.file.as_raw_fd(), off, buf).await;
                 (

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""NBD servers side by side: uraid serve (raid0 over 4 /dev/shm files, raid6 8+2) against
+nbdkit (file plugin) and qemu-nbd (cache=none, aio=native) each serving one /dev/shm file of
+the same size. Same fio job for all (ioengine=nbd, one connection), over a Unix socket and
+TCP loopback; every device preconditioned (written end to end) first. For each cell: IOPS or
+MB/s and the server's CPU time per request (utime+stime from /proc/PID/stat around the run,
+divided by the requests fio completed). Runs alternate between servers; medians are reported.
+
+    scripts/bench_nbd.py [--runs 3] [--runtime 4] [--dir /dev/shm/uraid-nbd] [--out -]
+"""
+import argparse, json, os, shutil, signal, socket, statistics, subprocess, sys, time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+URAID = os.path.join(ROOT, "target", "release", "uraid")
+TICK = os.sysconf("SC_CLK_TCK")
+MEMBER_MIB = 512  # raid0 members; raid6 members hold the same volume in 8 data shares
+FIO_SIZE = "2000m"
+
+WORKLOADS = [
+    ("4k randread QD32", "randread", "4k", 32, "iops"),
+    ("4k randwrite QD32", "randwrite", "4k", 32, "iops"),
+    ("1M seq read QD8", "read", "1m", 8, "mbps"),
+    ("1M seq write QD8", "write", "1m", 8, "mbps"),
+]
+
+
+def run(cmd, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        sys.exit(f"command failed: {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
+    return p.stdout
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def wait_socket(unix=None, port=None, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if unix:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(unix)
+            else:
+                s = socket.create_connection(("127.0.0.1", port))
+            s.close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"server did not come up ({unix or port})")
+
+
+class Server:
+    def __init__(self, name, argv_unix, argv_tcp, uri_unix, uri_tcp, sock, port):
+        self.name = name
+        self.argv = {"unix": argv_unix, "tcp": argv_tcp}
+        self.uri = {"unix": uri_unix, "tcp": uri_tcp}
+        self.sock, self.port = sock, port
+        self.proc = None
+
+    def start(self, transport):
+        if self.sock and os.path.exists(self.sock):
+            os.unlink(self.sock)
+        self.proc = subprocess.Popen(self.argv[transport], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        if transport == "unix":
+            wait_socket(unix=self.sock)
+        else:
+            wait_socket(port=self.port)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def fio(uri, rw, bs, qd, runtime, extra=()):
+    cmd = ["fio", "--name=nbd", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
+           f"--iodepth={qd}", f"--size={FIO_SIZE}", "--output-format=json", "--norandommap",
+           "--randrepeat=0"] + list(extra)
+    if runtime:
+        cmd += [f"--runtime={runtime}", "--time_based"]
+    out = run(cmd)
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    side = j["read"] if "read" in rw else j["write"]
+    return side["iops"], side["bw_bytes"] / 1e6, side["total_ios"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runtime", type=float, default=4)
+    ap.add_argument("--dir", default="/dev/shm/uraid-nbd")
+    ap.add_argument("--out", default="-")
+    a = ap.parse_args()
+    for tool in ("fio", "nbdkit", "qemu-nbd"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found: run scripts/setup.sh")
+    d = a.dir
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    sockdir = os.path.join("/tmp", f"uraid-nbd-bench-{os.getpid()}")
+    os.makedirs(sockdir, exist_ok=True)
+
+    # Devices.
+    r0 = [os.path.join(d, f"r0-{i}") for i in range(4)]
+    r6 = [os.path.join(d, f"r6-{i}") for i in range(10)]
+    run([URAID, "create", "--level", "0", "-N", "r0", "--size", f"{MEMBER_MIB}M"] + r0)
+    run([URAID, "create", "--level", "6", "-N", "r6", "--size", f"{MEMBER_MIB // 2 + 1}M"] + r6)
+    peer = os.path.join(d, "peer.img")
+    with open(peer, "wb") as f:
+        f.truncate(4 * (MEMBER_MIB - 1) << 20)
+
+    servers = []
+    for name, members in (("uraid raid0 4", r0), ("uraid raid6 8+2", r6)):
+        sock, port = os.path.join(sockdir, name.split()[1] + ".sock"), free_port()
+        base = [URAID, "serve", "--export", "v"]
+        servers.append(Server(name, base + ["--listen", f"unix:{sock}"] + members,
+                              base + ["--listen", f"tcp:127.0.0.1:{port}"] + members,
+                              f"nbd+unix:///v?socket={sock}", f"nbd://127.0.0.1:{port}/v", sock, port))
+    sock, port = os.path.join(sockdir, "nbdkit.sock"), free_port()
+    servers.append(Server("nbdkit file", ["nbdkit", "-f", "-U", sock, "file", peer],
+                          ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer],
+                          f"nbd+unix:///?socket={sock}", f"nbd://127.0.0.1:{port}/", sock, port))
+    sock, port = os.path.join(sockdir, "qemu.sock"), free_port()
+    q = ["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16"]
+    servers.append(Server("qemu-nbd", q + ["-k", sock, peer],
+                          q + ["-b", "127.0.0.1", "-p", str(port), peer],
+                          f"nbd+unix:///?socket={sock}", f"nbd://127.0.0.1:{port}/", sock, port))
+
+    # Precondition: every device written end to end (1M sequential writes through the server).
+    for s in servers[:3]:  # qemu-nbd shares nbdkit's file
+        s.start("unix")
+        fio(s.uri["unix"], "write", "1m", 8, 0, ["--size=100%"])
+        s.stop()
+        print(f"preconditioned {s.name}", file=sys.stderr)
+
+    results = {}  # (server, transport, workload) -> list of (value, cpu_us_per_req)
+    for transport in ("unix", "tcp"):
+        for r in range(a.runs):
+            for s in servers:
+                s.start(transport)
+                for wl, rw, bs, qd, metric in WORKLOADS:
+                    t0 = cpu_ticks(s.proc.pid)
+                    iops, mbps, ios = fio(s.uri[transport], rw, bs, qd, a.runtime)
+                    t1 = cpu_ticks(s.proc.pid)
+                    cpu_us = (t1 - t0) / TICK * 1e6 / max(ios, 1)
+                    val = iops if metric == "iops" else mbps
+                    results.setdefault((s.name, transport, wl), []).append((val, cpu_us))
+                    print(f"{transport} run {r + 1} {s.name:16} {wl:18} {val:10.0f} "
+                          f"{'IOPS' if metric == 'iops' else 'MB/s'}  {cpu_us:6.2f} us/req",
+                          file=sys.stderr)
+                s.stop()
+
+    lines = []
+    lines.append(f"Medians of {a.runs} runs of {a.runtime:g} s each, servers alternated; "
+                 f"fio {run(['fio', '--version']).strip()}, ioengine=nbd, one connection, "
+                 f"size={FIO_SIZE}. CPU = server utime+stime per completed request.")
+    lines.append("")
+    for transport in ("unix", "tcp"):
+        lines.append(f"**{'Unix socket' if transport == 'unix' else 'TCP loopback'}**")
+        lines.append("")
+        lines.append("| workload | " + " | ".join(s.name for s in servers) + " |")
+        lines.append("|---|" + "---:|" * len(servers))
+        for wl, _, _, _, metric in WORKLOADS:
+            cells = []
+            for s in servers:
+                rs = results[(s.name, transport, wl)]
+                v = statistics.median(x[0] for x in rs)
+                c = statistics.median(x[1] for x in rs)
+                unit = "k IOPS" if metric == "iops" else "MB/s"
+                shown = f"{v / 1000:.0f}{unit}" if metric == "iops" else f"{v:.0f} {unit}"
+                cells.append(f"{shown}, {c:.1f} µs")
+            lines.append(f"| {wl} | " + " | ".join(cells) + " |")
+        lines.append("")
+    text = "\n".join(lines) + "\n"
+    json_out = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}
+    if a.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(a.out, "w") as f:
+            f.write(text)
+        with open(a.out + ".json", "w") as f:
+            json.dump(json_out, f, indent=1)
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(sockdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
