@@ -113,7 +113,10 @@ fn superblock_matches_docs() {
     let mut sealed = 0u32.to_le_bytes().to_vec();
     sealed.extend_from_slice(&page[..4092]);
     assert_eq!(le(&page[4092..]) as u32, crc32c_of(&sealed));
-    assert!(sb[65536 + 4096..1 << 20].iter().all(|&b| b == 0), "only one map page");
+    assert!(
+        sb[65536 + 4096..1 << 20].iter().all(|&b| b == 0),
+        "only one map page"
+    );
     // The same values through examine --json.
     let j: serde_json::Value =
         serde_json::from_str(&ok(&uraid(&["examine", "m3", "--json"], &dir))).unwrap();
