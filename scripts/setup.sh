@@ -12,7 +12,9 @@ have() { dpkg -s "$1" >/dev/null 2>&1; }
 # libisal-dev: parity kernels. fio: raw-device baselines. util-linux: losetup for tests.
 # libnbd-bin (nbdinfo, nbdcopy, nbdfuse), nbdkit, qemu-utils (qemu-img, qemu-io, qemu-nbd),
 # fuse3 (fusermount3), e2fsprogs (mkfs.ext4, e2fsck): NBD clients, peers and the ext4 test.
-for p in libisal-dev fio util-linux mount libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs pkg-config; do
+# python3, python3-matplotlib: the benchmark suite (scripts/pts.py) and its plots.
+for p in libisal-dev fio util-linux mount libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs pkg-config \
+  python3 python3-matplotlib; do
   have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -1,0 +1,914 @@
+#!/usr/bin/env python3
+"""uraid PTS: a SNIA PTS-E style benchmark suite, run side by side on one machine.
+
+Targets (all of the same size, on the same filesystem, measured in one run):
+  raw             the member files themselves, through fio (psync on tmpfs, io_uring elsewhere)
+  uraid           the array in-process (`uraid bench`), RAID6 8+2 by default
+  uraid-deg1/2    the same array with one / two members missing (`uraid bench` on a copy)
+  uraid-nbd-*     `uraid serve` over a Unix socket / TCP loopback, driven by fio's nbd engine
+  nbdkit-*        nbdkit's file plugin serving one file of the volume's size, same fio job
+  qemu-nbd-*      qemu-nbd (cache=none, aio=native) serving that file, same fio job
+
+Tests (SNIA PTS-E 1.1): IOPS (block sizes x read/write mixes, random, threads x QD), latency
+(4k/8k/16k x 0/100 65/35 100/0 at QD1, one thread) and throughput (128k and 1M sequential read
+and write). Every device is preconditioned first (the whole volume written twice with 128 KiB
+sequential writes); then rounds run until the test's tracking cell is in steady state (or a
+fixed count in quick mode) and the median of the measurement window is reported.
+
+    scripts/pts.py                          full run: docs/benchmarks.md, docs/bench/*.png + results.json
+    scripts/pts.py --quick --out DIR        CI smoke: small matrix, short rounds; exits 1 unless
+                                            every cell of every target produced a number
+"""
+import argparse, datetime, json, math, os, platform, shutil, signal, socket, statistics
+import subprocess, sys, tempfile, time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+KIB, MIB = 1 << 10, 1 << 20
+
+FULL = dict(
+    iops_bs=["4k", "8k", "16k", "32k", "64k", "128k", "1m"],
+    iops_mix=[0, 5, 35, 50, 65, 95, 100],
+    lat_bs=["4k", "8k", "16k"], lat_mix=[0, 65, 100],
+    tp_bs=["128k", "1m"],
+    runtime=1.0, min_rounds=3, max_rounds=5, window=3, member_mib=256,
+)
+QUICK = dict(
+    iops_bs=["4k", "1m"], iops_mix=[0, 65, 100],
+    lat_bs=["4k"], lat_mix=[0, 65, 100],
+    tp_bs=["1m"],
+    runtime=0.1, min_rounds=1, max_rounds=1, window=1, member_mib=16,
+)
+TESTS = ("iops", "lat", "tp")
+TEST_TITLE = {"iops": "IOPS", "lat": "latency (QD1)", "tp": "throughput"}
+# SNIA's tracking variable per test: the cell whose rounds decide steady state.
+TRACK = {"iops": ("4k", 0, "iops"), "lat": ("4k", 0, "lat_avg_us"), "tp": ("1m", "write", "mbps")}
+
+TARGETS = {
+    "raw": "raw member files (fio)",
+    "uraid": "uraid in-process",
+    "uraid-nbd-unix": "uraid serve, Unix socket",
+    "uraid-nbd-tcp": "uraid serve, TCP",
+    "nbdkit-unix": "nbdkit file, Unix socket",
+    "nbdkit-tcp": "nbdkit file, TCP",
+    "qemu-nbd-unix": "qemu-nbd, Unix socket",
+    "qemu-nbd-tcp": "qemu-nbd, TCP",
+    "uraid-deg1": "uraid in-process, 1 member missing",
+    "uraid-deg2": "uraid in-process, 2 members missing",
+}
+
+
+def size_bytes(s):
+    return int(s[:-1]) * {"k": KIB, "m": MIB}[s[-1]]
+
+
+def mix_label(r):
+    return f"R{r}/W{100 - r}"
+
+
+def cells(cfg, test):
+    if test == "iops":
+        return [(bs, m) for bs in cfg["iops_bs"] for m in cfg["iops_mix"]]
+    if test == "lat":
+        return [(bs, m) for bs in cfg["lat_bs"] for m in cfg["lat_mix"]]
+    return [(bs, d) for bs in cfg["tp_bs"] for d in ("read", "write")]
+
+
+def key(cell):
+    return f"{cell[0]}/{cell[1]}"
+
+
+def run(cmd, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
+def is_tmpfs(path):
+    best, fs = "", ""
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1]
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fs = mnt, parts[2]
+    return fs == "tmpfs"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_socket(unix=None, port=None, proc=None, timeout=30):
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        try:
+            s = socket.socket(socket.AF_UNIX) if unix else socket.socket()
+            s.connect(unix if unix else ("127.0.0.1", port))
+            s.close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not come up ({unix or port})")
+
+
+# ---------------------------------------------------------------------------------------------
+# fio job files: one fio run per (target, test, round), one stonewalled job per cell.
+
+def fio_result(job):
+    m = job["mixed"]
+    lat = m["lat_ns"]
+    pct = lat.get("percentile", {})
+    return {
+        "iops": m["iops"], "mbps": m["bw_bytes"] / 1e6,
+        "lat_avg_us": lat["mean"] / 1e3, "lat_p99_us": pct.get("99.000000", 0) / 1e3,
+        "lat_p999_us": pct.get("99.900000", 0) / 1e3, "lat_max_us": lat["max"] / 1e3,
+        "ios": m["total_ios"], "errors": job.get("error", 0),
+    }
+
+
+def fio_jobfile(glob, jobs):
+    lines = ["[global]"] + [f"{k}={v}" for k, v in glob.items()]
+    for name, opts in jobs:
+        lines.append(f"[{name}]")
+        lines.append("stonewall")
+        lines += [f"{k}={v}" for k, v in opts.items()]
+    return "\n".join(lines) + "\n"
+
+
+def fio_run(glob, jobs, tmp):
+    path = os.path.join(tmp, "job.fio")
+    with open(path, "w") as f:
+        f.write(fio_jobfile(glob, jobs))
+    out = run(["fio", "--output-format=json", path])
+    data = json.loads(out[out.index("{"):])
+    return {j["jobname"]: fio_result(j) for j in data["jobs"]}
+
+
+class Target:
+    def __init__(self, name, suite):
+        self.name, self.s = name, suite
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+
+class FioTarget(Target):
+    """A device fio drives: member files directly, or an NBD export."""
+
+    def __init__(self, name, suite, glob, span, qd_engine=True):
+        super().__init__(name, suite)
+        self.glob, self.span, self.qd_engine = glob, span, qd_engine
+
+    def cell_job(self, test, cell):
+        s = self.s
+        bs, m = cell
+        if test == "lat":
+            threads, qd = 1, 1
+        else:
+            threads, qd = s.threads, (s.qd if test == "iops" else s.tp_qd)
+        job = {"bs": bs, "numjobs": threads}
+        if self.qd_engine:
+            job["iodepth"] = qd
+        if test == "tp":
+            job["rw"] = m
+            # Each thread streams its own slice of the device.
+            job["size"] = self.span["total"] // threads
+            job["offset_increment"] = self.span["per_file"] // threads
+        elif m == 100:
+            job["rw"] = "randread"
+        elif m == 0:
+            job["rw"] = "randwrite"
+        else:
+            job.update(rw="randrw", rwmixread=m)
+        return job
+
+    def run(self, test, cs):
+        glob = dict(self.glob, thread=1, group_reporting=1, time_based=1,
+                    runtime=f"{int(self.s.runtime * 1000)}ms", norandommap=1, randrepeat=0,
+                    unified_rw_reporting="mixed", lat_percentiles=1, percentile_list="99:99.9")
+        jobs = [(f"{test}_{key(c).replace('/', '_')}", self.cell_job(test, c)) for c in cs]
+        self.start()
+        try:
+            res = fio_run(glob, jobs, self.s.tmp)
+        finally:
+            self.stop()
+        return {key(c): res[n] for c, (n, _) in zip(cs, jobs)}
+
+    def precondition(self):
+        """SNIA workload-independent preconditioning: the whole device twice, 128 KiB sequential."""
+        glob = dict(self.glob, thread=1, bs="128k", rw="write", loops=2, numjobs=1,
+                    unified_rw_reporting="mixed")
+        if self.qd_engine:
+            glob["iodepth"] = 8
+        self.start()
+        try:
+            fio_run(glob, [("precondition", {})], self.s.tmp)
+        finally:
+            self.stop()
+
+
+class Server:
+    """An NBD server process, started for each fio run and stopped (SIGTERM) after it."""
+
+    def __init__(self, argv, sock=None, port=None):
+        self.argv, self.sock, self.port, self.proc = argv, sock, port, None
+
+    def start(self):
+        if self.sock and os.path.exists(self.sock):
+            os.unlink(self.sock)
+        self.log = open(os.path.join(tempfile.gettempdir(), f"uraid-pts-server-{os.getpid()}.log"), "a")
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log)
+        wait_socket(unix=self.sock, port=self.port, proc=self.proc)
+
+    def stop(self):
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        self.log.close()
+
+
+class NbdTarget(FioTarget):
+    def __init__(self, name, suite, server, uri, size):
+        span = {"total": size, "per_file": size}
+        super().__init__(name, suite, {"ioengine": "nbd", "uri": uri}, span)
+        self.server = server
+
+    def start(self):
+        self.server.start()
+
+    def stop(self):
+        self.server.stop()
+
+
+class BenchTarget(Target):
+    """uraid in-process: one `uraid bench` per cell."""
+
+    def __init__(self, name, suite, members):
+        super().__init__(name, suite)
+        self.members = members
+
+    def run(self, test, cs):
+        s, out = self.s, {}
+        for bs, m in cs:
+            if test == "lat":
+                threads, qd = 1, 1
+            else:
+                threads = s.threads
+                qd = threads * (s.qd if test == "iops" else s.tp_qd)
+            pct = (100 if m == "read" else 0) if test == "tp" else m
+            argv = [s.uraid, "bench", "--json", "--runtime", str(s.runtime), "--threads", str(threads),
+                    "--qd", str(qd), "--bs", bs.upper(), "--read-pct", str(pct),
+                    "--pattern", "seq" if test == "tp" else "rand"] + self.members
+            j = json.loads(run(argv).strip().splitlines()[-1])
+            out[key((bs, m))] = {
+                "iops": j["iops"], "mbps": j["mb_per_s"], "lat_avg_us": j["lat_avg_us"],
+                "lat_p99_us": j["lat_p99_us"], "lat_p999_us": j["lat_p999_us"],
+                "lat_max_us": j["lat_max_us"], "ios": j["ops"], "errors": j["errors"],
+            }
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+class Suite:
+    def __init__(self, a):
+        self.cfg = dict(QUICK if a.quick else FULL)
+        if a.runtime:
+            self.cfg["runtime"] = a.runtime
+        if a.rounds:
+            self.cfg["min_rounds"] = self.cfg["max_rounds"] = a.rounds
+            self.cfg["window"] = min(self.cfg["window"], a.rounds)
+        if a.member_mib:
+            self.cfg["member_mib"] = a.member_mib
+        self.quick = a.quick
+        self.runtime = self.cfg["runtime"]
+        self.threads, self.qd, self.tp_qd = a.threads, a.qd, a.tp_qd
+        self.uraid = os.path.abspath(a.uraid)
+        self.dir = os.path.abspath(a.dir or (f"/dev/shm/uraid-pts-{os.getpid()}" if a.quick else "/dev/shm/uraid-pts"))
+        self.tmp = tempfile.mkdtemp(prefix="uraid-pts-")
+        self.members = a.members
+        self.names = a.targets.split(",") if a.targets else list(TARGETS)
+        for n in self.names:
+            if n not in TARGETS:
+                sys.exit(f"unknown target {n!r}; known: {', '.join(TARGETS)}")
+        self.log = lambda msg: print(msg, file=sys.stderr, flush=True)
+
+    # -- devices -----------------------------------------------------------------------------
+    def setup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        mib, n = self.cfg["member_mib"], self.members
+        self.tmpfs = is_tmpfs(self.dir)
+        t0 = time.time()
+        self.log(f"pts: devices in {self.dir} ({'tmpfs' if self.tmpfs else 'not tmpfs'}): "
+                 f"{n} members of {mib} MiB, RAID6 {n - 2}+2")
+        arr = [os.path.join(self.dir, f"m{i}") for i in range(n)]
+        run([self.uraid, "create", "--level", "6", "-N", "pts", "--size", f"{mib}M"] + arr)
+        targets = {}
+        sock = lambda name: os.path.join(self.tmp, name + ".sock")
+        uraid_srv = {
+            "unix": Server([self.uraid, "serve", "--export", "v", "--listen", f"unix:{sock('uraid')}"] + arr,
+                           sock=sock("uraid")),
+        }
+        port = free_port()
+        uraid_srv["tcp"] = Server([self.uraid, "serve", "--export", "v", "--listen", f"tcp:127.0.0.1:{port}"] + arr,
+                                  port=port)
+        uri = {"unix": f"nbd+unix:///v?socket={sock('uraid')}", "tcp": f"nbd://127.0.0.1:{port}/v"}
+        uraid_srv["unix"].start()
+        try:
+            self.volume = int(run(["nbdinfo", "--size", uri["unix"]]).strip())
+        finally:
+            uraid_srv["unix"].stop()
+        self.log(f"pts: volume {self.volume // MIB} MiB")
+        pre = NbdTarget("uraid-nbd-unix", self, uraid_srv["unix"], uri["unix"], self.volume)
+        self.log("pts: preconditioning uraid (2 x volume, 128 KiB sequential writes over NBD)")
+        pre.precondition()
+        for t in ("unix", "tcp"):
+            targets[f"uraid-nbd-{t}"] = NbdTarget(f"uraid-nbd-{t}", self, uraid_srv[t], uri[t], self.volume)
+        targets["uraid"] = BenchTarget("uraid", self, arr)
+        # Degraded arrays: copies of the preconditioned members without the last one or two.
+        for missing in (1, 2):
+            name = f"uraid-deg{missing}"
+            if name in self.names:
+                d = os.path.join(self.dir, name)
+                os.makedirs(d)
+                copy = []
+                for p in arr[: n - missing]:
+                    shutil.copyfile(p, os.path.join(d, os.path.basename(p)))
+                    copy.append(os.path.join(d, os.path.basename(p)))
+                targets[name] = BenchTarget(name, self, copy)
+        if "raw" in self.names:
+            raw = [os.path.join(self.dir, f"raw{i}") for i in range(n)]
+            for p in raw:
+                with open(p, "wb") as f:
+                    f.truncate(mib * MIB)
+            per_file = (mib - 1) * MIB
+            engine = {"ioengine": "psync"} if self.tmpfs else {"ioengine": "io_uring"}
+            self.raw_engine = engine["ioengine"]
+            targets["raw"] = FioTarget("raw", self, dict(engine, direct=1, filename=":".join(raw), offset="1m",
+                                                         size=per_file * n),
+                                       {"total": per_file * n, "per_file": per_file},
+                                       qd_engine=not self.tmpfs)
+            self.log(f"pts: preconditioning raw members (fio {self.raw_engine})")
+            targets["raw"].precondition()
+        peers = [n for n in self.names if n.startswith(("nbdkit", "qemu"))]
+        if peers:
+            peer = os.path.join(self.dir, "peer.img")
+            with open(peer, "wb") as f:
+                f.truncate(self.volume)
+            srv = {}
+            for t in ("unix", "tcp"):
+                port = free_port()
+                if t == "unix":
+                    nk = Server(["nbdkit", "-f", "-U", sock("nbdkit"), "file", peer], sock=sock("nbdkit"))
+                    qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
+                                 "-k", sock("qemu"), peer], sock=sock("qemu"))
+                    nu, qu = f"nbd+unix:///?socket={sock('nbdkit')}", f"nbd+unix:///?socket={sock('qemu')}"
+                else:
+                    p2 = free_port()
+                    nk = Server(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer], port=port)
+                    qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
+                                 "-b", "127.0.0.1", "-p", str(p2), peer], port=p2)
+                    nu, qu = f"nbd://127.0.0.1:{port}/", f"nbd://127.0.0.1:{p2}/"
+                srv[t] = (nk, nu, qn, qu)
+                targets[f"nbdkit-{t}"] = NbdTarget(f"nbdkit-{t}", self, nk, nu, self.volume)
+                targets[f"qemu-nbd-{t}"] = NbdTarget(f"qemu-nbd-{t}", self, qn, qu, self.volume)
+            self.log("pts: preconditioning the peers' file (through nbdkit)")
+            targets["nbdkit-unix"].precondition()
+        self.targets = {n: targets[n] for n in self.names}
+        self.log(f"pts: devices ready in {time.time() - t0:.0f}s")
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- rounds ------------------------------------------------------------------------------
+    def steady(self, test, rounds):
+        """SNIA steady state over the last `window` rounds of the tracking cell: range within 20%
+        of the window's average and the least-squares slope's excursion within 10% of it."""
+        w = self.cfg["window"]
+        if len(rounds) < max(w, self.cfg["min_rounds"]):
+            return False
+        bs, m, field = TRACK[test]
+        ys = [r[key((bs, m))][field] for r in rounds[-w:]]
+        avg = statistics.mean(ys)
+        if avg <= 0:
+            return False
+        if w == 1:
+            return True
+        xs = list(range(w))
+        mx = statistics.mean(xs)
+        slope = sum((x - mx) * (y - avg) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        return (max(ys) - min(ys)) <= 0.2 * avg and abs(slope) * (w - 1) <= 0.1 * avg
+
+    def measure(self):
+        cfg = self.cfg
+        self.rounds = {t: {n: [] for n in self.names} for t in TESTS}
+        self.steady_at = {t: {} for t in TESTS}
+        units = len(TESTS) * cfg["max_rounds"] * len(self.names)  # upper bound, shrinks
+        done, t0 = 0, time.time()
+        for test in TESTS:
+            cs = cells(cfg, test)
+            active = list(self.names)
+            for r in range(1, cfg["max_rounds"] + 1):
+                for n in active:
+                    el = time.time() - t0
+                    eta = f", <= {el / done * (units - done) / 60:.1f} min left" if done else ""
+                    self.log(f"[{done + 1:3}/{units} {el / 60:4.1f} min{eta}] "
+                             f"{TEST_TITLE[test]} round {r}: {n} ({len(cs)} cells)")
+                    self.rounds[test][n].append(self.targets[n].run(test, cs))
+                    done += 1
+                still = []
+                for n in active:
+                    if self.steady(test, self.rounds[test][n]):
+                        self.steady_at[test][n] = r
+                        units -= cfg["max_rounds"] - r
+                    else:
+                        still.append(n)
+                active = still
+                if not active:
+                    break
+        self.elapsed = time.time() - t0
+
+    def medians(self):
+        w = self.cfg["window"]
+        med = {t: {} for t in TESTS}
+        for test in TESTS:
+            for n, rounds in self.rounds[test].items():
+                win = rounds[-w:]
+                med[test][n] = {
+                    k: {f: statistics.median(r[k][f] for r in win) for f in win[0][k]}
+                    for k in win[0]
+                }
+        self.med = med
+        return med
+
+    def missing(self):
+        bad = []
+        for test in TESTS:
+            for n in self.names:
+                for c in cells(self.cfg, test):
+                    r = self.med[test][n].get(key(c))
+                    fields = ("iops", "mbps", "lat_avg_us", "lat_max_us")
+                    if r is None or any(not (isinstance(r[f], (int, float)) and math.isfinite(r[f]) and r[f] > 0)
+                                        for f in fields) or r.get("errors"):
+                        bad.append(f"{test} {n} {key(c)}: {r}")
+        return bad
+
+
+# ---------------------------------------------------------------------------------------------
+# machine description
+
+def machine(s):
+    def first(cmd):
+        try:
+            return run(cmd).strip().splitlines()[0]
+        except Exception:
+            return "?"
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) // (1024 * 1024)
+    commit = "?"
+    try:
+        commit = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+        if run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]).strip():
+            commit += " (with uncommitted changes)"
+    except Exception:
+        pass
+    return {
+        "cpus": os.cpu_count(), "cpu": cpu, "mem_gib": mem, "kernel": platform.release(),
+        "fio": first(["fio", "--version"]), "nbdkit": first(["nbdkit", "--version"]),
+        "qemu-nbd": first(["qemu-nbd", "--version"]), "uraid": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "members_fs": "tmpfs" if s.tmpfs else "other",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# plots (matplotlib, no display)
+
+def plots(s, assets):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg, med, names = s.cfg, s.med, s.names
+    files = {}
+    # IOPS by mix, one panel per block size.
+    bss = cfg["iops_bs"]
+    cols = min(4, len(bss))
+    rows = math.ceil(len(bss) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for i, bs in enumerate(bss):
+        ax = axes[i // cols][i % cols]
+        for n in names:
+            ys = [med["iops"][n][key((bs, m))]["iops"] for m in cfg["iops_mix"]]
+            ax.plot(cfg["iops_mix"], ys, marker="o", markersize=3, label=n)
+        ax.set_title(f"{bs} random, {s.threads} threads x QD{s.qd}")
+        ax.set_xlabel("read % (rest writes)")
+        ax.set_ylabel("IOPS")
+        ax.set_xticks(cfg["iops_mix"])
+        ax.grid(alpha=0.3)
+    for j in range(len(bss), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(names)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    files["iops"] = os.path.join(assets, "iops.png")
+    fig.savefig(files["iops"], dpi=90)
+    plt.close(fig)
+
+    def bars(test, groups, field, title, ylabel, fname, log=False, ax=None):
+        own = ax is None
+        if own:
+            fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(groups) * max(1, len(names)) / 4), 4))
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            ys = [med[test][n][key(g)][field] for g in groups]
+            ax.bar([x + i * width for x in range(len(groups))], ys, width, label=n)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))])
+        ax.set_xticklabels([f"{g[0]} {mix_label(g[1]) if test == 'lat' else g[1]}" for g in groups],
+                           rotation=30, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+        return ax
+
+    lat_cells = cells(cfg, "lat")
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    bars("lat", lat_cells, "lat_avg_us", "QD1 latency, average", "µs", None, log=True, ax=axes[0])
+    bars("lat", lat_cells, "lat_p999_us", "QD1 latency, p99.9", "µs", None, log=True, ax=axes[1])
+    h, l = axes[0].get_legend_handles_labels()
+    fig.legend(h, l, loc="lower center", ncol=min(5, len(names)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    files["lat"] = os.path.join(assets, "latency.png")
+    fig.savefig(files["lat"], dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    bars("tp", cells(cfg, "tp"), "mbps", f"sequential throughput, {s.threads} threads x QD{s.tp_qd}",
+         "MB/s", None, ax=ax)
+    h, l = ax.get_legend_handles_labels()
+    fig.legend(h, l, loc="lower center", ncol=min(5, len(names)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    files["tp"] = os.path.join(assets, "throughput.png")
+    fig.savefig(files["tp"], dpi=90)
+    plt.close(fig)
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+def fmt(v, digits=0):
+    if v >= 100 or digits == 0:
+        return f"{v:,.0f}"
+    return f"{v:,.{digits}f}"
+
+
+def fmt_us(v):
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def target_checks(s):
+    """The engine's and the NBD server's targets (issues 2 and 3) that this suite's cells measure."""
+    med, names, n = s.med, s.names, s.members
+    g = lambda t, test, c, f: med[test][t][key(c)][f] if t in names else None
+    out = []
+    raw_r, raw_w = g("raw", "iops", ("4k", 100), "iops"), g("raw", "iops", ("4k", 0), "iops")
+    u_r, u_w = g("uraid", "iops", ("4k", 100), "iops"), g("uraid", "iops", ("4k", 0), "iops")
+    if raw_r and u_r:
+        out.append(("engine: RAID6 4k random read >= 0.85 x raw", 0.85, u_r / raw_r,
+                    f"{fmt(u_r)} vs {fmt(raw_r)} IOPS"))
+    if raw_r and raw_w and u_w:
+        bound = 1 / (3 / raw_r + 3 / raw_w)
+        out.append(("engine: RAID6 4k random write >= 0.8 x read-modify-write bound 1/(3/R+3/W)", 0.8,
+                    u_w / bound, f"{fmt(u_w)} vs bound {fmt(bound)} IOPS"))
+    raw_sw, u_sw = g("raw", "tp", ("1m", "write"), "mbps"), g("uraid", "tp", ("1m", "write"), "mbps")
+    if raw_sw and u_sw:
+        share = (n - 2) / n
+        out.append((f"engine: RAID6 1M sequential write >= 0.70 x {n - 2}/{n} x raw", 0.70,
+                    u_sw / (share * raw_sw), f"{fmt(u_sw)} vs {fmt(share * raw_sw)} MB/s"))
+    for t in ("unix", "tcp"):
+        u, k = f"uraid-nbd-{t}", f"nbdkit-{t}"
+        ur, kr = g(u, "iops", ("4k", 100), "iops"), g(k, "iops", ("4k", 100), "iops")
+        if ur and kr:
+            out.append((f"NBD ({t}): RAID6 4k random read >= 0.9 x nbdkit", 0.9, ur / kr,
+                        f"{fmt(ur)} vs {fmt(kr)} IOPS"))
+        us_, ks = g(u, "tp", ("1m", "read"), "mbps"), g(k, "tp", ("1m", "read"), "mbps")
+        if us_ and ks:
+            out.append((f"NBD ({t}): 1M sequential read >= nbdkit", 1.0, us_ / ks,
+                        f"{fmt(us_)} vs {fmt(ks)} MB/s"))
+    return out
+
+
+def analysis(s, checks):
+    med, names = s.med, s.names
+    lines = []
+    g = lambda t, test, c, f: med[test][t][key(c)][f]
+    has = lambda *ts: all(t in names for t in ts)
+    if has("raw", "uraid"):
+        rr = [ratio(g("uraid", "iops", c, "iops"), g("raw", "iops", c, "iops")) for c in cells(s.cfg, "iops")]
+        reads = [ratio(g("uraid", "iops", (bs, 100), "iops"), g("raw", "iops", (bs, 100), "iops"))
+                 for bs in s.cfg["iops_bs"]]
+        writes = [ratio(g("uraid", "iops", (bs, 0), "iops"), g("raw", "iops", (bs, 0), "iops"))
+                  for bs in s.cfg["iops_bs"]]
+        lines.append(
+            f"**Engine against the raw members.** In-process, RAID6 reaches {min(reads):.2f}–{max(reads):.2f}× "
+            f"of the raw files' IOPS on pure random reads (by block size) and {min(writes):.2f}–{max(writes):.2f}× "
+            f"on pure random writes; over the whole matrix {min(rr):.2f}–{max(rr):.2f}×. Writes smaller than a "
+            f"stripe are read-modify-write (3 reads + 3 writes per RAID6 update), so their ceiling is a fraction "
+            f"of raw by construction; the target below compares them with that bound.")
+        lr = ratio(g("uraid", "lat", ("4k", 100), "lat_avg_us"), g("raw", "lat", ("4k", 100), "lat_avg_us"))
+        lines.append(
+            f"**QD1 latency.** A 4k read takes {fmt_us(g('uraid', 'lat', ('4k', 100), 'lat_avg_us'))} µs on average "
+            f"in-process against {fmt_us(g('raw', 'lat', ('4k', 100), 'lat_avg_us'))} µs raw ({lr:.1f}×).")
+    for t in ("unix", "tcp"):
+        u, k, q = f"uraid-nbd-{t}", f"nbdkit-{t}", f"qemu-nbd-{t}"
+        if has(u, k, q):
+            r4 = ratio(g(u, "iops", ("4k", 100), "iops"), g(k, "iops", ("4k", 100), "iops"))
+            w4 = ratio(g(u, "iops", ("4k", 0), "iops"), g(k, "iops", ("4k", 0), "iops"))
+            q4 = ratio(g(u, "iops", ("4k", 100), "iops"), g(q, "iops", ("4k", 100), "iops"))
+            allr = [ratio(g(u, "iops", c, "iops"), g(k, "iops", c, "iops")) for c in cells(s.cfg, "iops")]
+            l4 = (g(u, "lat", ("4k", 100), "lat_avg_us"), g(k, "lat", ("4k", 100), "lat_avg_us"),
+                  g(q, "lat", ("4k", 100), "lat_avg_us"))
+            lines.append(
+                f"**Over NBD ({'Unix socket' if t == 'unix' else 'TCP loopback'}).** uraid serving RAID6 against "
+                f"nbdkit serving a plain file: 4k random read {r4:.2f}×, 4k random write {w4:.2f}× (RAID6 "
+                f"read-modify-write against a file write), {min(allr):.2f}–{max(allr):.2f}× over the matrix; "
+                f"against qemu-nbd 4k random read {q4:.2f}×. QD1 4k read: uraid {fmt_us(l4[0])} µs, "
+                f"nbdkit {fmt_us(l4[1])} µs, qemu-nbd {fmt_us(l4[2])} µs.")
+    if has("uraid", "uraid-deg1", "uraid-deg2"):
+        h = g("uraid", "iops", ("4k", 100), "iops")
+        d1, d2 = g("uraid-deg1", "iops", ("4k", 100), "iops"), g("uraid-deg2", "iops", ("4k", 100), "iops")
+        lines.append(
+            f"**Degraded.** With one member missing, 4k random reads run at {d1 / h:.2f}× of the healthy array, "
+            f"with two missing at {d2 / h:.2f}× (reads of a missing member's chunk are rebuilt from the "
+            f"stripe: {s.members - 2} reads and a decode instead of one read).")
+    if checks:
+        worst = min(checks, key=lambda c: c[2] / c[1])
+        missed = [c for c in checks if c[2] < c[1]]
+        lines.append(
+            f"**Furthest from its target:** {worst[0]}: {worst[2]:.2f} measured against {worst[1]:.2f} "
+            f"needed ({worst[3]}). {len(missed)} of {len(checks)} targets missed in this run.")
+    return lines
+
+
+def report(s, files, path, json_rel):
+    cfg, med, names, m = s.cfg, s.med, s.names, s.machine
+    rel = lambda f: os.path.relpath(f, os.path.dirname(os.path.abspath(path)))
+    has_raw = "raw" in names
+    checks = target_checks(s)
+    L = []
+    w = L.append
+    w("# uraid benchmarks\n")
+    w("This page, its plots and the raw numbers are produced by one command on a fresh machine "
+      f"(this run took {s.total_elapsed / 60:.0f} min):\n")
+    w("```sh\n./scripts/setup.sh && python3 scripts/pts.py\n```\n")
+    w(f"Machine-readable results: [{os.path.basename(json_rel)}]({json_rel}). "
+      "Deeper one-off investigations (CPU per request, profiles, RAID0/RAID5) are in "
+      "[perf-notes.md](perf-notes.md).\n")
+    if s.quick:
+        w("**Quick mode** (smoke run: reduced matrix, one short round; numbers are not comparable).\n")
+    w("## Machine\n")
+    w("| | |\n|---|---|")
+    w(f"| CPU | {m['cpus']} × {m['cpu']} |")
+    w(f"| memory | {m['mem_gib']} GiB |")
+    w(f"| kernel | Linux {m['kernel']} |")
+    w(f"| tools | {m['fio']}, {m['nbdkit']}, {m['qemu-nbd']} |")
+    w(f"| uraid | commit {m['uraid']}, release build |")
+    w(f"| run | {m['date']}, {s.total_elapsed / 60:.0f} min |")
+    w(f"| devices | {s.members} member files of {cfg['member_mib']} MiB on {m['members_fs']} "
+      f"(`/dev/shm`), opened O_DIRECT; RAID6 {s.members - 2}+2, chunk 64 KiB, volume {s.volume // MIB} MiB |\n")
+    w("A shared virtual machine: identical runs differ by 10–20% over a session, so only ratios from "
+      "one run mean much; every target below was measured in the same run, rounds interleaved "
+      "(round 1 of every target, then round 2, ...).\n")
+    w("## Method\n")
+    w("After SNIA SSS PTS-E 1.1, scaled to this machine:\n")
+    w(f"- **Targets.** {', '.join(f'`{n}` ({TARGETS[n]})' for n in names)}. "
+      f"The raw target is fio on {s.members} member-sized files of its own "
+      f"(ioengine={getattr(s, 'raw_engine', '?')}, O_DIRECT, the first MiB skipped like uraid's "
+      "superblock area; on tmpfs a psync read is a memcpy in the caller while io_uring hands it to "
+      "worker threads at half the rate, so psync with one job per thread is the hardware's best). "
+      "`uraid` is `uraid bench --json` on the array (no network). The NBD targets are fio "
+      "`ioengine=nbd` against `uraid serve`, `nbdkit -f file` and `qemu-nbd -f raw --cache=none "
+      "--aio=native -t -e 16`, each serving a file of the volume's size (nbdkit and qemu-nbd share one file). "
+      "The degraded targets are copies of the preconditioned array with the last one or two member "
+      "files left out.")
+    w(f"- **Load.** IOPS test: random, {s.threads} threads × QD{s.qd} (fio numjobs={s.threads}, "
+      f"iodepth={s.qd}; one NBD connection per thread; `uraid bench --threads {s.threads} --qd "
+      f"{s.threads * s.qd}`). Latency test: one thread, QD1. Throughput test: sequential, "
+      f"{s.threads} threads × QD{s.tp_qd}, each thread streaming its own half of the device. "
+      f"Block sizes {' '.join(cfg['iops_bs'])}; mixes {' '.join(mix_label(x) for x in cfg['iops_mix'])}.")
+    w("- **Preconditioning.** Every device is written end to end twice with 128 KiB sequential "
+      "writes (uraid through its NBD server, which also allocates every granule; the peers' file "
+      "through nbdkit; the raw files directly), then the rounds themselves are the "
+      "workload-dependent pass.")
+    w(f"- **Rounds and steady state.** Each cell runs {cfg['runtime']:g} s per round. Rounds repeat "
+      f"(at least {cfg['min_rounds']}, at most {cfg['max_rounds']}) until the test's tracking cell "
+      f"(IOPS: 4k R0/W100 IOPS; latency: 4k R0/W100 average; throughput: 1M write MB/s) is in steady "
+      f"state over the last {cfg['window']} rounds: range ≤ 20% and least-squares slope excursion "
+      f"≤ 10% of the window's average (SNIA uses 5-round windows of 1-minute rounds). The median of "
+      "the window is reported; the steady-state table at the end says where it was reached.")
+    w("- **Numbers.** IOPS and MB/s count reads and writes together; latency is submission to "
+      "completion over both, from fio's `lat` (percentiles enabled) or `uraid bench`'s histogram. "
+      "`(×raw)` is the cell divided by the raw target's same cell.\n")
+
+    w("## Summary\n")
+    for line in analysis(s, checks):
+        w(line + "\n")
+    if checks:
+        w("Targets from the engine (issue 2) and NBD server (issue 3) issues that this suite measures "
+          "(the NBD issue's RAID0 and CPU-per-request targets need `scripts/bench_nbd.py`; see "
+          "perf-notes.md):\n")
+        w("| target | needed | measured | | met |\n|---|---:|---:|---|---|")
+        for name, need, got, detail in checks:
+            w(f"| {name} | {need:.2f} | {got:.2f} | {detail} | {'yes' if got >= need else 'no'} |")
+        w("")
+
+    w("## IOPS\n")
+    w(f"![IOPS by read/write mix, one panel per block size]({rel(files['iops'])})\n")
+    hdr = "| block size | " + " | ".join(mix_label(x) for x in cfg["iops_mix"]) + " |"
+    sep = "|---|" + "---:|" * len(cfg["iops_mix"])
+    for n in names:
+        w(f"### {TARGETS[n]} (`{n}`)\n")
+        w(f"IOPS{'' if n == 'raw' or not has_raw else ' (×raw)'}, read/write mix %:\n")
+        w(hdr)
+        w(sep)
+        for bs in cfg["iops_bs"]:
+            row = []
+            for x in cfg["iops_mix"]:
+                v = med["iops"][n][key((bs, x))]["iops"]
+                if has_raw and n != "raw":
+                    v_raw = med["iops"]["raw"][key((bs, x))]["iops"]
+                    row.append(f"{fmt(v)} ({ratio(v, v_raw):.2f})")
+                else:
+                    row.append(fmt(v))
+            w(f"| {bs} | " + " | ".join(row) + " |")
+        w("")
+
+    w("## Latency at QD1\n")
+    w(f"![QD1 latency]({rel(files['lat'])})\n")
+    w("Average / p99 / p99.9 / max in µs; `(×raw)` compares the averages.\n")
+    hdr = "| block size | " + " | ".join(mix_label(x) for x in cfg["lat_mix"]) + " |"
+    sep = "|---|" + "---:|" * len(cfg["lat_mix"])
+    for n in names:
+        w(f"**{TARGETS[n]}** (`{n}`)\n")
+        w(hdr)
+        w(sep)
+        for bs in cfg["lat_bs"]:
+            row = []
+            for x in cfg["lat_mix"]:
+                r = med["lat"][n][key((bs, x))]
+                cell = " / ".join(fmt_us(r[f]) for f in ("lat_avg_us", "lat_p99_us", "lat_p999_us", "lat_max_us"))
+                if has_raw and n != "raw":
+                    cell += f" ({ratio(r['lat_avg_us'], med['lat']['raw'][key((bs, x))]['lat_avg_us']):.1f}×)"
+                row.append(cell)
+            w(f"| {bs} | " + " | ".join(row) + " |")
+        w("")
+
+    w("## Throughput\n")
+    w(f"![sequential throughput]({rel(files['tp'])})\n")
+    tcs = cells(cfg, "tp")
+    w("MB/s (×raw):\n")
+    w("| target | " + " | ".join(f"{bs} seq {d}" for bs, d in tcs) + " |")
+    w("|---|" + "---:|" * len(tcs))
+    for n in names:
+        row = []
+        for c in tcs:
+            v = med["tp"][n][key(c)]["mbps"]
+            if has_raw and n != "raw":
+                row.append(f"{fmt(v)} ({ratio(v, med['tp']['raw'][key(c)]['mbps']):.2f})")
+            else:
+                row.append(fmt(v))
+        w(f"| {TARGETS[n]} | " + " | ".join(row) + " |")
+    w("")
+
+    w("## Steady state\n")
+    w("Rounds run per test and target, and the round at which the tracking cell was in steady state "
+      "(— : not reached within the round limit; the last rounds are reported anyway):\n")
+    w("| target | " + " | ".join(TEST_TITLE[t] for t in TESTS) + " |")
+    w("|---|" + "---|" * len(TESTS))
+    for n in names:
+        row = []
+        for t in TESTS:
+            got = len(s.rounds[t][n])
+            at = s.steady_at[t].get(n)
+            row.append(f"{got} rounds, steady at {at}" if at else f"{got} rounds, —")
+        w(f"| `{n}` | " + " | ".join(row) + " |")
+    w("")
+    with open(path, "w") as f:
+        f.write("\n".join(L))
+
+
+# ---------------------------------------------------------------------------------------------
+
+def ensure_matplotlib():
+    """Plots need matplotlib; Debian's python3-matplotlib (scripts/setup.sh) lives in the system
+    interpreter, which a pyenv or venv python3 first on PATH does not see: re-run under it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        system = "/usr/bin/python3"
+        if os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system):
+            os.execv(system, [system, os.path.abspath(__file__)] + sys.argv[1:])
+        sys.exit("pts: matplotlib not found: run scripts/setup.sh (installs python3-matplotlib)")
+
+
+def main():
+    ensure_matplotlib()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CI smoke: reduced matrix, one short round")
+    ap.add_argument("--out", help="directory for the report, plots and JSON (default: docs/benchmarks.md "
+                                  "and docs/bench/, or a temp dir in quick mode)")
+    ap.add_argument("--targets", help=f"comma-separated subset of: {','.join(TARGETS)}")
+    ap.add_argument("--threads", type=int, default=2, help="threads (fio jobs, NBD connections, reactors)")
+    ap.add_argument("--qd", type=int, default=16, help="queue depth per thread in the IOPS test")
+    ap.add_argument("--tp-qd", type=int, default=8, help="queue depth per thread in the throughput test")
+    ap.add_argument("--members", type=int, default=10, help="RAID6 members (data = members - 2)")
+    ap.add_argument("--member-mib", type=int, help="member size in MiB (full: 256, quick: 16)")
+    ap.add_argument("--runtime", type=float, help="seconds per cell per round (full: 1, quick: 0.1)")
+    ap.add_argument("--rounds", type=int, help="fixed number of rounds instead of steady-state detection")
+    ap.add_argument("--dir", help="where the member files go (default: a directory in /dev/shm)")
+    ap.add_argument("--uraid", default=os.path.join(ROOT, "target", "release", "uraid"))
+    a = ap.parse_args()
+    for tool in ("fio", "nbdkit", "qemu-nbd", "nbdinfo"):
+        if not shutil.which(tool):
+            sys.exit(f"pts: {tool} not found: run scripts/setup.sh")
+    if not os.access(a.uraid, os.X_OK):
+        sys.exit(f"pts: {a.uraid} not found: run scripts/setup.sh")
+    if a.members < 4:
+        sys.exit("pts: RAID6 needs at least 4 members")
+    if a.out:
+        out_dir = a.out
+        report_path, assets = os.path.join(out_dir, "benchmarks.md"), out_dir
+    elif a.quick:
+        out_dir = tempfile.mkdtemp(prefix="uraid-pts-quick-")
+        report_path, assets = os.path.join(out_dir, "benchmarks.md"), out_dir
+    else:
+        report_path, assets = os.path.join(ROOT, "docs", "benchmarks.md"), os.path.join(ROOT, "docs", "bench")
+    os.makedirs(assets, exist_ok=True)
+
+    s = Suite(a)
+    t0 = time.time()
+    try:
+        s.setup()
+        s.measure()
+    finally:
+        for t in getattr(s, "targets", {}).values():
+            t.stop()
+        s.cleanup()
+    s.total_elapsed = time.time() - t0
+    s.medians()
+    s.machine = machine(s)
+    bad = s.missing()
+    json_path = os.path.join(assets, "results.json")
+    with open(json_path, "w") as f:
+        json.dump({"config": dict(s.cfg, threads=s.threads, qd=s.qd, tp_qd=s.tp_qd, members=s.members,
+                                  quick=s.quick, raw_engine=getattr(s, "raw_engine", None),
+                                  volume_bytes=s.volume),
+                   "machine": s.machine, "targets": {n: TARGETS[n] for n in s.names},
+                   "cells": {t: [key(c) for c in cells(s.cfg, t)] for t in TESTS},
+                   "median": s.med, "rounds": s.rounds, "steady_at": s.steady_at,
+                   "targets_checked": [dict(zip(("target", "needed", "measured", "detail"), c))
+                                       for c in target_checks(s)]}, f, indent=1)
+    files = plots(s, assets)
+    report(s, files, report_path, os.path.relpath(json_path, os.path.dirname(os.path.abspath(report_path))))
+    print(f"pts: report {report_path}, plots and results.json in {assets} "
+          f"({s.total_elapsed / 60:.1f} min)", file=sys.stderr)
+    if bad:
+        print("pts: cells without a number:\n  " + "\n  ".join(bad), file=sys.stderr)
+        sys.exit(1)
+    cnt = sum(len(cells(s.cfg, t)) for t in TESTS) * len(s.names)
+    print(f"pts: {cnt} cells, every one measured", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
