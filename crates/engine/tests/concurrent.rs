@@ -120,7 +120,12 @@ fn contended_stripes_in_memory_with_failures() {
         let (array, faults) = mem_array(level, members, 4096, 24 * 4096, Some(rt.handle()));
         let image = hammer(&rt, &array, 300, &vec![0; array.size() as usize]);
         assert!(read_all(&rt, &array) == image, "{level}: healthy read-back");
-        // Fail members mid-run, up to the tolerance, and keep going.
+        // Fail members mid-run, up to the tolerance, and keep going. Member I/O now yields
+        // once per operation, so degraded reads really overlap stripe updates in flight.
+        for f in &faults {
+            f.yield_ops
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         for f in 0..array.geometry().fault_tolerance().min(2) {
             faults[(2 * f + 1) % members].kill_after(7);
         }
@@ -226,4 +231,78 @@ fn files_through_io_uring_and_reassembly() {
     drop(array);
     rt.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A degraded read must never reconstruct from a stripe whose update is half done. One stripe
+/// of a RAID5 3 (two data chunks) with the member of data chunk 1 gone: loops on reactor 0
+/// keep rewriting chunk 0 (data write + parity write, member I/O yielding in between) while
+/// loops on reactor 1 read chunk 1, which only exists as chunk 0 XOR parity. Every read must
+/// return chunk 1's original bytes. (Taking the stripe lock out of degraded reads fails this.)
+#[test]
+fn degraded_reads_never_see_half_written_stripes() {
+    let rt = Runtime::new(2, 256, true).unwrap();
+    let chunk = 4096u64;
+    let (array, faults) = mem_array(Level::Raid5, 3, chunk, 4 * chunk, Some(rt.handle()));
+    let h = rt.handle();
+    // Known contents everywhere, then lose the member holding stripe 0's data chunk 1.
+    let size = array.size();
+    let a = array.clone();
+    h.block_on(0, move || async move {
+        a.write(0, Arc::new(vec![0x11; size as usize]))
+            .await
+            .expect("initial write")
+    });
+    let gone = array.geometry().data_member(0, 1);
+    faults[gone].kill();
+    for f in &faults {
+        f.yield_ops
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let (tx, rx) = mpsc::channel();
+    for r in 0..2usize {
+        let (a, tx) = (array.clone(), tx.clone());
+        h.run_on(r, move || {
+            uraid_engine::reactor::spawn_local(async move {
+                let loops = (0..8u64).map(|l| {
+                    let (a, tx) = (a.clone(), tx.clone());
+                    async move {
+                        for i in 0..3000u64 {
+                            let sector = (i * 7 + l) % (chunk / SECTOR);
+                            let res = if r == 0 {
+                                let v = (i as u8).wrapping_mul(31).wrapping_add(l as u8) | 0x80;
+                                a.write(sector * SECTOR, Arc::new(vec![v; SECTOR as usize]))
+                                    .await
+                                    .map_err(|e| format!("write: {e}"))
+                            } else {
+                                match a.read(chunk + sector * SECTOR, SECTOR).await {
+                                    Ok(g) if g.to_vec().iter().all(|&b| b == 0x11) => Ok(()),
+                                    Ok(g) => Err(format!(
+                                        "degraded read of sector {sector} saw {:#x}",
+                                        g.to_vec()[0]
+                                    )),
+                                    Err(e) => Err(format!("read: {e}")),
+                                }
+                            };
+                            if let Err(e) = res {
+                                let _ = tx.send(Err(e));
+                                return;
+                            }
+                        }
+                        let _ = tx.send(Ok(()));
+                    }
+                });
+                futures::future::join_all(loops).await;
+            })
+        });
+    }
+    drop(tx);
+    for _ in 0..16 {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("{e}"),
+            Err(_) => panic!("request loops hung"),
+        }
+    }
+    drop(array);
+    rt.shutdown();
 }

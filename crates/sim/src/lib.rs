@@ -18,6 +18,10 @@ pub struct Faults {
     pub dead: AtomicBool,
     /// When positive, counts operations down; the device dies when it reaches zero.
     pub die_after: AtomicI64,
+    /// When set, every operation yields to the executor once before it touches the bytes, so
+    /// other requests run in between, as they do while real I/O is in flight (memory
+    /// otherwise completes synchronously and hides every interleaving).
+    pub yield_ops: AtomicBool,
 }
 
 impl Faults {
@@ -46,6 +50,21 @@ impl Faults {
 
 fn libc_eio() -> i32 {
     5
+}
+
+/// Returns Pending once (waking itself), then Ready: one trip through the executor.
+async fn yield_once(on: bool) {
+    let mut yielded = !on;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 /// A member held in memory.
@@ -80,6 +99,7 @@ impl BlockDev for MemDev {
     }
 
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
         if let Err(e) = self.faults.check() {
             return (Err(e), buf);
         }
@@ -91,6 +111,7 @@ impl BlockDev for MemDev {
     }
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
         if let Err(e) = self.faults.check() {
             return (Err(e), buf);
         }
