@@ -3,9 +3,10 @@
 //!
 //! Concurrency model (ARCHITECTURE.md has the long form):
 //! * Healthy reads touch no shared state: any reactor reads data chunks straight off members.
-//! * Everything that reads parity or writes a parity stripe runs on the stripe's *owner*
-//!   reactor (`owner()`), under a per-stripe lock held in that reactor's own lock table, so
-//!   no lock is contended across threads.
+//! * Everything that reads parity or writes a parity stripe runs on the calling reactor under
+//!   a per-stripe lock. The lock table is sharded (`shard()`: runs of stripes, one mutex-
+//!   guarded map per shard, held only for a few instructions); waiters park with their
+//!   wakers, which may belong to any reactor.
 //! * Writes to a stripe queue on its slot; whoever holds the stripe drains the queue, so
 //!   writes that arrive while the stripe is busy are merged into one stripe operation (a run
 //!   of small sequential writes becomes full-stripe writes).
@@ -17,9 +18,7 @@ use crate::reactor::{self, RuntimeHandle};
 use futures::channel::oneshot;
 use futures::future::join_all;
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
@@ -30,9 +29,8 @@ use uraid_core::{Codec, Geometry};
 /// Bytes of a write request, shared between the pieces it is split into.
 pub type WriteBuf = Arc<Vec<u8>>;
 
-/// Stripes are assigned to reactors in runs of this many, so a large request rarely spans
-/// two owners.
-const OWNER_RUN_SHIFT: u32 = 3;
+/// Stripes are assigned to lock-table shards in runs of this many.
+const SHARD_RUN_SHIFT: u32 = 3;
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ArrayError {
@@ -105,7 +103,6 @@ pub struct Array<D: BlockDev> {
     failed: AtomicU64,
     dirty: AtomicBool,
     meta: futures::lock::Mutex<Meta>,
-    rt: Option<RuntimeHandle>,
     locks: Vec<Mutex<HashMap<u64, StripeSlot>>>,
     pub(crate) map: AllocMap,
     pub stats: Stats,
@@ -114,7 +111,8 @@ pub struct Array<D: BlockDev> {
 impl<D: BlockDev> Array<D> {
     /// Builds an array over assembled members. `devs[i]` is None for a missing member;
     /// `sb` is the freshest superblock (any member's; index and device uuid are rewritten per
-    /// member when superblocks are written). `rt` spreads stripe ownership over reactors.
+    /// member when superblocks are written). `rt` sizes the stripe lock table (8 shards per
+    /// reactor).
     /// `map` is the allocation map as loaded (`assemble::load_map`); None treats every
     /// granule as allocated.
     pub fn new(
@@ -140,7 +138,7 @@ impl<D: BlockDev> Array<D> {
         let persisted: u64 = (0..geo.members)
             .filter(|&i| sb.is_failed(i))
             .fold(0, |m, i| m | 1 << i);
-        let shards = rt.as_ref().map_or(1, |r| r.reactors());
+        let shards = rt.as_ref().map_or(1, |r| r.reactors() * 8);
         Arc::new(Array {
             geo,
             codec,
@@ -153,7 +151,6 @@ impl<D: BlockDev> Array<D> {
                 device_uuids,
                 persisted_failed: persisted,
             }),
-            rt,
             locks: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
             map: AllocMap::new(&geo, map),
             stats: Stats::default(),
@@ -221,36 +218,14 @@ impl<D: BlockDev> Array<D> {
         self.data_offset + off
     }
 
-    // ---------------------------------------------------------------- ownership and locks
+    // ---------------------------------------------------------------- stripe locks
 
-    fn owner(&self, stripe: u64) -> usize {
-        ((stripe >> OWNER_RUN_SHIFT) % self.locks.len() as u64) as usize
-    }
-
-    /// Runs `f` on the reactor that owns `stripe` (here, if this is it).
-    fn on_owner<T, F, Fut>(
-        self: &Arc<Self>,
-        stripe: u64,
-        f: F,
-    ) -> Pin<Box<dyn Future<Output = Result<T, ArrayError>>>>
-    where
-        T: Send + 'static,
-        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, ArrayError>> + 'static,
-    {
-        let owner = self.owner(stripe);
-        match &self.rt {
-            Some(rt) if reactor::current().map(|c| c.0) != Some(owner) => {
-                let a = self.clone();
-                let rx = rt.spawn_on(owner, move || f(a));
-                Box::pin(async move { rx.await.unwrap_or(Err(ArrayError::Shutdown)) })
-            }
-            _ => Box::pin(f(self.clone())),
-        }
+    fn shard(&self, stripe: u64) -> usize {
+        ((stripe >> SHARD_RUN_SHIFT) % self.locks.len() as u64) as usize
     }
 
     fn with_slot<R>(&self, stripe: u64, f: impl FnOnce(&mut StripeSlot) -> R) -> R {
-        let mut t = self.locks[self.owner(stripe)]
+        let mut t = self.locks[self.shard(stripe)]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let slot = t.entry(stripe).or_default();
@@ -274,36 +249,6 @@ impl<D: BlockDev> Array<D> {
             })
         })
         .await
-    }
-
-    /// Releases a stripe held by a task that may not be on the stripe's owner. With nothing
-    /// queued the lock is dropped here; queued writes go to the owner, which runs them and
-    /// then releases (the stripe stays locked across the hand-off, so no one slips in).
-    async fn release_stripe(self: &Arc<Self>, stripe: u64) {
-        let owner = self.owner(stripe);
-        let remote = match &self.rt {
-            Some(rt) if reactor::current().map(|c| c.0) != Some(owner) => Some(rt),
-            _ => None,
-        };
-        let Some(rt) = remote else {
-            return self.unlock_stripe(stripe).await;
-        };
-        let queued = self.with_slot(stripe, |s| {
-            if s.pending.is_empty() {
-                s.locked = false;
-                for w in s.waiters.drain(..) {
-                    w.wake();
-                }
-                false
-            } else {
-                true
-            }
-        });
-        if queued {
-            let a = self.clone();
-            // The writers wait on their own completion channels; nothing waits for this task.
-            drop(rt.spawn_on(owner, move || async move { a.unlock_stripe(stripe).await }));
-        }
     }
 
     /// Runs queued writes for the stripe (the holder does them), then releases it.
@@ -587,12 +532,8 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// Reconstructs a data extent whose member is gone. Runs on the calling reactor: the
-    /// stripe lock table is shared (behind the owner's mutex, wakers are cross-thread), so a
-    /// reader takes the lock from here instead of hopping to the owner and back, which with
-    /// two reactors cost two thirds of degraded read throughput. Only the release differs:
-    /// writes that queued on the stripe meanwhile are handed to the owner (`release_stripe`),
-    /// so parity work still runs only there.
+    /// Reconstructs a data extent whose member is gone, holding the stripe lock so that no
+    /// stripe update is half done while it reads the survivors. Runs on the calling reactor.
     async fn degraded_read(self: Arc<Self>, e: Extent) -> Result<IoBuf, ArrayError> {
         self.lock_stripe(e.stripe).await;
         let r = loop {
@@ -610,7 +551,7 @@ impl<D: BlockDev> Array<D> {
                 Err(err) => break Err(err),
             }
         };
-        self.release_stripe(e.stripe).await;
+        self.unlock_stripe(e.stripe).await;
         r
     }
 
@@ -759,7 +700,7 @@ impl<D: BlockDev> Array<D> {
                 self.check_serving().map(|_| ())
             }
             _ => {
-                // Group extents by stripe; each stripe's part runs on its owner.
+                // Group extents by stripe; each stripe's part queues on that stripe.
                 let mut parts: Vec<(u64, Vec<Piece>)> = Vec::new();
                 for e in self.geo.map(off, len) {
                     let piece = (e.index, e.chunk_off, e.len, e.buf_off as usize);
@@ -770,9 +711,7 @@ impl<D: BlockDev> Array<D> {
                 }
                 let futs = parts.into_iter().map(|(stripe, pieces)| {
                     let src = data.clone();
-                    self.on_owner(stripe, move |a| async move {
-                        a.queue_stripe_write(stripe, src, pieces).await
-                    })
+                    self.clone().queue_stripe_write(stripe, src, pieces)
                 });
                 for r in join_all(futs).await {
                     r?;

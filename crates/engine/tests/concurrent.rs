@@ -118,14 +118,16 @@ fn contended_stripes_in_memory_with_failures() {
     ] {
         let rt = Runtime::new(2, 256, true).unwrap();
         let (array, faults) = mem_array(level, members, 4096, 24 * 4096, Some(rt.handle()));
-        let image = hammer(&rt, &array, 300, &vec![0; array.size() as usize]);
-        assert!(read_all(&rt, &array) == image, "{level}: healthy read-back");
-        // Fail members mid-run, up to the tolerance, and keep going. Member I/O now yields
-        // once per operation, so degraded reads really overlap stripe updates in flight.
+        // Member I/O yields once per operation, so requests on both reactors really overlap
+        // their stripe updates and degraded reads (in-memory I/O would otherwise complete
+        // synchronously and hide every interleaving).
         for f in &faults {
             f.yield_ops
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
+        let image = hammer(&rt, &array, 300, &vec![0; array.size() as usize]);
+        assert!(read_all(&rt, &array) == image, "{level}: healthy read-back");
+        // Fail members mid-run, up to the tolerance, and keep going.
         for f in 0..array.geometry().fault_tolerance().min(2) {
             faults[(2 * f + 1) % members].kill_after(7);
         }
