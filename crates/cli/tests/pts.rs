@@ -68,5 +68,23 @@ fn pts_quick_mode_fills_every_cell() {
         md.contains("| 4k |") && md.contains("R65/W35"),
         "report lacks the IOPS table"
     );
+
+    // --render redraws the same report from the JSON alone.
+    let again = out.join("rendered");
+    let o = Command::new("python3")
+        .arg(root.join("scripts/pts.py"))
+        .arg("--render")
+        .arg(out.join("results.json"))
+        .arg("--out")
+        .arg(&again)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        o.status.success(),
+        "--render failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let md2 = std::fs::read_to_string(again.join("benchmarks.md")).unwrap();
+    assert_eq!(md, md2, "a redrawn report differs from the original");
     let _ = std::fs::remove_dir_all(&out);
 }
