@@ -220,15 +220,22 @@ class FioTarget(Target):
 class Server:
     """An NBD server process, started for each fio run and stopped (SIGTERM) after it."""
 
-    def __init__(self, argv, sock=None, port=None):
+    def __init__(self, argv, logdir, sock=None, port=None):
         self.argv, self.sock, self.port, self.proc = argv, sock, port, None
+        self.logpath = os.path.join(logdir, f"server-{os.path.basename(argv[0])}.log")
 
     def start(self):
         if self.sock and os.path.exists(self.sock):
             os.unlink(self.sock)
-        self.log = open(os.path.join(tempfile.gettempdir(), f"uraid-pts-server-{os.getpid()}.log"), "a")
+        self.log = open(self.logpath, "a")
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log)
-        wait_socket(unix=self.sock, port=self.port, proc=self.proc)
+        try:
+            wait_socket(unix=self.sock, port=self.port, proc=self.proc)
+        except RuntimeError as e:
+            self.log.flush()
+            with open(self.logpath) as f:
+                tail = f.read()[-2000:]
+            raise RuntimeError(f"{' '.join(self.argv)}: {e}\n{tail}") from None
 
     def stop(self):
         if self.proc is None:
@@ -324,11 +331,11 @@ class Suite:
         sock = lambda name: os.path.join(self.tmp, name + ".sock")
         uraid_srv = {
             "unix": Server([self.uraid, "serve", "--export", "v", "--listen", f"unix:{sock('uraid')}"] + arr,
-                           sock=sock("uraid")),
+                           self.tmp, sock=sock("uraid")),
         }
         port = free_port()
         uraid_srv["tcp"] = Server([self.uraid, "serve", "--export", "v", "--listen", f"tcp:127.0.0.1:{port}"] + arr,
-                                  port=port)
+                                  self.tmp, port=port)
         uri = {"unix": f"nbd+unix:///v?socket={sock('uraid')}", "tcp": f"nbd://127.0.0.1:{port}/v"}
         uraid_srv["unix"].start()
         try:
@@ -376,15 +383,15 @@ class Suite:
             for t in ("unix", "tcp"):
                 port = free_port()
                 if t == "unix":
-                    nk = Server(["nbdkit", "-f", "-U", sock("nbdkit"), "file", peer], sock=sock("nbdkit"))
+                    nk = Server(["nbdkit", "-f", "-U", sock("nbdkit"), "file", peer], self.tmp, sock=sock("nbdkit"))
                     qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
-                                 "-k", sock("qemu"), peer], sock=sock("qemu"))
+                                 "-k", sock("qemu"), peer], self.tmp, sock=sock("qemu"))
                     nu, qu = f"nbd+unix:///?socket={sock('nbdkit')}", f"nbd+unix:///?socket={sock('qemu')}"
                 else:
                     p2 = free_port()
-                    nk = Server(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer], port=port)
+                    nk = Server(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer], self.tmp, port=port)
                     qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
-                                 "-b", "127.0.0.1", "-p", str(p2), peer], port=p2)
+                                 "-b", "127.0.0.1", "-p", str(p2), peer], self.tmp, port=p2)
                     nu, qu = f"nbd://127.0.0.1:{port}/", f"nbd://127.0.0.1:{p2}/"
                 srv[t] = (nk, nu, qn, qu)
                 targets[f"nbdkit-{t}"] = NbdTarget(f"nbdkit-{t}", self, nk, nu, self.volume)
