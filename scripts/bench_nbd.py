@@ -8,7 +8,9 @@ divided by the requests fio completed). Runs alternate between servers; medians 
 
     scripts/bench_nbd.py [--runs 3] [--runtime 4] [--dir /dev/shm/uraid-nbd] [--out -]
 """
-import argparse, json, os, shutil, signal, socket, statistics, subprocess, sys, time
+import argparse, json, os, shutil, signal, statistics, subprocess, sys, time
+
+from pts import free_port, run, wait_socket  # shared with the PTS suite (same directory)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 URAID = os.path.join(ROOT, "target", "release", "uraid")
@@ -24,41 +26,10 @@ WORKLOADS = [
 ]
 
 
-def run(cmd, **kw):
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if p.returncode != 0:
-        sys.exit(f"command failed: {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
-    return p.stdout
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def cpu_ticks(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime, stime
-
-
-def wait_socket(unix=None, port=None, timeout=20):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            if unix:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(unix)
-            else:
-                s = socket.create_connection(("127.0.0.1", port))
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"server did not come up ({unix or port})")
 
 
 class Server:

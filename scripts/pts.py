@@ -343,11 +343,10 @@ class Suite:
         finally:
             uraid_srv["unix"].stop()
         self.log(f"pts: volume {self.volume // MIB} MiB")
-        pre = NbdTarget("uraid-nbd-unix", self, uraid_srv["unix"], uri["unix"], self.volume)
-        self.log("pts: preconditioning uraid (2 x volume, 128 KiB sequential writes over NBD)")
-        pre.precondition()
         for t in ("unix", "tcp"):
             targets[f"uraid-nbd-{t}"] = NbdTarget(f"uraid-nbd-{t}", self, uraid_srv[t], uri[t], self.volume)
+        self.log("pts: preconditioning uraid (2 x volume, 128 KiB sequential writes over NBD)")
+        targets["uraid-nbd-unix"].precondition()
         targets["uraid"] = BenchTarget("uraid", self, arr)
         # Degraded arrays: copies of the preconditioned members without the last one or two.
         for missing in (1, 2):
@@ -355,10 +354,9 @@ class Suite:
             if name in self.names:
                 d = os.path.join(self.dir, name)
                 os.makedirs(d)
-                copy = []
-                for p in arr[: n - missing]:
-                    shutil.copyfile(p, os.path.join(d, os.path.basename(p)))
-                    copy.append(os.path.join(d, os.path.basename(p)))
+                copy = [os.path.join(d, os.path.basename(p)) for p in arr[: n - missing]]
+                for src, dst in zip(arr, copy):
+                    shutil.copyfile(src, dst)
                 targets[name] = BenchTarget(name, self, copy)
         if "raw" in self.names:
             raw = [os.path.join(self.dir, f"raw{i}") for i in range(n)]
@@ -374,26 +372,22 @@ class Suite:
                                        qd_engine=not self.tmpfs)
             self.log(f"pts: preconditioning raw members (fio {self.raw_engine})")
             targets["raw"].precondition()
-        peers = [n for n in self.names if n.startswith(("nbdkit", "qemu"))]
-        if peers:
+        if any(n.startswith(("nbdkit", "qemu")) for n in self.names):
             peer = os.path.join(self.dir, "peer.img")
             with open(peer, "wb") as f:
                 f.truncate(self.volume)
-            srv = {}
             for t in ("unix", "tcp"):
-                port = free_port()
                 if t == "unix":
                     nk = Server(["nbdkit", "-f", "-U", sock("nbdkit"), "file", peer], self.tmp, sock=sock("nbdkit"))
                     qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
                                  "-k", sock("qemu"), peer], self.tmp, sock=sock("qemu"))
                     nu, qu = f"nbd+unix:///?socket={sock('nbdkit')}", f"nbd+unix:///?socket={sock('qemu')}"
                 else:
-                    p2 = free_port()
+                    port, p2 = free_port(), free_port()
                     nk = Server(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer], self.tmp, port=port)
                     qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
                                  "-b", "127.0.0.1", "-p", str(p2), peer], self.tmp, port=p2)
                     nu, qu = f"nbd://127.0.0.1:{port}/", f"nbd://127.0.0.1:{p2}/"
-                srv[t] = (nk, nu, qn, qu)
                 targets[f"nbdkit-{t}"] = NbdTarget(f"nbdkit-{t}", self, nk, nu, self.volume)
                 targets[f"qemu-nbd-{t}"] = NbdTarget(f"qemu-nbd-{t}", self, qn, qu, self.volume)
             self.log("pts: preconditioning the peers' file (through nbdkit)")
@@ -521,6 +515,30 @@ def plots(s, assets):
     import matplotlib.pyplot as plt
 
     cfg, med, names = s.cfg, s.med, s.names
+
+    def save(fig, legend_from, bottom, name):
+        h, l = legend_from.get_legend_handles_labels()
+        fig.legend(h, l, loc="lower center", ncol=min(5, len(names)), fontsize=8)
+        fig.tight_layout(rect=(0, bottom, 1, 1))
+        path = os.path.join(assets, name)
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        return path
+
+    def bars(ax, test, groups, field, title, ylabel, log=False):
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            ys = [med[test][n][key(g)][field] for g in groups]
+            ax.bar([x + i * width for x in range(len(groups))], ys, width, label=n)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))])
+        ax.set_xticklabels([f"{g[0]} {mix_label(g[1]) if test == 'lat' else g[1]}" for g in groups],
+                           rotation=30, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+
     files = {}
     # IOPS by mix, one panel per block size.
     bss = cfg["iops_bs"]
@@ -539,61 +557,25 @@ def plots(s, assets):
         ax.grid(alpha=0.3)
     for j in range(len(bss), rows * cols):
         axes[j // cols][j % cols].axis("off")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(names)), fontsize=8)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    files["iops"] = os.path.join(assets, "iops.png")
-    fig.savefig(files["iops"], dpi=90)
-    plt.close(fig)
-
-    def bars(test, groups, field, title, ylabel, fname, log=False, ax=None):
-        own = ax is None
-        if own:
-            fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(groups) * max(1, len(names)) / 4), 4))
-        width = 0.8 / len(names)
-        for i, n in enumerate(names):
-            ys = [med[test][n][key(g)][field] for g in groups]
-            ax.bar([x + i * width for x in range(len(groups))], ys, width, label=n)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))])
-        ax.set_xticklabels([f"{g[0]} {mix_label(g[1]) if test == 'lat' else g[1]}" for g in groups],
-                           rotation=30, ha="right", fontsize=8)
-        ax.set_title(title)
-        ax.set_ylabel(ylabel)
-        if log:
-            ax.set_yscale("log")
-        ax.grid(axis="y", alpha=0.3)
-        return ax
+    files["iops"] = save(fig, axes[0][0], 0.08, "iops.png")
 
     lat_cells = cells(cfg, "lat")
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-    bars("lat", lat_cells, "lat_avg_us", "QD1 latency, average", "µs", None, log=True, ax=axes[0])
-    bars("lat", lat_cells, "lat_p999_us", "QD1 latency, p99.9", "µs", None, log=True, ax=axes[1])
-    h, l = axes[0].get_legend_handles_labels()
-    fig.legend(h, l, loc="lower center", ncol=min(5, len(names)), fontsize=8)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    files["lat"] = os.path.join(assets, "latency.png")
-    fig.savefig(files["lat"], dpi=90)
-    plt.close(fig)
+    bars(axes[0], "lat", lat_cells, "lat_avg_us", "QD1 latency, average", "µs", log=True)
+    bars(axes[1], "lat", lat_cells, "lat_p999_us", "QD1 latency, p99.9", "µs", log=True)
+    files["lat"] = save(fig, axes[0], 0.12, "latency.png")
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    bars("tp", cells(cfg, "tp"), "mbps", f"sequential throughput, {s.threads} threads x QD{s.tp_qd}",
-         "MB/s", None, ax=ax)
-    h, l = ax.get_legend_handles_labels()
-    fig.legend(h, l, loc="lower center", ncol=min(5, len(names)), fontsize=8)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    files["tp"] = os.path.join(assets, "throughput.png")
-    fig.savefig(files["tp"], dpi=90)
-    plt.close(fig)
+    bars(ax, "tp", cells(cfg, "tp"), "mbps", f"sequential throughput, {s.threads} threads x QD{s.tp_qd}", "MB/s")
+    files["tp"] = save(fig, ax, 0.12, "throughput.png")
     return files
 
 
 # ---------------------------------------------------------------------------------------------
 # report
 
-def fmt(v, digits=0):
-    if v >= 100 or digits == 0:
-        return f"{v:,.0f}"
-    return f"{v:,.{digits}f}"
+def fmt(v):
+    return f"{v:,.0f}"
 
 
 def fmt_us(v):
@@ -722,8 +704,10 @@ def report(s, files, path, json_rel):
     w(f"- **Targets.** {', '.join(f'`{n}` ({TARGETS[n]})' for n in names)}. "
       f"The raw target is fio on {s.members} member-sized files of its own "
       f"(ioengine={getattr(s, 'raw_engine', '?')}, O_DIRECT, the first MiB skipped like uraid's "
-      "superblock area; on tmpfs a psync read is a memcpy in the caller while io_uring hands it to "
-      "worker threads at half the rate, so psync with one job per thread is the hardware's best). "
+      "superblock area" + ("; on tmpfs a psync read is a memcpy in the caller while io_uring hands it "
+                           "to worker threads at half the rate, so psync with one job per thread is "
+                           "the hardware's best" if getattr(s, "raw_engine", None) == "psync" else "")
+      + "). "
       "`uraid` is `uraid bench --json` on the array (no network). The NBD targets are fio "
       "`ioengine=nbd` against `uraid serve`, `nbdkit -f file` and `qemu-nbd -f raw --cache=none "
       "--aio=native -t -e 16`, each serving a file of the volume's size (nbdkit and qemu-nbd share one file). "
@@ -764,44 +748,36 @@ def report(s, files, path, json_rel):
 
     w("## IOPS\n")
     w(f"![IOPS by read/write mix, one panel per block size]({rel(files['iops'])})\n")
-    hdr = "| block size | " + " | ".join(mix_label(x) for x in cfg["iops_mix"]) + " |"
-    sep = "|---|" + "---:|" * len(cfg["iops_mix"])
+    def vs_raw(test, n, c, field, text, digits=2, suffix=""):
+        """`text`, followed by the cell's ratio to the raw target's same cell when there is one."""
+        if not has_raw or n == "raw":
+            return text
+        return f"{text} ({ratio(med[test][n][key(c)][field], med[test]['raw'][key(c)][field]):.{digits}f}{suffix})"
+
+    def matrix(test, bss, mixes, cell):
+        """A seeds-style table: block sizes down, read/write mixes across."""
+        w("| block size | " + " | ".join(mix_label(x) for x in mixes) + " |")
+        w("|---|" + "---:|" * len(mixes))
+        for bs in bss:
+            w(f"| {bs} | " + " | ".join(cell((bs, x)) for x in mixes) + " |")
+        w("")
+
+    lat_fields = ("lat_avg_us", "lat_p99_us", "lat_p999_us", "lat_max_us")
     for n in names:
         w(f"### {TARGETS[n]} (`{n}`)\n")
         w(f"IOPS{'' if n == 'raw' or not has_raw else ' (×raw)'}, read/write mix %:\n")
-        w(hdr)
-        w(sep)
-        for bs in cfg["iops_bs"]:
-            row = []
-            for x in cfg["iops_mix"]:
-                v = med["iops"][n][key((bs, x))]["iops"]
-                if has_raw and n != "raw":
-                    v_raw = med["iops"]["raw"][key((bs, x))]["iops"]
-                    row.append(f"{fmt(v)} ({ratio(v, v_raw):.2f})")
-                else:
-                    row.append(fmt(v))
-            w(f"| {bs} | " + " | ".join(row) + " |")
-        w("")
+        matrix("iops", cfg["iops_bs"], cfg["iops_mix"],
+               lambda c: vs_raw("iops", n, c, "iops", fmt(med["iops"][n][key(c)]["iops"])))
 
     w("## Latency at QD1\n")
     w(f"![QD1 latency]({rel(files['lat'])})\n")
     w("Average / p99 / p99.9 / max in µs; `(×raw)` compares the averages.\n")
-    hdr = "| block size | " + " | ".join(mix_label(x) for x in cfg["lat_mix"]) + " |"
-    sep = "|---|" + "---:|" * len(cfg["lat_mix"])
     for n in names:
         w(f"**{TARGETS[n]}** (`{n}`)\n")
-        w(hdr)
-        w(sep)
-        for bs in cfg["lat_bs"]:
-            row = []
-            for x in cfg["lat_mix"]:
-                r = med["lat"][n][key((bs, x))]
-                cell = " / ".join(fmt_us(r[f]) for f in ("lat_avg_us", "lat_p99_us", "lat_p999_us", "lat_max_us"))
-                if has_raw and n != "raw":
-                    cell += f" ({ratio(r['lat_avg_us'], med['lat']['raw'][key((bs, x))]['lat_avg_us']):.1f}×)"
-                row.append(cell)
-            w(f"| {bs} | " + " | ".join(row) + " |")
-        w("")
+        matrix("lat", cfg["lat_bs"], cfg["lat_mix"],
+               lambda c: vs_raw("lat", n, c, "lat_avg_us",
+                                " / ".join(fmt_us(med["lat"][n][key(c)][f]) for f in lat_fields),
+                                digits=1, suffix="×"))
 
     w("## Throughput\n")
     w(f"![sequential throughput]({rel(files['tp'])})\n")
@@ -810,13 +786,7 @@ def report(s, files, path, json_rel):
     w("| target | " + " | ".join(f"{bs} seq {d}" for bs, d in tcs) + " |")
     w("|---|" + "---:|" * len(tcs))
     for n in names:
-        row = []
-        for c in tcs:
-            v = med["tp"][n][key(c)]["mbps"]
-            if has_raw and n != "raw":
-                row.append(f"{fmt(v)} ({ratio(v, med['tp']['raw'][key(c)]['mbps']):.2f})")
-            else:
-                row.append(fmt(v))
+        row = [vs_raw("tp", n, c, "mbps", fmt(med["tp"][n][key(c)]["mbps"])) for c in tcs]
         w(f"| {TARGETS[n]} | " + " | ".join(row) + " |")
     w("")
 

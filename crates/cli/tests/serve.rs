@@ -234,7 +234,8 @@ fn fio_random_writes_verify_over_tcp_and_unix() {
     let m = create(&dir, 6, "64M");
     let s = Srv::start(&dir, &m, &[]);
     for (name, uri) in [("tcp", s.tcp_uri()), ("unix", s.unix_uri())] {
-        let o = run(Command::new("fio").args([
+        // fio writes its verify state file into its working directory: keep it in the temp dir.
+        let o = run(Command::new("fio").current_dir(&dir).args([
             &format!("--name={name}"),
             "--ioengine=nbd",
             &format!("--uri={uri}"),
