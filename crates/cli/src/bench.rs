@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uraid_engine::assemble;
-use uraid_engine::{Array, FileDev, Runtime};
+use uraid_engine::{ArrayOptions, FileDev, Runtime, Volume};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pattern {
@@ -94,7 +94,14 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let rt = Runtime::new(threads, 1024, !args.no_uring).context("starting reactors")?;
     let handle = rt.handle();
-    let array: Arc<Array<FileDev>> = assemble::open_array(&plan, Some(handle.clone()))?;
+    // A read-only run with --fail simulates the failures: nothing is written to the
+    // superblocks (the left-out members stay current). With writes they miss data and are
+    // recorded failed, as they must be.
+    let opts = ArrayOptions {
+        frozen_metadata: !args.fail.is_empty() && args.read_pct >= 100,
+        ..ArrayOptions::default()
+    };
+    let array: Arc<Volume<FileDev>> = assemble::open_volume(&plan, Some(handle.clone()), opts)?;
     let size = array.size();
     if args.bs > size {
         bail!("--bs {} exceeds the volume ({size} bytes)", args.bs);
@@ -292,8 +299,8 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-fn snapshot(a: &Array<FileDev>) -> [u64; 6] {
-    let s = &a.stats;
+fn snapshot(a: &Volume<FileDev>) -> [u64; 6] {
+    let s = &a.array().stats;
     [
         s.reads.load(Ordering::Relaxed) + s.writes.load(Ordering::Relaxed),
         s.degraded_reads.load(Ordering::Relaxed),

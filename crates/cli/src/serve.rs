@@ -9,7 +9,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use uraid_engine::{assemble, Runtime};
+use std::time::Duration;
+use uraid_engine::{assemble, ArrayOptions, ErrorPolicy, Runtime};
 use uraid_nbd::{Config, Server};
 
 pub const DEFAULT_LISTEN: &str = "tcp:127.0.0.1:10809";
@@ -30,6 +31,17 @@ pub struct ServeArgs {
     /// Reactor threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Fail a member whose I/O has had no completion for this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub io_timeout: f64,
+    /// Media (read) errors a member may have, decaying by half per hour, before the next one
+    /// fails it; each one is reconstructed from the stripe and rewritten in place.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub max_read_errors: u32,
+    /// Start even if members are stale or marked failed, taking the freshest of them as
+    /// needed (mdadm --assemble --force). Their data may be out of date; logged.
+    #[arg(long)]
+    pub force: bool,
     /// Member devices or files. None: the embedded default volume under ./uraid-data.
     pub members: Vec<PathBuf>,
 }
@@ -73,7 +85,13 @@ fn uri(l: &Listen, export: &str) -> String {
 }
 
 pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> {
-    let plan = assemble::plan(members)?;
+    if !(args.io_timeout > 0.0 && args.io_timeout.is_finite()) {
+        bail!(
+            "--io-timeout {}: must be a positive number of seconds",
+            args.io_timeout
+        );
+    }
+    let plan = assemble::plan_with(members, args.force)?;
     for r in &plan.refused {
         eprintln!("uraid: warning: {r}");
     }
@@ -107,7 +125,14 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     if !rt.uses_uring() {
         bail!("uraid serve needs io_uring (kernel 5.19 or later, not blocked by seccomp)");
     }
-    let array = assemble::open_array(&plan, Some(rt.handle()))?;
+    let opts = ArrayOptions {
+        policy: ErrorPolicy {
+            max_read_errors: args.max_read_errors,
+            io_timeout: Some(Duration::from_secs_f64(args.io_timeout)),
+        },
+        frozen_metadata: false,
+    };
+    let array = assemble::open_volume(&plan, Some(rt.handle()), opts)?;
     let export = args.export.clone().unwrap_or_else(|| plan.sb.name.clone());
     let description = format!(
         "uraid {} on {} members, chunk {}, {}",

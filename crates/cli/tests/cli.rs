@@ -90,7 +90,7 @@ fn superblock_matches_docs() {
     };
     let le = |b: &[u8]| b.iter().rev().fold(0u64, |a, &x| a << 8 | x as u64);
     assert_eq!(get("magic"), b"uraid-sb");
-    assert_eq!(le(get("version")), 2);
+    assert_eq!(le(get("version")), 3);
     assert_eq!(le(get("sb_size")), 4096);
     assert_eq!(&get("name")[..6], b"docvol");
     assert_eq!(le(get("level")), 6);
@@ -108,11 +108,17 @@ fn superblock_matches_docs() {
     assert_eq!(le(get("crc32c")) as u32, crc32c_of(&sb[..4092]));
     // The allocation map as docs/format.md describes it: a fresh array has every page sealed
     // with no bit set; 47 MiB members of a 4+2 raid6 with 64K chunks -> 752 granules, 1 page.
+    // Each 512-byte sector of a page is sealed on its own: CRC-32C of (page, sector, payload).
     let page = &sb[65536..65536 + 4096];
-    assert!(page[..4092].iter().all(|&b| b == 0));
-    let mut sealed = 0u32.to_le_bytes().to_vec();
-    sealed.extend_from_slice(&page[..4092]);
-    assert_eq!(le(&page[4092..]) as u32, crc32c_of(&sealed));
+    for (s, sec) in page.chunks(512).enumerate() {
+        assert!(sec[..508].iter().all(|&b| b == 0));
+        let mut sealed = 0u32.to_le_bytes().to_vec();
+        sealed.extend_from_slice(&(s as u32).to_le_bytes());
+        sealed.extend_from_slice(&sec[..508]);
+        assert_eq!(le(&sec[508..]) as u32, crc32c_of(&sealed), "sector {s}");
+    }
+    // Superblock slot 1 holds the same superblock at creation.
+    assert_eq!(&sb[4096..8192 - 4], &sb[..4096 - 4]);
     assert!(
         sb[65536 + 4096..1 << 20].iter().all(|&b| b == 0),
         "only one map page"

@@ -8,9 +8,11 @@
 //! whatever stale bytes a clear granule holds on the members never feed a parity update.
 //!
 //! Layout on every member (docs/format.md): `MAP_PAGES` 4 KiB pages from `MAP_OFFSET`; page
-//! p holds granules `p * BITS_PER_PAGE ..` in bytes 0..4092 (bit i of byte j is granule
-//! 8j + i) and a CRC-32C at 4092 over the page index (u32 LE) followed by bytes 0..4092.
-//! Pure code: the engine does the I/O.
+//! p holds granules `p * BITS_PER_PAGE ..`. Each 512-byte sector of a page stands alone:
+//! bytes 0..508 hold `BITS_PER_SECTOR` granule bits (bit i of byte j is granule 8j + i of the
+//! sector) and bytes 508..512 a CRC-32C over the page index (u32 LE), the sector index
+//! (u32 LE) and bytes 0..508. A write torn at a sector boundary therefore leaves every sector
+//! valid (old or new), never a page that cannot be read. Pure code: the engine does the I/O.
 
 use crate::geometry::Geometry;
 
@@ -18,8 +20,12 @@ pub const PAGE: usize = 4096;
 pub const MAP_OFFSET: u64 = 64 << 10;
 /// Pages reserved for the map: from 64 KiB up to the data area at 1 MiB.
 pub const MAP_PAGES: usize = ((crate::format::DATA_OFFSET - MAP_OFFSET) as usize) / PAGE;
-pub const PAGE_PAYLOAD: usize = PAGE - 4;
-pub const BITS_PER_PAGE: u64 = PAGE_PAYLOAD as u64 * 8;
+/// Sectors per page, each sealed on its own.
+pub const MAP_SECTOR: usize = 512;
+pub const SECTORS_PER_PAGE: usize = PAGE / MAP_SECTOR;
+pub const SECTOR_PAYLOAD: usize = MAP_SECTOR - 4;
+pub const BITS_PER_SECTOR: u64 = SECTOR_PAYLOAD as u64 * 8;
+pub const BITS_PER_PAGE: u64 = BITS_PER_SECTOR * SECTORS_PER_PAGE as u64;
 pub const MAX_GRANULES: u64 = BITS_PER_PAGE * MAP_PAGES as u64;
 
 /// Granule size for a geometry: the smallest power-of-two multiple of one stripe's data whose
@@ -42,26 +48,45 @@ pub fn pages(g: &Geometry) -> usize {
     granules(g).div_ceil(BITS_PER_PAGE) as usize
 }
 
-fn page_crc(index: usize, payload: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&(index as u32).to_le_bytes());
+fn sector_crc(page: usize, sector: usize, payload: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&(page as u32).to_le_bytes());
+    let c = crc32c::crc32c_append(c, &(sector as u32).to_le_bytes());
     crc32c::crc32c_append(c, payload)
 }
 
-/// Seals page `index` whose payload (bytes 0..4092) is already in `page`.
-pub fn seal_page(index: usize, page: &mut [u8]) {
-    assert_eq!(page.len(), PAGE);
-    let crc = page_crc(index, &page[..PAGE_PAYLOAD]);
-    page[PAGE_PAYLOAD..].copy_from_slice(&crc.to_le_bytes());
+/// Where granule `i` of a page (0..BITS_PER_PAGE) lives: (byte in the page, bit).
+pub fn bit_position(i: u64) -> (usize, u8) {
+    let sector = (i / BITS_PER_SECTOR) as usize;
+    let j = (i % BITS_PER_SECTOR) as usize;
+    (sector * MAP_SECTOR + j / 8, (j % 8) as u8)
 }
 
-/// Whether `page` (read from disk: untrusted) is a valid copy of page `index`.
+/// Seals every sector of page `index` whose payloads are already in `page`.
+pub fn seal_page(index: usize, page: &mut [u8]) {
+    assert_eq!(page.len(), PAGE);
+    for (s, sec) in page.chunks_mut(MAP_SECTOR).enumerate() {
+        let crc = sector_crc(index, s, &sec[..SECTOR_PAYLOAD]);
+        sec[SECTOR_PAYLOAD..].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// Whether `sector` (read from disk: untrusted) is a valid copy of sector `s` of page `index`.
+pub fn sector_valid(index: usize, s: usize, sector: &[u8]) -> bool {
+    sector.len() == MAP_SECTOR
+        && u32::from_le_bytes(
+            sector[SECTOR_PAYLOAD..]
+                .try_into()
+                .expect("4-byte slice of a 512-byte sector"),
+        ) == sector_crc(index, s, &sector[..SECTOR_PAYLOAD])
+}
+
+/// Whether `page` (read from disk: untrusted) is a valid copy of page `index`: every sector.
 pub fn page_valid(index: usize, page: &[u8]) -> bool {
     page.len() == PAGE
-        && u32::from_le_bytes(
-            page[PAGE_PAYLOAD..]
-                .try_into()
-                .expect("4-byte slice of a 4096-byte page"),
-        ) == page_crc(index, &page[..PAGE_PAYLOAD])
+        && page
+            .chunks(MAP_SECTOR)
+            .enumerate()
+            .all(|(s, sec)| sector_valid(index, s, sec))
 }
 
 /// Granule range `[first, last]` of the granules `[off, off+len)` touches, and of those the
@@ -118,6 +143,19 @@ mod tests {
             "an all-zero block is not a page"
         );
         assert!(!page_valid(3, &p[..100]));
+        // Sectors stand alone: a page mixing sectors of two sealed versions is valid.
+        let mut a = vec![0u8; PAGE];
+        seal_page(3, &mut a);
+        let mut b = vec![0u8; PAGE];
+        b[MAP_SECTOR + 1] = 0xff;
+        seal_page(3, &mut b);
+        let mut torn = a.clone();
+        torn[MAP_SECTOR..2 * MAP_SECTOR].copy_from_slice(&b[MAP_SECTOR..2 * MAP_SECTOR]);
+        assert!(page_valid(3, &torn));
+        // A sector moved to another slot is not valid there.
+        assert!(!sector_valid(3, 2, &b[MAP_SECTOR..2 * MAP_SECTOR]));
+        assert_eq!(bit_position(0), (0, 0));
+        assert_eq!(bit_position(BITS_PER_SECTOR + 9), (MAP_SECTOR + 1, 1));
     }
 
     #[test]

@@ -9,9 +9,12 @@ use crate::geometry::{Geometry, GeometryError, Level};
 
 pub const SB_SIZE: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"uraid-sb";
-pub const VERSION: u32 = 2;
-/// Start of the data area on every member. Between the superblock and the allocation map
-/// (crate::alloc, from 64 KiB) the space is reserved for a write-intent bitmap and journal.
+pub const VERSION: u32 = 3;
+/// Superblock slots: rounds alternate between the copy at offset 0 and the one at 4096
+/// (slot = events % 2), so a torn round leaves the previous superblock intact.
+pub const SB_SLOTS: usize = 2;
+/// Start of the data area on every member. Between the superblock slots and the allocation
+/// map (crate::alloc, from 64 KiB) the space is reserved for a write-intent bitmap and journal.
 pub const DATA_OFFSET: u64 = 1 << 20;
 pub const NAME_LEN: usize = 32;
 
@@ -200,13 +203,14 @@ impl Superblock {
             ));
         }
         let data_offset = u64_at(b, off::DATA_OFFSET);
-        if data_offset < SB_SIZE as u64
+        // The data area must start past the superblock slots and the allocation map.
+        if data_offset < DATA_OFFSET
             || !data_offset.is_multiple_of(4096)
             || data_offset.checked_add(member_data).is_none()
         {
             return Err(field(
                 "data_offset",
-                format!("{data_offset} not 4 KiB aligned past the superblock"),
+                format!("{data_offset} not 4 KiB aligned at or past {DATA_OFFSET} (the map's end)"),
             ));
         }
         let flags = u32_at(b, off::FLAGS);
@@ -238,6 +242,17 @@ impl Superblock {
             device_uuid,
             states,
         })
+    }
+}
+
+/// The superblock of a member from its two slots (`SB_SLOTS`): the valid one with the
+/// higher event count. If neither is valid, slot 0's error.
+pub fn pick_superblock(slot0: &[u8], slot1: &[u8]) -> Result<Superblock, FormatError> {
+    match (Superblock::decode(slot0), Superblock::decode(slot1)) {
+        (Ok(a), Ok(b)) => Ok(if b.events > a.events { b } else { a }),
+        (Ok(a), Err(_)) => Ok(a),
+        (Err(_), Ok(b)) => Ok(b),
+        (Err(e), Err(_)) => Err(e),
     }
 }
 
@@ -305,8 +320,8 @@ mod tests {
             b
         };
         let mut b = good;
-        b[off::VERSION] = 3;
-        assert_eq!(Superblock::decode(&reseal(b)), Err(FormatError::Version(3)));
+        b[off::VERSION] = 2;
+        assert_eq!(Superblock::decode(&reseal(b)), Err(FormatError::Version(2)));
         for (o, v, name) in [
             (off::INDEX, 10u32, "index"),
             (off::MEMBERS, 65, "members"),
@@ -336,6 +351,16 @@ mod tests {
                 crate::geometry::GeometryError::TooLarge(_)
             ))
         ));
+        // A data area that would overlap the allocation map is refused.
+        let mut b = good;
+        b[off::DATA_OFFSET..off::DATA_OFFSET + 8].copy_from_slice(&(64u64 << 10).to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field {
+                field: "data_offset",
+                ..
+            })
+        ));
         let mut b = good;
         b[off::STATES + 2] = 9;
         assert!(matches!(
@@ -360,6 +385,21 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_fresher_valid_slot_wins() {
+        let mut a = sample();
+        let old = a.encode();
+        a.events += 1;
+        let new = a.encode();
+        assert_eq!(pick_superblock(&old, &new).unwrap().events, 43);
+        assert_eq!(pick_superblock(&new, &old).unwrap().events, 43);
+        let mut torn = new;
+        torn[100] ^= 1;
+        assert_eq!(pick_superblock(&old, &torn).unwrap().events, 42);
+        assert_eq!(pick_superblock(&torn, &old).unwrap().events, 42);
+        assert!(pick_superblock(&torn, &[0u8; SB_SIZE]).is_err());
     }
 
     proptest! {

@@ -355,6 +355,11 @@ impl Geometry {
 
     /// Whether every volume byte is still readable with the members in `failed` (bit i =
     /// member i) gone.
+    /// Whether every byte can still be served with the members in `lost` gone.
+    pub fn survives(&self, lost: crate::MemberSet) -> bool {
+        self.can_serve(lost.bits())
+    }
+
     pub fn can_serve(&self, failed: u64) -> bool {
         let lost = failed.count_ones() as usize;
         match self.level {

@@ -9,7 +9,11 @@ pub mod codec;
 pub mod format;
 pub mod geometry;
 pub mod gf;
+pub mod members;
+pub mod plan;
 
 pub use codec::Codec;
 pub use format::{MemberState, Superblock};
 pub use geometry::{Extent, Geometry, Level, Role};
+pub use members::MemberSet;
+pub use plan::{plan_write, Shard, WritePlan};

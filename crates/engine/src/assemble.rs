@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use uraid_core::format::{
-    self, uuid_string, FormatError, MemberState, Superblock, DATA_OFFSET, SB_SIZE,
+    self, uuid_string, FormatError, MemberState, Superblock, DATA_OFFSET, SB_SIZE, SB_SLOTS,
 };
 use uraid_core::{Geometry, Level};
 
@@ -58,12 +58,12 @@ pub struct CreateOptions {
     pub force: bool,
 }
 
-/// Reads and validates the superblock at offset 0 of `path`.
+/// Reads and validates the superblock of `path`: the fresher valid one of its two slots.
 pub fn read_superblock(path: &Path) -> Result<Superblock, AssembleError> {
     let f = File::open(path).map_err(io_err(path))?;
-    let mut b = vec![0u8; SB_SIZE];
+    let mut b = vec![0u8; SB_SIZE * SB_SLOTS];
     f.read_exact_at(&mut b, 0).map_err(io_err(path))?;
-    Superblock::decode(&b).map_err(|err| AssembleError::Format {
+    format::pick_superblock(&b[..SB_SIZE], &b[SB_SIZE..]).map_err(|err| AssembleError::Format {
         path: path.display().to_string(),
         err,
     })
@@ -137,7 +137,10 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         .map_err(io_err(p))?;
         sb.index = i;
         sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
-        f.write_all_at(&sb.encode(), 0).map_err(io_err(p))?;
+        for slot in 0..SB_SLOTS {
+            f.write_all_at(&sb.encode(), (slot * SB_SIZE) as u64)
+                .map_err(io_err(p))?;
+        }
         f.sync_all().map_err(io_err(p))?;
     }
     sb.index = 0;
@@ -230,10 +233,14 @@ impl Plan {
     }
 }
 
-/// Reads every path's superblock and decides the assembly. Members may be given in any
-/// order. Foreign members (another array), stale members (older event count) and members the
-/// array marked failed are refused with a reason; unreadable paths too.
+/// Reads every path's superblock and decides the assembly (`decide`, without `--force`).
 pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
+    plan_with(paths, false)
+}
+
+/// Like `plan`; `force` also takes stale members and members the array marked failed, the
+/// freshest first, as far as needed to start (mdadm --assemble --force). Logged.
+pub fn plan_with(paths: &[PathBuf], force: bool) -> Result<Plan, AssembleError> {
     let mut found = Vec::new();
     let mut refused = Vec::new();
     for p in paths {
@@ -245,6 +252,20 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
             Err(e) => refused.push(format!("{e}")),
         }
     }
+    decide(found, refused, force)
+}
+
+/// Decides an assembly from the superblocks found (pure; the crash tests call it on member
+/// images). Members may be given in any order. Foreign members (another array), stale
+/// members (event count more than one behind) and members the array marked failed are
+/// refused with a reason. A member exactly one event behind missed only the last superblock
+/// round (a round is written to all members at once and a crash can tear it): it is taken,
+/// as md does (its data is current: a round completes before anything that depends on it).
+pub fn decide(
+    found: Vec<Found>,
+    mut refused: Vec<String>,
+    force: bool,
+) -> Result<Plan, AssembleError> {
     // The array is the one most of the given members belong to (ties: the freshest); its
     // truth is its member with the highest event count.
     let votes = |u: &[u8; 16]| found.iter().filter(|f| &f.sb.array_uuid == u).count();
@@ -254,9 +275,11 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
     else {
         return Err(AssembleError::NoMembers(refused.join("; ")));
     };
-    let sb = best.sb.clone();
+    let mut sb = best.sb.clone();
     let mut slots: Vec<Option<PathBuf>> = vec![None; sb.geometry.members];
     let mut device_uuids = vec![[0u8; 16]; sb.geometry.members];
+    // Refused for staleness or a failed mark: candidates for --force.
+    let mut forceable: Vec<(&Found, String)> = Vec::new();
     for f in &found {
         let p = f.path.display();
         if f.sb.array_uuid != sb.array_uuid {
@@ -271,21 +294,58 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
             refused.push(format!(
                 "{p}: geometry disagrees with the array's freshest superblock"
             ));
-        } else if sb.is_failed(f.sb.index) {
-            refused.push(format!(
-                "{p}: member {} is marked failed in the array (events {})",
-                f.sb.index, sb.events
-            ));
-        } else if f.sb.events < sb.events {
-            refused.push(format!(
-                "{p}: stale member {} (events {} < array's {})",
-                f.sb.index, f.sb.events, sb.events
-            ));
         } else if slots[f.sb.index].is_some() {
             refused.push(format!("{p}: duplicate of member {}", f.sb.index));
+        } else if sb.is_failed(f.sb.index) {
+            forceable.push((
+                f,
+                format!(
+                    "{p}: member {} is marked failed in the array (events {})",
+                    f.sb.index, sb.events
+                ),
+            ));
+        } else if f.sb.events + 1 < sb.events {
+            forceable.push((
+                f,
+                format!(
+                    "{p}: stale member {} (events {} < array's {})",
+                    f.sb.index, f.sb.events, sb.events
+                ),
+            ));
         } else {
+            if f.sb.events < sb.events {
+                tracing::info!(
+                    "{p}: member {} is one event behind ({} < {}): it missed the last \
+                     superblock round; taking it",
+                    f.sb.index,
+                    f.sb.events,
+                    sb.events
+                );
+            }
             slots[f.sb.index] = Some(f.path.clone());
             device_uuids[f.sb.index] = f.sb.device_uuid;
+        }
+    }
+    forceable.sort_by_key(|(f, _)| std::cmp::Reverse(f.sb.events));
+    for (f, why) in forceable {
+        let i = f.sb.index;
+        let startable = {
+            let probe = Plan {
+                sb: sb.clone(),
+                slots: slots.clone(),
+                device_uuids: device_uuids.clone(),
+                refused: Vec::new(),
+            };
+            probe.can_start().is_ok()
+        };
+        if force && !startable && slots[i].is_none() {
+            tracing::warn!("--force: {why}; taking it anyway (its data may be out of date)");
+            refused.push(format!("{why}; FORCED into the array"));
+            sb.states[i] = MemberState::Active;
+            slots[i] = Some(f.path.clone());
+            device_uuids[i] = f.sb.device_uuid;
+        } else {
+            refused.push(why);
         }
     }
     Ok(Plan {
@@ -328,11 +388,12 @@ pub fn load_map(plan: &Plan) -> Result<(Vec<u64>, usize), AssembleError> {
     Ok(crate::alloc::merge_map_copies(&g, &copies))
 }
 
-/// Opens the members of a plan, loads its allocation map and builds the array on `rt`.
-pub fn open_array(
+/// Opens the members of a plan, loads its allocation map and builds the volume on `rt`.
+pub fn open_volume(
     plan: &Plan,
     rt: Option<crate::RuntimeHandle>,
-) -> Result<std::sync::Arc<crate::Array<FileDev>>, AssembleError> {
+    opts: crate::ArrayOptions,
+) -> Result<std::sync::Arc<crate::Volume<FileDev>>, AssembleError> {
     let devs = open_members(plan)?;
     let (map, bad) = load_map(plan)?;
     if bad > 0 {
@@ -341,11 +402,6 @@ pub fn open_array(
              treated as allocated"
         );
     }
-    Ok(crate::Array::new(
-        plan.sb.clone(),
-        plan.device_uuids.clone(),
-        devs,
-        rt,
-        Some(map),
-    ))
+    let array = crate::Array::new(plan.sb.clone(), plan.device_uuids.clone(), devs, rt, opts);
+    Ok(crate::Volume::new(array, Some(map)))
 }

@@ -1,16 +1,29 @@
-//! uraid engine: member I/O on io_uring reactors, array request execution (full-stripe,
-//! reconstruct-write, read-modify-write, degraded reads), failure handling and assembly.
+//! uraid engine, in layers (ARCHITECTURE.md "Layout"):
+//! * `reactor`, `buf`, `dev`, `net`: io_uring reactors, aligned buffers, member devices,
+//!   socket I/O;
+//! * `members`: the member set, typed health, member I/O with timeouts and the error policy;
+//! * `metadata`: superblock rounds, dirty/clean, the failure barrier;
+//! * `stripe`: the stripe lock table, stripe reads and decode, stripe write execution;
+//! * `array`: request execution over all of the above for every level;
+//! * `alloc`, `volume`: the allocation map and the client-facing volume on top of the array;
+//! * `assemble`: creating arrays, reading superblocks, deciding and opening an assembly.
 
 pub mod alloc;
 pub mod array;
 pub mod assemble;
 pub mod buf;
 pub mod dev;
+pub mod members;
+pub mod metadata;
 pub mod net;
 pub mod reactor;
+mod stripe;
+pub mod volume;
 
 pub use alloc::ReadPiece;
-pub use array::{Array, ArrayError, WriteBuf};
+pub use array::{Array, ArrayError, ArrayOptions, WriteBuf};
 pub use buf::{IoBuf, Segments};
 pub use dev::{BlockDev, FileDev};
+pub use members::ErrorPolicy;
 pub use reactor::{Runtime, RuntimeHandle};
+pub use volume::{Run, Volume};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use uraid_core::geometry::SECTOR;
 use uraid_core::Level;
 use uraid_engine::assemble::{self, CreateOptions};
-use uraid_engine::{Array, BlockDev, Runtime};
+use uraid_engine::{ArrayOptions, BlockDev, Runtime, Volume};
 use uraid_sim::mem_array;
 
 const LOOPS: u64 = 12;
@@ -20,7 +20,7 @@ const GROUPS: u64 = 3;
 /// sectors against what it wrote (or `base`, the volume's prior image). Returns the new image.
 fn hammer<D: BlockDev>(
     rt: &Runtime,
-    array: &Arc<Array<D>>,
+    array: &Arc<Volume<D>>,
     ops_per_loop: u64,
     base: &[u8],
 ) -> Vec<u8> {
@@ -99,7 +99,7 @@ fn hammer<D: BlockDev>(
     image
 }
 
-fn read_all<D: BlockDev>(rt: &Runtime, array: &Arc<Array<D>>) -> Vec<u8> {
+fn read_all<D: BlockDev>(rt: &Runtime, array: &Arc<Volume<D>>) -> Vec<u8> {
     let a = array.clone();
     let size = array.size();
     rt.handle().block_on(0, move || async move {
@@ -143,8 +143,8 @@ fn contended_stripes_in_memory_with_failures() {
 }
 
 /// Opens the array a plan describes on the runtime's reactors.
-fn open(plan: &assemble::Plan, rt: &Runtime) -> Arc<Array<uraid_engine::FileDev>> {
-    assemble::open_array(plan, Some(rt.handle())).unwrap()
+fn open(plan: &assemble::Plan, rt: &Runtime) -> Arc<Volume<uraid_engine::FileDev>> {
+    assemble::open_volume(plan, Some(rt.handle()), ArrayOptions::default()).unwrap()
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

@@ -118,7 +118,7 @@ fn run(
             }
             Op::Fail { member, after } => {
                 let member = member % members;
-                let would = array.failed_mask() | scheduled | 1 << member;
+                let would = array.array().failed().bits() | scheduled | 1 << member;
                 // Stay within what the level survives unless this case explores beyond it.
                 if !allow_beyond && !array.geometry().can_serve(would) {
                     continue;
@@ -151,7 +151,7 @@ fn run(
 }
 
 fn finish_failed(
-    array: &std::sync::Arc<uraid_engine::Array<uraid_sim::MemDev>>,
+    array: &std::sync::Arc<uraid_engine::Volume<uraid_sim::MemDev>>,
 ) -> Result<(), TestCaseError> {
     let read_refused = matches!(
         block_on(array.read(0, SECTOR)),
@@ -205,7 +205,7 @@ fn every_member_count_survives_tolerated_failures() {
                     let off = (seed * 7919 + i * 4099) % (size / SECTOR) * SECTOR;
                     let len = ((seed % 37 + 1) * SECTOR).min(size - off);
                     let data = payload(seed, len as usize);
-                    block_on(uraid_engine::Array::write(array, off, data.clone())).unwrap();
+                    block_on(uraid_engine::Volume::write(array, off, data.clone())).unwrap();
                     model.write(off, &data);
                 }
             };

@@ -19,7 +19,7 @@ use std::task::{Poll, Waker};
 use uraid_core::geometry::SECTOR;
 use uraid_engine::net::{self, OutPart};
 use uraid_engine::reactor;
-use uraid_engine::{Array, ArrayError, BlockDev, ReadPiece, RuntimeHandle};
+use uraid_engine::{ArrayError, BlockDev, ReadPiece, RuntimeHandle, Volume};
 
 /// Largest READ or WRITE payload accepted (and advertised as the maximum block size).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
@@ -46,7 +46,7 @@ pub struct ServerStats {
 }
 
 struct Inner<D: BlockDev> {
-    array: Arc<Array<D>>,
+    array: Arc<Volume<D>>,
     rt: RuntimeHandle,
     cfg: Config,
     stopping: AtomicBool,
@@ -66,7 +66,7 @@ pub struct Server<D: BlockDev> {
 }
 
 impl<D: BlockDev> Server<D> {
-    pub fn new(array: Arc<Array<D>>, rt: RuntimeHandle, cfg: Config) -> Server<D> {
+    pub fn new(array: Arc<Volume<D>>, rt: RuntimeHandle, cfg: Config) -> Server<D> {
         Server {
             inner: Arc::new(Inner {
                 array,
@@ -383,7 +383,7 @@ fn transmission_flags<D: BlockDev>(inner: &Inner<D>, structured: bool) -> u16 {
 
 /// (minimum, preferred, maximum) block sizes: sector, one full stripe (as a power of two),
 /// MAX_PAYLOAD.
-pub fn block_sizes<D: BlockDev>(array: &Array<D>) -> (u32, u32, u32) {
+pub fn block_sizes<D: BlockDev>(array: &Volume<D>) -> (u32, u32, u32) {
     let stripe = array.geometry().stripe_data_bytes();
     let preferred = stripe.next_power_of_two().clamp(4096, MAX_PAYLOAD as u64) as u32;
     (SECTOR as u32, preferred, MAX_PAYLOAD)
@@ -642,7 +642,7 @@ async fn transmission<D: BlockDev>(
 fn errno_of(e: &ArrayError) -> Errno {
     match e {
         ArrayError::OutOfRange { .. } | ArrayError::Misaligned { .. } => Errno::Inval,
-        ArrayError::Failed { .. } => Errno::Io,
+        ArrayError::Failed { .. } | ArrayError::Unreadable { .. } => Errno::Io,
         ArrayError::Shutdown => Errno::Shutdown,
     }
 }
@@ -762,7 +762,7 @@ async fn handle<D: BlockDev>(
         CMD_WRITE_ZEROES => {
             let fast = req.flags & CMD_FLAG_FAST_ZERO != 0;
             let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
-            if fast && (no_hole || !array.zero_is_fast(off, len)) {
+            if fast && (no_hole || !array.zero_is_fast(off, len).unwrap_or(false)) {
                 return err(
                     Errno::NotSup,
                     "zeroing this range is not faster than writing",
@@ -782,7 +782,10 @@ async fn handle<D: BlockDev>(
             if len == 0 {
                 return err(Errno::Inval, "zero-length block status");
             }
-            let runs = array.allocation(off, len);
+            let runs = match array.allocation(off, len) {
+                Ok(r) => r,
+                Err(e) => return err(errno_of(&e), &e.to_string()),
+            };
             let limit = if req.flags & CMD_FLAG_REQ_ONE != 0 {
                 1
             } else {
@@ -791,7 +794,14 @@ async fn handle<D: BlockDev>(
             let ext: Vec<(u32, u32)> = runs
                 .iter()
                 .take(limit)
-                .map(|&(_, l, a)| (l as u32, if a { 0 } else { STATE_HOLE | STATE_ZERO }))
+                .map(|r| {
+                    let flags = if r.allocated {
+                        0
+                    } else {
+                        STATE_HOLE | STATE_ZERO
+                    };
+                    (r.len as u32, flags)
+                })
                 .collect();
             conn.send(vec![OutPart::Bytes(block_status(
                 REPLY_FLAG_DONE,

@@ -1,20 +1,23 @@
-//! Test support for uraid: in-memory member devices with injectable faults, and helpers to
-//! build arrays over them. Never used by the product itself.
+//! Test support for uraid: in-memory member devices with injectable faults (dead devices,
+//! bad sectors, hangs, a volatile write cache that a simulated power cut partly loses), the
+//! flat reference model, and helpers to build and reassemble arrays over them. Never used
+//! by the product itself.
+
+pub mod crash;
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use uraid_core::format::{MemberState, Superblock, DATA_OFFSET};
+use uraid_core::format::{MemberState, Superblock, DATA_OFFSET, SB_SIZE, SB_SLOTS};
 use uraid_core::{Geometry, Level};
 use uraid_engine::array::WriteBuf;
 use uraid_engine::buf::IoBuf;
-use uraid_engine::BlockDev;
-use uraid_engine::{Array, RuntimeHandle};
+use uraid_engine::{Array, ArrayOptions, BlockDev, ErrorPolicy, RuntimeHandle, Volume};
 
 /// Fault switch shared between a test and one device.
 #[derive(Debug, Default)]
 pub struct Faults {
-    /// Every operation fails with EIO while set.
+    /// Every operation fails with ENODEV (the device is gone) while set.
     pub dead: AtomicBool,
     /// When positive, counts operations down; the device dies when it reaches zero.
     pub die_after: AtomicI64,
@@ -22,6 +25,13 @@ pub struct Faults {
     /// other requests run in between, as they do while real I/O is in flight (memory
     /// otherwise completes synchronously and hides every interleaving).
     pub yield_ops: AtomicBool,
+    /// Reads of bytes in `[bad_lo, bad_hi)` (device offsets) fail with EIO: bad sectors. A
+    /// write over them repairs them (as a drive remaps a sector on write).
+    bad: Mutex<Vec<(u64, u64)>>,
+    /// While set, operations never complete (a hung device).
+    pub hang: AtomicBool,
+    /// Operations started (for tests that count member I/O).
+    pub ops: AtomicU64,
 }
 
 impl Faults {
@@ -34,22 +44,55 @@ impl Faults {
         self.die_after.store(ops, Ordering::SeqCst);
     }
 
+    /// Marks device bytes `[lo, hi)` unreadable until written.
+    pub fn bad_range(&self, lo: u64, hi: u64) {
+        self.bad.lock().unwrap().push((lo, hi));
+    }
+
     fn check(&self) -> io::Result<()> {
+        self.ops.fetch_add(1, Ordering::SeqCst);
         if self.die_after.load(Ordering::SeqCst) > 0
             && self.die_after.fetch_sub(1, Ordering::SeqCst) == 1
         {
             self.kill();
         }
         if self.dead.load(Ordering::SeqCst) {
-            Err(io::Error::from_raw_os_error(libc_eio()))
+            Err(io::Error::from_raw_os_error(libc_enodev()))
         } else {
             Ok(())
         }
     }
+
+    fn check_read(&self, off: u64, len: u64) -> io::Result<()> {
+        let bad = self.bad.lock().unwrap();
+        if bad.iter().any(|&(lo, hi)| off < hi && lo < off + len) {
+            return Err(io::Error::from_raw_os_error(5)); // EIO
+        }
+        Ok(())
+    }
+
+    fn repair(&self, off: u64, len: u64) {
+        let mut bad = self.bad.lock().unwrap();
+        // Whole sectors written are good again; partial overlaps keep the rest bad.
+        let mut out = Vec::new();
+        for &(lo, hi) in bad.iter() {
+            if off < hi && lo < off + len {
+                if lo < off {
+                    out.push((lo, off));
+                }
+                if off + len < hi {
+                    out.push((off + len, hi));
+                }
+            } else {
+                out.push((lo, hi));
+            }
+        }
+        *bad = out;
+    }
 }
 
-fn libc_eio() -> i32 {
-    5
+fn libc_enodev() -> i32 {
+    19
 }
 
 /// Returns Pending once (waking itself), then Ready: one trip through the executor.
@@ -67,31 +110,78 @@ async fn yield_once(on: bool) {
     .await
 }
 
+/// Pending until `hang` is cleared (polled again on every executor trip).
+async fn wait_unhung(f: &Faults) {
+    std::future::poll_fn(|cx| {
+        if f.hang.load(Ordering::SeqCst) {
+            // Re-poll later: a test that clears the flag (or a watchdog abort) moves on.
+            let w = cx.waker().clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                w.wake();
+            });
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await
+}
+
+/// The bytes of one device: what reads see, and (in cache mode) what survives a power cut.
+pub(crate) struct DevState {
+    pub(crate) data: Vec<u8>,
+    /// Some: the device has a volatile write cache. `durable` is what the medium holds;
+    /// `cache` the writes completed since the last flush, in completion order.
+    pub(crate) durable: Option<Vec<u8>>,
+    pub(crate) cache: Vec<(u64, Vec<u8>)>,
+}
+
 /// A member held in memory.
 pub struct MemDev {
     name: String,
-    data: Mutex<Vec<u8>>,
+    pub(crate) state: Arc<Mutex<DevState>>,
     pub faults: Arc<Faults>,
+    /// Power-cut clock shared by the devices of one crash trial.
+    pub(crate) clock: Option<Arc<crash::Clock>>,
 }
 
 impl MemDev {
     pub fn new(name: impl Into<String>, size: usize) -> MemDev {
+        MemDev::from_image(name, vec![0; size])
+    }
+
+    /// A device holding `image` (no write cache).
+    pub fn from_image(name: impl Into<String>, image: Vec<u8>) -> MemDev {
         MemDev {
             name: name.into(),
-            data: Mutex::new(vec![0; size]),
+            state: Arc::new(Mutex::new(DevState {
+                data: image,
+                durable: None,
+                cache: Vec::new(),
+            })),
             faults: Arc::new(Faults::default()),
+            clock: None,
         }
     }
 
-    /// A copy of the device's bytes (for inspecting what landed where).
+    /// A copy of the device's bytes as reads see them.
     pub fn snapshot(&self) -> Vec<u8> {
-        self.data.lock().unwrap().clone()
+        self.state.lock().unwrap().data.clone()
+    }
+
+    /// Ticks the power-cut clock; Err once the power is off.
+    fn tick(&self) -> io::Result<()> {
+        match &self.clock {
+            Some(c) => c.tick(),
+            None => Ok(()),
+        }
     }
 }
 
 impl BlockDev for MemDev {
     fn size(&self) -> u64 {
-        self.data.lock().unwrap().len() as u64
+        self.state.lock().unwrap().data.len() as u64
     }
 
     fn name(&self) -> &str {
@@ -100,43 +190,67 @@ impl BlockDev for MemDev {
 
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
-        if let Err(e) = self.faults.check() {
+        wait_unhung(&self.faults).await;
+        let n = buf.len();
+        if let Err(e) = self
+            .tick()
+            .and_then(|_| self.faults.check())
+            .and_then(|_| self.faults.check_read(off, n as u64))
+        {
             return (Err(e), buf);
         }
-        let d = self.data.lock().unwrap();
+        let d = self.state.lock().unwrap();
         let o = off as usize;
-        let n = buf.len();
-        buf.copy_from_slice(&d[o..o + n]);
+        buf.copy_from_slice(&d.data[o..o + n]);
         (Ok(()), buf)
     }
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
-        if let Err(e) = self.faults.check() {
+        wait_unhung(&self.faults).await;
+        if let Err(e) = self.tick().and_then(|_| self.faults.check()) {
             return (Err(e), buf);
         }
-        let mut d = self.data.lock().unwrap();
+        self.faults.repair(off, buf.len() as u64);
+        let mut d = self.state.lock().unwrap();
         let o = off as usize;
-        d[o..o + buf.len()].copy_from_slice(&buf);
+        d.data[o..o + buf.len()].copy_from_slice(&buf);
+        if d.durable.is_some() {
+            d.cache.push((off, buf.to_vec()));
+        }
         (Ok(()), buf)
     }
 
     async fn flush(&self) -> io::Result<()> {
-        self.faults.check()
+        yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        wait_unhung(&self.faults).await;
+        self.tick().and_then(|_| self.faults.check())?;
+        let mut d = self.state.lock().unwrap();
+        let d = &mut *d;
+        if let Some(durable) = d.durable.as_mut() {
+            for (off, bytes) in d.cache.drain(..) {
+                durable[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
+            }
+        }
+        Ok(())
     }
 }
 
-/// A new array over fresh in-memory members (allocation map empty, as after `create`), plus
-/// each member's fault switch.
-pub fn mem_array(
-    level: Level,
-    members: usize,
-    chunk: u64,
-    member_data: u64,
-    rt: Option<RuntimeHandle>,
-) -> (Arc<Array<MemDev>>, Vec<Arc<Faults>>) {
-    let geometry = Geometry::new(level, members, chunk, member_data).expect("valid test geometry");
-    let sb = Superblock {
+/// Options for in-memory test arrays: no watchdog thread (tests build thousands of arrays);
+/// tests that exercise the timeout pass their own policy.
+pub fn sim_options() -> ArrayOptions {
+    ArrayOptions {
+        policy: ErrorPolicy {
+            io_timeout: None,
+            ..ErrorPolicy::default()
+        },
+        frozen_metadata: false,
+    }
+}
+
+/// The superblock a fresh in-memory array starts from.
+pub fn sim_superblock(geometry: Geometry) -> Superblock {
+    Superblock {
         array_uuid: [1; 16],
         name: "sim".into(),
         geometry,
@@ -147,34 +261,75 @@ pub fn mem_array(
         ctime: 0,
         utime: 0,
         device_uuid: [0; 16],
-        states: vec![MemberState::Active; members],
-    };
-    // Data areas start as garbage (not even parity-consistent), as on a reused disk: the
-    // allocation map must keep every never-written byte reading as zero, and no parity may
-    // ever be computed from stale bytes.
-    let devs: Vec<MemDev> = (0..members)
+        states: vec![MemberState::Active; geometry.members],
+    }
+}
+
+/// Member images of a freshly created array: superblocks in both slots, an empty
+/// allocation map, and a data area full of garbage (not even parity-consistent), as on a
+/// reused disk: the allocation map must keep every never-written byte reading as zero, and
+/// no parity may ever be computed from stale bytes.
+pub fn fresh_images(geometry: Geometry) -> Vec<Vec<u8>> {
+    let mut sb = sim_superblock(geometry);
+    let map = uraid_engine::alloc::empty_map_image(&geometry);
+    (0..geometry.members)
         .map(|i| {
-            let d = MemDev::new(
-                format!("mem{i}"),
-                (DATA_OFFSET + geometry.member_data) as usize,
-            );
+            let mut img = vec![0u8; (DATA_OFFSET + geometry.member_data) as usize];
+            sb.index = i;
+            sb.device_uuid = device_uuid(i);
+            for slot in 0..SB_SLOTS {
+                img[slot * SB_SIZE..(slot + 1) * SB_SIZE].copy_from_slice(&sb.encode());
+            }
+            let mo = uraid_core::alloc::MAP_OFFSET as usize;
+            img[mo..mo + map.len()].copy_from_slice(&map);
             let junk = payload(0xdead_0000 + i as u64, geometry.member_data as usize);
-            d.data.lock().unwrap()[DATA_OFFSET as usize..].copy_from_slice(&junk);
-            d
+            img[DATA_OFFSET as usize..].copy_from_slice(&junk);
+            img
         })
+        .collect()
+}
+
+pub fn device_uuid(i: usize) -> [u8; 16] {
+    [i as u8 + 1; 16]
+}
+
+/// A new volume over fresh in-memory members (allocation map empty, as after `create`), plus
+/// each member's fault switch.
+pub fn mem_array(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    member_data: u64,
+    rt: Option<RuntimeHandle>,
+) -> (Arc<Volume<MemDev>>, Vec<Arc<Faults>>) {
+    mem_array_with(level, members, chunk, member_data, rt, sim_options())
+}
+
+/// `mem_array` with explicit options.
+pub fn mem_array_with(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    member_data: u64,
+    rt: Option<RuntimeHandle>,
+    opts: ArrayOptions,
+) -> (Arc<Volume<MemDev>>, Vec<Arc<Faults>>) {
+    let geometry = Geometry::new(level, members, chunk, member_data).expect("valid test geometry");
+    let devs: Vec<MemDev> = fresh_images(geometry)
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| MemDev::from_image(format!("mem{i}"), img))
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let uuids = (0..members).map(|i| [i as u8 + 1; 16]).collect();
-    (
-        Array::new(
-            sb,
-            uuids,
-            devs.into_iter().map(Some).collect(),
-            rt,
-            Some(Vec::new()),
-        ),
-        faults,
-    )
+    let uuids = (0..members).map(device_uuid).collect();
+    let array = Array::new(
+        sim_superblock(geometry),
+        uuids,
+        devs.into_iter().map(Some).collect(),
+        rt,
+        opts,
+    );
+    (Volume::new(array, Some(Vec::new())), faults)
 }
 
 /// The flat reference model: what the volume must read back.

@@ -1,0 +1,335 @@
+//! The member set: the devices, their health as a typed set, and every member I/O with its
+//! error policy and I/O timeout.
+//!
+//! Nothing else in the engine calls a `BlockDev` directly. Each I/O here:
+//! * adds the data offset for data-area I/O (`read`/`write`) or not (metadata I/O),
+//! * is counted in flight, so the watchdog (`spawn_watchdog`) can see a member that stopped
+//!   answering and abort its outstanding I/O with `ETIMEDOUT`,
+//! * classifies a failure (`classify`): a media error on a read is *correctable* (the caller
+//!   reconstructs the chunk and rewrites it, md's read-error correction) until the member's
+//!   error budget is spent; everything else fails the member.
+//!
+//! Failing a member needs the superblocks (the failure barrier in `metadata.rs`), so the
+//! array does that; this module only decides.
+
+use crate::buf::IoBuf;
+use crate::dev::BlockDev;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+use uraid_core::MemberSet;
+
+/// How the array treats member errors (CLI: `--io-timeout`, `--max-read-errors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorPolicy {
+    /// Correctable read errors a member may have (decaying by half per hour, like md's
+    /// `max_read_errors`) before the next one fails it.
+    pub max_read_errors: u32,
+    /// A member with I/O outstanding and no completion for this long is failed. None: no
+    /// watchdog (in-memory tests).
+    pub io_timeout: Option<Duration>,
+}
+
+impl Default for ErrorPolicy {
+    fn default() -> Self {
+        ErrorPolicy {
+            max_read_errors: 20,
+            io_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// What to do about a failed member I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A media error on a read within the budget: reconstruct the data from the stripe and
+    /// rewrite it; the member stays in the array.
+    Correct,
+    /// Fail the member.
+    Fail,
+}
+
+/// Per-member I/O accounting.
+#[derive(Default)]
+struct Health {
+    /// I/Os started and finished; the watchdog compares them.
+    started: AtomicU64,
+    finished: AtomicU64,
+    /// Set by the watchdog: every outstanding and later I/O fails with ETIMEDOUT.
+    aborted: AtomicBool,
+    /// Wakers of I/Os that are waiting (not finished); woken on abort.
+    waiting: Mutex<slab::Slab<Waker>>,
+    /// Correctable read errors (decayed) and when the last one was counted.
+    read_errors: Mutex<(u32, Option<Instant>)>,
+    /// Totals for status and tests.
+    pub(crate) corrected: AtomicU64,
+}
+
+pub struct Members<D: BlockDev> {
+    devs: Vec<Option<D>>,
+    failed: AtomicU64,
+    data_offset: u64,
+    policy: ErrorPolicy,
+    health: Vec<Health>,
+}
+
+/// errno values that mean "this sector could not be read" rather than "the device is gone".
+fn media_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO) | Some(libc::ENODATA) | Some(libc::EILSEQ) | Some(libc::EBADMSG)
+    )
+}
+
+impl<D: BlockDev> Members<D> {
+    /// `devs[i]` None = missing; `failed` = slots the superblocks already record failed.
+    pub fn new(
+        devs: Vec<Option<D>>,
+        failed: MemberSet,
+        data_offset: u64,
+        policy: ErrorPolicy,
+    ) -> Members<D> {
+        let missing: MemberSet = (0..devs.len()).filter(|&i| devs[i].is_none()).collect();
+        Members {
+            health: (0..devs.len()).map(|_| Health::default()).collect(),
+            failed: AtomicU64::new(failed.union(missing).bits()),
+            devs,
+            data_offset,
+            policy,
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.devs.len()
+    }
+
+    pub fn policy(&self) -> ErrorPolicy {
+        self.policy
+    }
+
+    /// Members missing or failed.
+    pub fn failed(&self) -> MemberSet {
+        MemberSet::from_bits(self.failed.load(Ordering::Acquire))
+    }
+
+    pub fn is_failed(&self, i: usize) -> bool {
+        self.failed().contains(i)
+    }
+
+    /// Members present and not failed.
+    pub fn live(&self) -> MemberSet {
+        MemberSet::all(self.count()).minus(self.failed())
+    }
+
+    pub fn name(&self, i: usize) -> Option<&str> {
+        self.devs[i].as_ref().map(|d| d.name())
+    }
+
+    /// Adds `i` to the failed set; true if it was not failed before.
+    pub(crate) fn mark_failed(&self, i: usize) -> bool {
+        self.failed.fetch_or(1 << i, Ordering::AcqRel) & (1 << i) == 0
+    }
+
+    /// Reads corrected on member `i` so far.
+    pub fn corrected_reads(&self, i: usize) -> u64 {
+        self.health[i].corrected.load(Ordering::Relaxed)
+    }
+
+    fn dev(&self, i: usize) -> io::Result<&D> {
+        self.devs[i]
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))
+    }
+
+    /// Reads from the data area.
+    pub async fn read(&self, i: usize, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        self.read_raw(i, self.data_offset + off, buf).await
+    }
+
+    /// Writes to the data area.
+    pub async fn write(&self, i: usize, off: u64, buf: IoBuf) -> io::Result<()> {
+        self.write_raw(i, self.data_offset + off, buf).await
+    }
+
+    /// Reads at a member offset (metadata).
+    pub async fn read_raw(&self, i: usize, at: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        let dev = match self.dev(i) {
+            Ok(d) => d,
+            Err(e) => return (Err(e), buf),
+        };
+        let mut back = None;
+        let r = self
+            .timed(i, async {
+                let (r, b) = dev.read(at, buf).await;
+                back = Some(b);
+                r
+            })
+            .await;
+        match back {
+            Some(b) => (r, b),
+            // Aborted before the device returned the buffer: hand back a fresh one.
+            None => (r, crate::buf::alloc(0)),
+        }
+    }
+
+    /// Writes at a member offset (metadata).
+    pub async fn write_raw(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
+        let dev = self.dev(i)?;
+        self.timed(i, async { dev.write(at, buf).await.0 }).await
+    }
+
+    pub async fn flush(&self, i: usize) -> io::Result<()> {
+        let dev = self.dev(i)?;
+        self.timed(i, dev.flush()).await
+    }
+
+    /// Runs one member I/O, counted for the watchdog; fails with ETIMEDOUT once the watchdog
+    /// aborted the member.
+    async fn timed<T>(
+        &self,
+        i: usize,
+        op: impl std::future::Future<Output = io::Result<T>>,
+    ) -> io::Result<T> {
+        let h = &self.health[i];
+        let timeout = || io::Error::from_raw_os_error(libc::ETIMEDOUT);
+        if h.aborted.load(Ordering::Acquire) {
+            return Err(timeout());
+        }
+        if self.policy.io_timeout.is_none() {
+            return op.await;
+        }
+        h.started.fetch_add(1, Ordering::AcqRel);
+        let mut op = std::pin::pin!(op);
+        let mut key: Option<usize> = None;
+        let r = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = op.as_mut().poll(cx) {
+                return Poll::Ready(r);
+            }
+            let mut w = h.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            if h.aborted.load(Ordering::Acquire) {
+                return Poll::Ready(Err(timeout()));
+            }
+            match key {
+                Some(k) => {
+                    if let Some(slot) = w.get_mut(k) {
+                        slot.clone_from(cx.waker());
+                    }
+                }
+                None => key = Some(w.insert(cx.waker().clone())),
+            }
+            Poll::Pending
+        })
+        .await;
+        if let Some(k) = key {
+            let mut w = h.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            if w.contains(k) {
+                w.remove(k);
+            }
+        }
+        h.finished.fetch_add(1, Ordering::AcqRel);
+        r
+    }
+
+    /// Decides what a failed I/O on member `i` means. `read`: whether it was a data read
+    /// (which the caller can repair from redundancy).
+    pub(crate) fn classify(&self, i: usize, read: bool, e: &io::Error) -> Verdict {
+        if !read || !media_error(e) || self.health[i].aborted.load(Ordering::Acquire) {
+            return Verdict::Fail;
+        }
+        let mut g = self.health[i]
+            .read_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if let Some(last) = g.1 {
+            let hours = now.duration_since(last).as_secs() / 3600;
+            g.0 = g.0.checked_shr(hours.min(31) as u32).unwrap_or(0);
+        }
+        g.1 = Some(now);
+        g.0 += 1;
+        if g.0 > self.policy.max_read_errors {
+            tracing::error!(
+                "member {i} ({}): {} read errors, more than --max-read-errors {}: failing it",
+                self.name(i).unwrap_or("?"),
+                g.0,
+                self.policy.max_read_errors
+            );
+            Verdict::Fail
+        } else {
+            Verdict::Correct
+        }
+    }
+
+    pub(crate) fn count_corrected(&self, i: usize) {
+        self.health[i].corrected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Aborts every outstanding and future I/O of member `i` (ETIMEDOUT).
+    fn abort(&self, i: usize) {
+        let h = &self.health[i];
+        h.aborted.store(true, Ordering::Release);
+        let wakers: Vec<Waker> = h
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// Something that owns a `Members` (the array); the watchdog holds it weakly.
+pub(crate) trait HasMembers<D: BlockDev>: Send + Sync + 'static {
+    fn members(&self) -> &Members<D>;
+}
+
+/// Starts the I/O watchdog for `owner` if its policy has a timeout: a thread that checks
+/// each member every timeout/8 (at most 1 s) and aborts a member whose outstanding I/O has
+/// seen no completion for the timeout. It exits when the owner is dropped.
+pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
+    let Some(timeout) = owner.members().policy.io_timeout else {
+        return;
+    };
+    let weak: Weak<A> = Arc::downgrade(owner);
+    let tick = (timeout / 8).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let spawned = std::thread::Builder::new()
+        .name("uraid-watchdog".into())
+        .spawn(move || {
+            // Per member: (finished count last seen, when it last moved or I/O started).
+            let mut seen: Vec<(u64, Instant)> = Vec::new();
+            loop {
+                std::thread::sleep(tick);
+                let Some(a) = weak.upgrade() else { return };
+                let m = a.members();
+                seen.resize(m.count(), (0, Instant::now()));
+                for (i, h) in m.health.iter().enumerate() {
+                    let fin = h.finished.load(Ordering::Acquire);
+                    let started = h.started.load(Ordering::Acquire);
+                    let now = Instant::now();
+                    if started == fin || fin != seen[i].0 {
+                        seen[i] = (fin, now);
+                        continue;
+                    }
+                    if now.duration_since(seen[i].1) >= timeout
+                        && !h.aborted.load(Ordering::Acquire)
+                    {
+                        tracing::error!(
+                            "member {i} ({}): {} I/O(s) outstanding with no completion for {:?}: \
+                             timing it out",
+                            m.name(i).unwrap_or("?"),
+                            started - fin,
+                            timeout
+                        );
+                        m.abort(i);
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the I/O watchdog thread: {e}; member I/O has no timeout");
+    }
+}

@@ -1,0 +1,189 @@
+//! Superblock persistence: dirty/clean rounds and the failure barrier.
+//!
+//! Rules (ARCHITECTURE.md, invariants 4 and 7):
+//! * A member failure is *durable* once every surviving member's superblock records it. The
+//!   in-memory failed set may run ahead of the durable one, but no write or flush that
+//!   completed without a failed member is acknowledged before the failure is durable
+//!   (`failure_barrier`, called on every write and flush completion path). Otherwise a power
+//!   cut in that window brings the member back as active with stale chunks.
+//! * A superblock round writes every live member's superblock into slot `events % 2` (two
+//!   4 KiB slots at member offsets 0 and 4096) and flushes it, so a round torn by a crash
+//!   leaves the other slot intact with `events - 1`: assembly accepts such a member
+//!   (`assemble::plan`, md's event margin of one).
+//! * Rounds are serialised by one async mutex; a round that itself fails a member runs again.
+
+use crate::array::Array;
+use crate::buf;
+use crate::dev::BlockDev;
+use futures::future::join_all;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use uraid_core::format::{MemberState, Superblock, SB_SIZE};
+use uraid_core::MemberSet;
+
+pub(crate) struct Meta {
+    pub(crate) sb: Superblock,
+    device_uuids: Vec<[u8; 16]>,
+}
+
+pub(crate) struct Metadata {
+    state: futures::lock::Mutex<Meta>,
+    /// The failed set the superblocks on disk record.
+    persisted: AtomicU64,
+    dirty: AtomicBool,
+    /// Read-only metadata: never write superblocks (bench on someone's array, tests).
+    frozen: bool,
+}
+
+/// Member offset of superblock slot `events % 2`.
+pub fn slot_offset(events: u64) -> u64 {
+    (events % 2) * SB_SIZE as u64
+}
+
+impl Metadata {
+    pub(crate) fn new(sb: Superblock, device_uuids: Vec<[u8; 16]>, frozen: bool) -> Metadata {
+        let persisted: MemberSet = (0..sb.geometry.members)
+            .filter(|&i| sb.is_failed(i))
+            .collect();
+        Metadata {
+            state: futures::lock::Mutex::new(Meta { sb, device_uuids }),
+            persisted: AtomicU64::new(persisted.bits()),
+            dirty: AtomicBool::new(false),
+            frozen,
+        }
+    }
+
+    pub(crate) fn persisted(&self) -> MemberSet {
+        MemberSet::from_bits(self.persisted.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Acquire)
+    }
+
+    /// Current superblock (events, states) for status.
+    pub(crate) async fn superblock(&self) -> Superblock {
+        self.state.lock().await.sb.clone()
+    }
+}
+
+impl<D: BlockDev> Array<D> {
+    /// Marks a member failed (logging the cause) and waits until the failure is durable.
+    pub(crate) async fn fail_member(&self, member: usize, err: &io::Error) {
+        if self.members.mark_failed(member) {
+            tracing::error!(
+                "member {member} ({}) failed: {err}; marking it faulty",
+                self.members.name(member).unwrap_or("?")
+            );
+        }
+        self.failure_barrier().await;
+    }
+
+    /// Waits until every failure known now is recorded in the superblocks of the survivors.
+    /// Cheap when nothing failed since the last round (two atomic loads).
+    pub(crate) async fn failure_barrier(&self) {
+        let f = self.members.failed();
+        if f.minus(self.meta.persisted()).is_empty() {
+            return;
+        }
+        let mut meta = self.meta.state.lock().await;
+        self.persist(&mut meta, false).await;
+    }
+
+    /// Writes a superblock round if the failed set changed (or `force`), until one round
+    /// completes without failing anyone new.
+    async fn persist(&self, meta: &mut Meta, force: bool) {
+        let mut force = force;
+        loop {
+            let failed = self.members.failed();
+            if !force && failed.minus(self.meta.persisted()).is_empty() {
+                return;
+            }
+            force = false;
+            if self.meta.frozen {
+                // Nothing is written; the in-memory failure is all there is.
+                self.meta
+                    .persisted
+                    .fetch_or(failed.bits(), Ordering::AcqRel);
+                return;
+            }
+            meta.sb.events += 1;
+            meta.sb.utime = now();
+            for i in 0..self.geo.members {
+                meta.sb.states[i] = if failed.contains(i) {
+                    MemberState::Failed
+                } else {
+                    MemberState::Active
+                };
+            }
+            let at = slot_offset(meta.sb.events);
+            let live = MemberSet::all(self.geo.members).minus(failed);
+            let writes = live.iter().map(|i| {
+                let mut sb = meta.sb.clone();
+                sb.index = i;
+                sb.device_uuid = meta.device_uuids[i];
+                let block = buf::copy_of(&sb.encode());
+                async move {
+                    let r = match self.members.write_raw(i, at, block).await {
+                        Ok(()) => self.members.flush(i).await,
+                        Err(e) => Err(e),
+                    };
+                    (i, r)
+                }
+            });
+            let mut newly = false;
+            for (i, r) in join_all(writes).await {
+                if let Err(e) = r {
+                    tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
+                    self.members.mark_failed(i);
+                    newly = true;
+                }
+            }
+            self.meta
+                .persisted
+                .fetch_or(failed.bits(), Ordering::AcqRel);
+            if !newly {
+                return;
+            }
+        }
+    }
+
+    /// Before the first write of a session: superblocks say "not clean".
+    pub(crate) async fn ensure_dirty(&self) {
+        if self.meta.dirty.load(Ordering::Acquire) {
+            return;
+        }
+        let mut meta = self.meta.state.lock().await;
+        if !self.meta.dirty.load(Ordering::Acquire) {
+            meta.sb.clean = false;
+            self.persist(&mut meta, true).await;
+            self.meta.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Flushes every member and, if anything was written since assembly, records a clean
+    /// shutdown in the superblocks. A session that only read leaves them untouched: members
+    /// that were merely absent are not marked failed, since their data is still current.
+    pub async fn close(&self) -> Result<(), crate::ArrayError> {
+        self.flush().await?;
+        let mut meta = self.meta.state.lock().await;
+        if self.meta.dirty.load(Ordering::Acquire) {
+            meta.sb.clean = true;
+            self.persist(&mut meta, true).await;
+            self.meta.dirty.store(false, Ordering::Release);
+        }
+        drop(meta);
+        self.check_serving().map(|_| ())
+    }
+
+    /// Superblock events counter now.
+    pub async fn events(&self) -> u64 {
+        self.meta.superblock().await.events
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

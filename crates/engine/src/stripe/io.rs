@@ -1,0 +1,161 @@
+//! Member reads for stripe work, and reconstruction of chunks that cannot be read.
+
+use crate::array::{Array, ArrayError};
+use crate::buf::{self, IoBuf};
+use crate::dev::BlockDev;
+use crate::members::Verdict;
+use futures::future::join_all;
+use uraid_core::MemberSet;
+
+/// Outcome of one attempt at a stripe operation.
+pub(crate) enum Attempt<T> {
+    Done(T),
+    /// A member read failed; the member was failed or excluded for this operation. Plan
+    /// again.
+    Retry,
+}
+
+impl<D: BlockDev> Array<D> {
+    /// Members this operation may read: not failed and not in `excl` (members whose read
+    /// failed with a correctable error during this operation). `Failed` when the array
+    /// cannot serve at all, `Unreadable` when only the exclusions make it impossible.
+    pub(crate) fn readable(&self, excl: MemberSet) -> Result<MemberSet, ArrayError> {
+        let f = self.check_serving()?;
+        let fe = f.union(excl);
+        if self.geo.survives(fe) {
+            Ok(fe)
+        } else {
+            Err(ArrayError::Unreadable {
+                members: excl.minus(f),
+            })
+        }
+    }
+
+    /// Applies the error policy to a failed read of member `m`: fail it, or exclude it from
+    /// this operation (`excl`) so the data is reconstructed from the rest of the stripe.
+    pub(crate) async fn read_failed(&self, m: usize, e: &std::io::Error, excl: &mut MemberSet) {
+        match self.members.classify(m, true, e) {
+            Verdict::Fail => self.fail_member(m, e).await,
+            Verdict::Correct => {
+                tracing::warn!(
+                    "member {m} ({}): read error: {e}; reconstructing from the stripe",
+                    self.members.name(m).unwrap_or("?")
+                );
+                *excl = excl.with(m);
+            }
+        }
+    }
+
+    /// Reads `(member, offset, len)` requests concurrently.
+    pub(crate) async fn read_members(
+        &self,
+        reqs: &[(usize, u64, u64)],
+        excl: &mut MemberSet,
+    ) -> Attempt<Vec<IoBuf>> {
+        let results = join_all(reqs.iter().map(|&(m, at, len)| async move {
+            (m, self.members.read(m, at, buf::alloc(len as usize)).await)
+        }))
+        .await;
+        let mut out = Vec::with_capacity(results.len());
+        let mut retry = false;
+        for (m, (r, b)) in results {
+            match r {
+                Ok(()) => out.push(b),
+                Err(e) => {
+                    self.read_failed(m, &e, excl).await;
+                    retry = true;
+                }
+            }
+        }
+        if retry {
+            Attempt::Retry
+        } else {
+            Attempt::Done(out)
+        }
+    }
+
+    /// Contents of data chunks `want` over `[lo, lo + len)` of a stripe: read where the
+    /// member is readable, decoded from k readable shards where not. Caller holds the stripe.
+    pub(crate) async fn fetch_data(
+        &self,
+        stripe: u64,
+        lo: u64,
+        len: u64,
+        want: &[usize],
+        excl: &mut MemberSet,
+    ) -> Result<Attempt<Vec<Option<IoBuf>>>, ArrayError> {
+        let f = self.readable(*excl)?;
+        let g = &self.geo;
+        let k = g.data_chunks();
+        let at = g.member_offset(stripe, lo);
+        let missing: Vec<usize> = want
+            .iter()
+            .copied()
+            .filter(|&i| f.contains(g.data_member(stripe, i)))
+            .collect();
+        let mut out: Vec<Option<IoBuf>> = (0..want.len()).map(|_| None).collect();
+        if missing.is_empty() {
+            let reqs: Vec<_> = want
+                .iter()
+                .map(|&i| (g.data_member(stripe, i), at, len))
+                .collect();
+            return Ok(match self.read_members(&reqs, excl).await {
+                Attempt::Done(bufs) => Attempt::Done(bufs.into_iter().map(Some).collect()),
+                Attempt::Retry => Attempt::Retry,
+            });
+        }
+        // Decode: the first k readable shards, data before parity.
+        let shard_member = |s: usize| {
+            if s < k {
+                g.data_member(stripe, s)
+            } else {
+                g.parity_member(stripe, s - k)
+            }
+        };
+        let avail: Vec<usize> = (0..k + g.parity())
+            .filter(|&s| !f.contains(shard_member(s)))
+            .take(k)
+            .collect();
+        let reqs: Vec<_> = avail.iter().map(|&s| (shard_member(s), at, len)).collect();
+        let shards = match self.read_members(&reqs, excl).await {
+            Attempt::Done(b) => b,
+            Attempt::Retry => return Ok(Attempt::Retry),
+        };
+        let mut rec: Vec<IoBuf> = missing.iter().map(|_| buf::alloc(len as usize)).collect();
+        {
+            let srcs: Vec<&[u8]> = shards.iter().map(|b| &b[..]).collect();
+            let mut dsts: Vec<&mut [u8]> = rec.iter_mut().map(|b| &mut b[..]).collect();
+            let codec = self.codec.as_ref().expect("parity level has a codec");
+            codec
+                .decode(&avail, &srcs, &missing, &mut dsts)
+                .expect("k live shards decode");
+        }
+        // Place decoded chunks, and survivors that happened to be wanted.
+        let mut rec = rec.into_iter();
+        let mut shards: Vec<Option<IoBuf>> = shards.into_iter().map(Some).collect();
+        for (slot, &i) in out.iter_mut().zip(want) {
+            if missing.contains(&i) {
+                *slot = rec.next();
+            } else if let Some(p) = avail.iter().position(|&s| s == i) {
+                *slot = shards[p].take();
+            }
+        }
+        // Wanted readable chunks not among the first k survivors (rare): read them.
+        let extra: Vec<usize> = (0..want.len()).filter(|&p| out[p].is_none()).collect();
+        if !extra.is_empty() {
+            let reqs: Vec<_> = extra
+                .iter()
+                .map(|&p| (g.data_member(stripe, want[p]), at, len))
+                .collect();
+            match self.read_members(&reqs, excl).await {
+                Attempt::Done(bufs) => {
+                    for (p, b) in extra.into_iter().zip(bufs) {
+                        out[p] = Some(b);
+                    }
+                }
+                Attempt::Retry => return Ok(Attempt::Retry),
+            }
+        }
+        Ok(Attempt::Done(out))
+    }
+}

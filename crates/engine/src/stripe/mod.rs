@@ -1,0 +1,158 @@
+//! Stripe-level work: the lock table (this file), member reads and decode (`io.rs`) and
+//! the execution of stripe writes (`write.rs`).
+//!
+//! The lock table is sharded (`shard()`: runs of 8 stripes, one mutex-guarded map per shard,
+//! held only for a few instructions); waiters park with their wakers, which may belong to any
+//! reactor. Writes queue on their stripe's slot; whoever takes the lock runs *one* batch of
+//! everything queued (write merging) and releases it, waking every waiter: a degraded reader
+//! or another writer then competes for the next turn, so nobody is held behind a holder that
+//! keeps finding new work (the first writer returns as soon as its batch is done).
+
+mod io;
+mod write;
+
+pub(crate) use io::Attempt;
+
+use crate::array::{ArrayError, WriteBuf};
+use futures::channel::oneshot;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::task::{Poll, Waker};
+
+/// Stripes are assigned to lock-table shards in runs of this many.
+const SHARD_RUN_SHIFT: u32 = 3;
+
+/// One piece of a write inside a stripe.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Piece {
+    /// Data chunk index within the stripe.
+    pub index: usize,
+    /// Offset within the chunk.
+    pub chunk_off: u64,
+    pub len: u64,
+    /// Offset of the bytes in the write's buffer.
+    pub src_off: usize,
+}
+
+/// A write (or part of one) waiting for its stripe.
+pub(crate) struct PendingWrite {
+    pub src: WriteBuf,
+    pub pieces: Vec<Piece>,
+    pub done: oneshot::Sender<Result<(), ArrayError>>,
+}
+
+#[derive(Default)]
+struct StripeSlot {
+    locked: bool,
+    waiters: VecDeque<Waker>,
+    pending: Vec<PendingWrite>,
+}
+
+pub(crate) struct StripeLocks {
+    shards: Vec<Mutex<HashMap<u64, StripeSlot>>>,
+}
+
+/// What a queued writer found when it woke.
+pub(crate) enum Turn {
+    /// Another holder ran our write: its result.
+    Done(Result<(), ArrayError>),
+    /// We hold the stripe and must run the queued batch.
+    Lead,
+}
+
+impl StripeLocks {
+    pub(crate) fn new(shards: usize) -> StripeLocks {
+        StripeLocks {
+            shards: (0..shards.max(1))
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, stripe: u64) -> usize {
+        ((stripe >> SHARD_RUN_SHIFT) % self.shards.len() as u64) as usize
+    }
+
+    fn with_slot<R>(&self, stripe: u64, f: impl FnOnce(&mut StripeSlot) -> R) -> R {
+        let mut t = self.shards[self.shard(stripe)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let slot = t.entry(stripe).or_default();
+        let r = f(slot);
+        if !slot.locked && slot.waiters.is_empty() && slot.pending.is_empty() {
+            t.remove(&stripe);
+        }
+        r
+    }
+
+    /// Takes the stripe's lock.
+    pub(crate) async fn lock(&self, stripe: u64) {
+        std::future::poll_fn(|cx| {
+            self.with_slot(stripe, |s| {
+                if s.locked {
+                    s.waiters.push_back(cx.waker().clone());
+                    Poll::Pending
+                } else {
+                    s.locked = true;
+                    Poll::Ready(())
+                }
+            })
+        })
+        .await
+    }
+
+    /// Releases the stripe and wakes every waiter. Every waiter, not just the first: a task
+    /// polled again while waiting registers its waker twice, and a stale entry must never
+    /// swallow the only wake-up a real waiter gets. Waiters re-check the lock (and queued
+    /// writers whether their write was already done).
+    pub(crate) fn unlock(&self, stripe: u64) {
+        let waiters = self.with_slot(stripe, |s| {
+            s.locked = false;
+            std::mem::take(&mut s.waiters)
+        });
+        for w in waiters {
+            w.wake();
+        }
+    }
+
+    /// Queues a write part on its stripe and waits until either another holder ran it or
+    /// this task holds the stripe (then it must `take_batch`, run it and `unlock`).
+    pub(crate) async fn queue(
+        &self,
+        stripe: u64,
+        src: WriteBuf,
+        pieces: Vec<Piece>,
+    ) -> (Turn, oneshot::Receiver<Result<(), ArrayError>>) {
+        let (tx, mut rx) = oneshot::channel();
+        self.with_slot(stripe, |s| {
+            s.pending.push(PendingWrite {
+                src,
+                pieces,
+                done: tx,
+            })
+        });
+        let turn = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = std::pin::Pin::new(&mut rx).poll(cx) {
+                return Poll::Ready(Turn::Done(r.unwrap_or(Err(ArrayError::Shutdown))));
+            }
+            self.with_slot(stripe, |s| {
+                if s.locked {
+                    s.waiters.push_back(cx.waker().clone());
+                    Poll::Pending
+                } else {
+                    s.locked = true;
+                    Poll::Ready(Turn::Lead)
+                }
+            })
+        })
+        .await;
+        (turn, rx)
+    }
+
+    /// Everything queued on the stripe (the holder runs it as one stripe operation).
+    pub(crate) fn take_batch(&self, stripe: u64) -> Vec<PendingWrite> {
+        self.with_slot(stripe, |s| std::mem::take(&mut s.pending))
+    }
+}
+
+use std::future::Future;

@@ -1,0 +1,235 @@
+//! Executing stripe writes: group a volume write by stripe, queue each part on its stripe,
+//! and run a batch as one planned stripe operation (`uraid_core::plan`).
+
+use super::{Attempt, PendingWrite, Piece, Turn};
+use crate::array::{Array, ArrayError, WriteBuf};
+use crate::buf::{self, IoBuf};
+use crate::dev::BlockDev;
+use crate::reactor;
+use futures::future::join_all;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use uraid_core::{plan_write, MemberSet, Shard, WritePlan};
+
+impl<D: BlockDev> Array<D> {
+    /// Parity-level write of `data` at `off`: one queued part per stripe.
+    pub(crate) async fn write_parity(
+        self: &Arc<Self>,
+        off: u64,
+        data: &WriteBuf,
+    ) -> Result<(), ArrayError> {
+        let mut parts: Vec<(u64, Vec<Piece>)> = Vec::new();
+        for e in self.geo.map(off, data.len() as u64) {
+            let piece = Piece {
+                index: e.index,
+                chunk_off: e.chunk_off,
+                len: e.len,
+                src_off: e.buf_off as usize,
+            };
+            match parts.last_mut() {
+                Some((s, v)) if *s == e.stripe => v.push(piece),
+                _ => parts.push((e.stripe, vec![piece])),
+            }
+        }
+        let futs = parts
+            .into_iter()
+            .map(|(stripe, pieces)| self.queue_stripe_write(stripe, data.clone(), pieces));
+        for r in join_all(futs).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Queues a stripe part; if this task gets the stripe it runs one batch (its own part and
+    /// whatever else queued), otherwise the holder that ran it reports the result.
+    async fn queue_stripe_write(
+        &self,
+        stripe: u64,
+        src: WriteBuf,
+        pieces: Vec<Piece>,
+    ) -> Result<(), ArrayError> {
+        let (turn, rx) = self.locks.queue(stripe, src, pieces).await;
+        match turn {
+            Turn::Done(r) => r,
+            Turn::Lead => {
+                // Let writes that are already runnable join this stripe operation.
+                reactor::yield_now().await;
+                let batch = self.locks.take_batch(stripe);
+                if batch.len() > 1 {
+                    self.stats
+                        .merged_writes
+                        .fetch_add(batch.len() as u64 - 1, Ordering::Relaxed);
+                }
+                let r = if batch.is_empty() {
+                    Ok(())
+                } else {
+                    self.stripe_write(stripe, &batch).await
+                };
+                for w in batch {
+                    let _ = w.done.send(r.clone());
+                }
+                self.locks.unlock(stripe);
+                rx.await.unwrap_or(Err(ArrayError::Shutdown))
+            }
+        }
+    }
+
+    /// One stripe operation covering every queued write in `batch`. Caller holds the stripe.
+    async fn stripe_write(&self, stripe: u64, batch: &[PendingWrite]) -> Result<(), ArrayError> {
+        let g = self.geo;
+        let k = g.data_chunks();
+        let m = g.parity();
+        // Span of chunk offsets touched, and per data chunk the pieces in arrival order.
+        let mut lo = u64::MAX;
+        let mut hi = 0;
+        let mut mods: Vec<Vec<(u64, u64, &[u8])>> = vec![Vec::new(); k];
+        for w in batch {
+            for p in &w.pieces {
+                lo = lo.min(p.chunk_off);
+                hi = hi.max(p.chunk_off + p.len);
+                mods[p.index].push((
+                    p.chunk_off,
+                    p.len,
+                    &w.src[p.src_off..p.src_off + p.len as usize],
+                ));
+            }
+        }
+        let span = hi - lo;
+        let touched: Vec<bool> = mods.iter().map(|v| !v.is_empty()).collect();
+        let covered: Vec<bool> = mods.iter().map(|v| covers(v, lo, hi)).collect();
+        let overlay = |i: usize, b: &mut IoBuf| {
+            for &(co, len, src) in &mods[i] {
+                let s = (co - lo) as usize;
+                b[s..s + len as usize].copy_from_slice(src);
+            }
+        };
+        let at = g.member_offset(stripe, lo);
+        let codec = self.codec.as_ref().expect("parity level has a codec");
+        // Members whose reads failed with a correctable error during this operation: they
+        // are written (which repairs them) but never read.
+        let mut excl = MemberSet::EMPTY;
+        loop {
+            let failed = self.check_serving()?;
+            let shard = |mem: usize| {
+                if failed.contains(mem) {
+                    Shard::Lost
+                } else if excl.contains(mem) {
+                    Shard::Unreadable
+                } else {
+                    Shard::Readable
+                }
+            };
+            let data_state: Vec<Shard> = (0..k).map(|i| shard(g.data_member(stripe, i))).collect();
+            let parity_state: Vec<Shard> =
+                (0..m).map(|j| shard(g.parity_member(stripe, j))).collect();
+            let plan = plan_write(&covered, &touched, &data_state, &parity_state);
+
+            let mut data_out: Vec<(usize, IoBuf)> = Vec::new();
+            let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
+            match &plan {
+                WritePlan::FullStripe | WritePlan::Reconstruct { .. } => {
+                    let fetch = match &plan {
+                        WritePlan::Reconstruct { fetch, .. } => fetch.clone(),
+                        _ => Vec::new(),
+                    };
+                    let old = match self.fetch_data(stripe, lo, span, &fetch, &mut excl).await? {
+                        Attempt::Done(v) => v,
+                        Attempt::Retry => continue,
+                    };
+                    let mut old = old.into_iter();
+                    let mut data: Vec<IoBuf> = (0..k)
+                        .map(|i| {
+                            if covered[i] {
+                                buf::alloc(span as usize)
+                            } else {
+                                old.next().flatten().expect("fetched")
+                            }
+                        })
+                        .collect();
+                    for i in (0..k).filter(|&i| touched[i]) {
+                        overlay(i, &mut data[i]);
+                    }
+                    {
+                        let srcs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+                        let mut dsts: Vec<&mut [u8]> =
+                            parity.iter_mut().map(|b| &mut b[..]).collect();
+                        codec.encode(&srcs, &mut dsts);
+                    }
+                    let counter = if fetch.is_empty() {
+                        &self.stats.full_stripe_writes
+                    } else {
+                        &self.stats.rcw_writes
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let mut data: Vec<Option<IoBuf>> = data.into_iter().map(Some).collect();
+                    for i in (0..k).filter(|&i| touched[i]) {
+                        data_out.push((i, data[i].take().expect("touched chunk present")));
+                    }
+                }
+                WritePlan::ReadModifyWrite {
+                    parity: live_parity,
+                } => {
+                    let tlist: Vec<usize> = (0..k).filter(|&i| touched[i]).collect();
+                    let mut reqs: Vec<(usize, u64, u64)> = tlist
+                        .iter()
+                        .map(|&i| (g.data_member(stripe, i), at, span))
+                        .collect();
+                    reqs.extend(
+                        live_parity
+                            .iter()
+                            .map(|&j| (g.parity_member(stripe, j), at, span)),
+                    );
+                    let mut bufs = match self.read_members(&reqs, &mut excl).await {
+                        Attempt::Done(b) => b,
+                        Attempt::Retry => continue,
+                    };
+                    for (p, &j) in live_parity.iter().enumerate().rev() {
+                        parity[j] = bufs.remove(tlist.len() + p);
+                    }
+                    for (&i, mut old) in tlist.iter().zip(bufs) {
+                        let mut new = old.clone();
+                        overlay(i, &mut new);
+                        for (o, n) in old.iter_mut().zip(new.iter()) {
+                            *o ^= *n;
+                        }
+                        let mut dsts: Vec<&mut [u8]> =
+                            parity.iter_mut().map(|b| &mut b[..]).collect();
+                        codec.update(i, &old, &mut dsts);
+                        data_out.push((i, new));
+                    }
+                    self.stats.rmw_writes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // Write new data and parity to every live member (unreadable ones included: the
+            // write repairs them).
+            let mut writes: Vec<(usize, IoBuf)> = Vec::with_capacity(data_out.len() + m);
+            for (i, b) in data_out {
+                writes.push((g.data_member(stripe, i), b));
+            }
+            for (j, b) in parity.into_iter().enumerate() {
+                writes.push((g.parity_member(stripe, j), b));
+            }
+            let writes: Vec<(usize, IoBuf)> = writes
+                .into_iter()
+                .filter(|(mem, _)| !failed.contains(*mem))
+                .collect();
+            self.write_members(writes.into_iter().map(|(mem, b)| (mem, at, b)).collect())
+                .await;
+            return self.check_serving().map(|_| ());
+        }
+    }
+}
+
+/// Whether the pieces cover `[lo, hi)` completely.
+fn covers(pieces: &[(u64, u64, &[u8])], lo: u64, hi: u64) -> bool {
+    let mut iv: Vec<(u64, u64)> = pieces.iter().map(|&(o, l, _)| (o, o + l)).collect();
+    iv.sort_unstable();
+    let mut reach = lo;
+    for (s, e) in iv {
+        if s > reach {
+            return false;
+        }
+        reach = reach.max(e);
+    }
+    reach >= hi
+}

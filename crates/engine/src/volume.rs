@@ -1,0 +1,361 @@
+//! The volume clients see: the array plus the allocation map (holes for never-written and
+//! trimmed granules, trim, write-zeroes, block status). It depends on the array; the array
+//! never on it.
+//!
+//! Crash rules for the map (ARCHITECTURE.md invariant 6, docs/format.md):
+//! * A granule moves from clear to allocated only through a *fill*: the first writer claims
+//!   it (other writers to it wait), writes the whole granule (zeros around its own bytes, so
+//!   parity is computed fresh), flushes the members, writes the map page with the bit set,
+//!   and only then sets the bit in memory and acknowledges. A bit set in memory is therefore
+//!   always on disk, so no writer can take the fast path into a granule whose bit could
+//!   still be lost.
+//! * Every 512-byte sector of a map page carries its own checksum (`uraid_core::alloc`), so a
+//!   page write torn by a crash leaves each sector valid, old or new, on every copy; assembly
+//!   takes the union of valid copies per sector. Pages are not flushed on their own: a
+//!   client FLUSH flushes them with the data.
+
+use crate::alloc::{zero_segments, AllocMap, ReadPiece};
+use crate::array::{Array, ArrayError, WriteBuf};
+use crate::buf::{self, Segments};
+use crate::dev::BlockDev;
+use futures::future::join_all;
+use std::sync::Arc;
+use uraid_core::alloc::{MAP_OFFSET, PAGE};
+use uraid_core::{Geometry, MemberSet};
+
+/// A run of the volume that is allocated (holds written data) or a hole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub off: u64,
+    pub len: u64,
+    pub allocated: bool,
+}
+
+pub struct Volume<D: BlockDev> {
+    array: Arc<Array<D>>,
+    map: AllocMap,
+}
+
+impl<D: BlockDev> Volume<D> {
+    /// `map`: the allocation map as loaded (`assemble::load_map`; bit g of word g/64); None
+    /// treats every granule as allocated (the safe assumption when nothing is known).
+    pub fn new(array: Arc<Array<D>>, map: Option<Vec<u64>>) -> Arc<Self> {
+        let map = AllocMap::new(array.geometry(), map);
+        Arc::new(Volume { array, map })
+    }
+
+    pub fn array(&self) -> &Arc<Array<D>> {
+        &self.array
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        self.array.geometry()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.array.size()
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.array.is_serving()
+    }
+
+    /// Size of one allocation-map granule (the unit of holes and of trim).
+    pub fn granule(&self) -> u64 {
+        self.map.granule
+    }
+
+    pub async fn flush(&self) -> Result<(), ArrayError> {
+        self.array.flush().await
+    }
+
+    pub async fn close(&self) -> Result<(), ArrayError> {
+        self.array.close().await
+    }
+
+    /// Runs of `[off, off+len)`, clipped to the range.
+    pub fn allocation(&self, off: u64, len: u64) -> Result<Vec<Run>, ArrayError> {
+        self.array.validate(off, len)?;
+        let gr = self.map.granule;
+        let end = off + len;
+        let mut out: Vec<Run> = Vec::new();
+        let mut pos = off;
+        while pos < end {
+            let g = pos / gr;
+            let next = ((g + 1) * gr).min(end);
+            let a = self.map.is_set(g);
+            match out.last_mut() {
+                Some(last) if last.allocated == a => last.len += next - pos,
+                _ => out.push(Run {
+                    off: pos,
+                    len: next - pos,
+                    allocated: a,
+                }),
+            }
+            pos = next;
+        }
+        Ok(out)
+    }
+
+    /// Reads `[off, off + len)`; holes (clear granules) come back as zeros.
+    pub async fn read(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
+        let runs = self.allocation(off, len)?;
+        if runs.len() == 1 && runs[0].allocated {
+            return self.array.read(off, len).await;
+        }
+        let mut out = Segments::default();
+        for piece in self.read_sparse(off, len).await? {
+            match piece {
+                ReadPiece::Data { data, .. } => out.parts.extend(data.parts),
+                ReadPiece::Hole { len, .. } => out.parts.extend(zero_segments(len).parts),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads `[off, off+len)` as data pieces and holes (clear granules), in volume order.
+    pub async fn read_sparse(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
+        let runs = self.allocation(off, len)?;
+        self.array.check_serving()?;
+        let reads = runs.into_iter().map(|r| async move {
+            if r.allocated {
+                self.array
+                    .read(r.off, r.len)
+                    .await
+                    .map(|data| ReadPiece::Data { off: r.off, data })
+            } else {
+                Ok(ReadPiece::Hole {
+                    off: r.off,
+                    len: r.len,
+                })
+            }
+        });
+        join_all(reads).await.into_iter().collect()
+    }
+
+    /// Writes `data` at `off`, filling clear granules it touches first (module docs).
+    pub async fn write(&self, off: u64, data: WriteBuf) -> Result<(), ArrayError> {
+        let len = data.len() as u64;
+        self.array.validate(off, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let gr = self.map.granule;
+        let (g0, g1) = (off / gr, (off + len - 1) / gr);
+        if (g0..=g1).all(|g| self.map.is_set(g)) {
+            return self.array.write(off, data).await;
+        }
+        let mut claimed = Vec::new();
+        for g in g0..=g1 {
+            if !self.map.is_set(g) && self.map.claim(g).await {
+                claimed.push(g);
+            }
+        }
+        let r = self.fill(off, &data, &claimed).await;
+        for g in claimed {
+            self.map.release(g);
+        }
+        r
+    }
+
+    /// Writes with `claimed` granules clear and ours, makes the granules durable, then
+    /// persists their bits.
+    async fn fill(&self, off: u64, data: &WriteBuf, claimed: &[u64]) -> Result<(), ArrayError> {
+        self.write_claimed(off, data, claimed).await?;
+        if claimed.is_empty() {
+            return Ok(());
+        }
+        // The granules' bytes must be durable before a bit saying "allocated" can be.
+        self.array.flush().await?;
+        for (p, set) in by_page_of(claimed) {
+            self.persist_page(p, &set, &[]).await?;
+        }
+        Ok(())
+    }
+
+    /// Does the write when `claimed` granules are clear and ours: partially covered claimed
+    /// granules (only the first and last can be) are written whole, zeros around the data.
+    async fn write_claimed(
+        &self,
+        off: u64,
+        data: &WriteBuf,
+        claimed: &[u64],
+    ) -> Result<(), ArrayError> {
+        let len = data.len() as u64;
+        let end = off + len;
+        let gr = self.map.granule;
+        let size = self.size();
+        let span = |g: u64| (g * gr, ((g + 1) * gr).min(size));
+        let partial = |g: u64| {
+            let (s, e) = span(g);
+            claimed.contains(&g) && (off > s || end < e)
+        };
+        let (g0, g1) = (off / gr, (end - 1) / gr);
+        let mut head_end = off;
+        let mut tail_start = end;
+        let mut writes: Vec<(u64, WriteBuf)> = Vec::new();
+        for g in [g0, g1] {
+            if partial(g) && !writes.iter().any(|(o, _)| *o == span(g).0) {
+                let (s, e) = span(g);
+                let mut v = vec![0u8; (e - s) as usize];
+                let (a, b) = (off.max(s), end.min(e));
+                v[(a - s) as usize..(b - s) as usize]
+                    .copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
+                writes.push((s, Arc::new(v)));
+                if g == g0 {
+                    head_end = e.min(end);
+                }
+                if g == g1 {
+                    tail_start = s.max(off);
+                }
+            }
+        }
+        if head_end < tail_start {
+            if head_end == off && tail_start == end {
+                writes.push((off, data.clone()));
+            } else {
+                let mid = data[(head_end - off) as usize..(tail_start - off) as usize].to_vec();
+                writes.push((head_end, Arc::new(mid)));
+            }
+        }
+        for r in join_all(writes.into_iter().map(|(o, d)| self.array.write(o, d))).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Makes `[off, off+len)` read as zeros. Whole granules become holes (a map update, no
+    /// data I/O); the parts of partially covered allocated granules are written with zeros.
+    pub async fn trim(&self, off: u64, len: u64) -> Result<(), ArrayError> {
+        self.array.validate(off, len)?;
+        self.array.check_serving()?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.array.ensure_dirty().await;
+        let gr = self.map.granule;
+        let end = off + len;
+        let size = self.size();
+        let (f0, f1) = uraid_core::alloc::covered(gr, off, len);
+        // The last granule may be short (volume end): whole if the range reaches the end.
+        let f1 = if end == size && f1 * gr < size && f1 * gr >= off {
+            f1 + 1
+        } else {
+            f1
+        };
+        // Whole granules become holes: claimed (no fill runs meanwhile), their pages written
+        // with the bits clear, then cleared in memory.
+        let whole: Vec<u64> = (f0..f1).collect();
+        for &g in &whole {
+            self.map.claim_any(g).await;
+        }
+        let mut cleared = Ok(());
+        for (p, clear) in by_page_of(&whole) {
+            if cleared.is_ok() {
+                cleared = self.persist_page(p, &[], &clear).await;
+            }
+        }
+        for &g in &whole {
+            self.map.release(g);
+        }
+        cleared?;
+        let mut zero_parts = Vec::new();
+        if f0 >= f1 {
+            zero_parts.push((off, end));
+        } else {
+            if off < f0 * gr {
+                zero_parts.push((off, f0 * gr));
+            }
+            if f1 * gr < end {
+                zero_parts.push((f1 * gr, end));
+            }
+        }
+        let mut writes = Vec::new();
+        for (a, b) in zero_parts {
+            for r in self.allocation(a, b - a)? {
+                if r.allocated {
+                    writes.push(self.write_zeros(r.off, r.len));
+                }
+            }
+        }
+        for r in join_all(writes).await {
+            r?;
+        }
+        self.array.check_serving().map(|_| ())
+    }
+
+    /// Writes real zeros over `[off, off+len)` (bounded buffers).
+    pub async fn write_zeros(&self, off: u64, len: u64) -> Result<(), ArrayError> {
+        self.array.validate(off, len)?;
+        const STEP: u64 = 4 << 20;
+        let mut pos = off;
+        while pos < off + len {
+            let n = (off + len - pos).min(STEP);
+            self.write(pos, Arc::new(vec![0u8; n as usize])).await?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Whether trimming `[off, off+len)` needs no data I/O (whole granules, or parts that are
+    /// already holes): what NBD_CMD_FLAG_FAST_ZERO asks.
+    pub fn zero_is_fast(&self, off: u64, len: u64) -> Result<bool, ArrayError> {
+        self.array.validate(off, len)?;
+        let gr = self.map.granule;
+        let size = self.size();
+        let end = off + len;
+        let whole = |s: u64| s.is_multiple_of(gr);
+        let edge_ok = |a: u64, b: u64| {
+            a >= b
+                || self
+                    .allocation(a, b - a)
+                    .is_ok_and(|runs| runs.iter().all(|r| !r.allocated))
+        };
+        let head = if whole(off) { off } else { (off / gr + 1) * gr };
+        let tail = if whole(end) || end == size {
+            end
+        } else {
+            end / gr * gr
+        };
+        if head >= tail {
+            return Ok(edge_ok(off, end));
+        }
+        Ok(edge_ok(off, head) && edge_ok(tail, end))
+    }
+
+    /// Writes map page `p` with granules `set` set and `clear` cleared to every live member,
+    /// then applies the change in memory, under the page's lock: memory never shows a bit
+    /// the members do not have, and a concurrent writer of the same page includes it.
+    async fn persist_page(&self, p: usize, set: &[u64], clear: &[u64]) -> Result<(), ArrayError> {
+        let lock = self.map.page_locks[p].lock().await;
+        let image = Arc::new(self.map.page_image(p, set, clear));
+        let at = MAP_OFFSET + (p * PAGE) as u64;
+        let all = MemberSet::all(self.geometry().members);
+        let members = &self.array.members;
+        self.array
+            .each_live(all, |i| members.write_raw(i, at, buf::copy_of(&image)))
+            .await;
+        for &g in set {
+            self.map.change(g, true);
+        }
+        for &g in clear {
+            self.map.change(g, false);
+        }
+        drop(lock);
+        self.array.check_serving().map(|_| ())
+    }
+}
+
+/// Granules grouped by map page, in page order.
+fn by_page_of(granules: &[u64]) -> Vec<(usize, Vec<u64>)> {
+    let mut out: Vec<(usize, Vec<u64>)> = Vec::new();
+    for &g in granules {
+        let p = (g / uraid_core::alloc::BITS_PER_PAGE) as usize;
+        match out.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, v)) => v.push(g),
+            None => out.push((p, vec![g])),
+        }
+    }
+    out.sort_by_key(|(p, _)| *p);
+    out
+}
