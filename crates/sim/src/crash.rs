@@ -136,6 +136,32 @@ impl Clock {
     }
 }
 
+/// A volume over fresh members with volatile write caches on `clock`'s power (crash tests
+/// that script their own workload), plus the members' fault switches.
+pub fn cached_volume(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    rows: u64,
+    clock: &Arc<Clock>,
+) -> (Arc<Volume<MemDev>>, Vec<Arc<crate::Faults>>) {
+    let g = Geometry::new(level, members, chunk, rows * chunk).expect("valid geometry");
+    let devs: Vec<MemDev> = fresh_images(g)
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| cached_dev(format!("mem{i}"), img, clock))
+        .collect();
+    let faults = devs.iter().map(|d| d.faults.clone()).collect();
+    let array = Array::new(
+        crate::sim_superblock(g),
+        (0..members).map(device_uuid).collect(),
+        devs.into_iter().map(Some).collect(),
+        None,
+        sim_options(),
+    );
+    (Volume::new(array, Some(Vec::new())), faults)
+}
+
 /// A member with a volatile write cache on `clock`'s power.
 pub fn cached_dev(name: String, image: Vec<u8>, clock: &Arc<Clock>) -> MemDev {
     let mut d = MemDev::from_image(name, image);

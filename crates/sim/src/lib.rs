@@ -32,6 +32,9 @@ pub struct Faults {
     pub hang: AtomicBool,
     /// Operations started (for tests that count member I/O).
     pub ops: AtomicU64,
+    /// Writes to the metadata area (below the data offset) yield this many extra times: a
+    /// slow map-page or superblock write, to widen a race window on purpose.
+    pub slow_meta_writes: AtomicU64,
 }
 
 impl Faults {
@@ -207,6 +210,11 @@ impl BlockDev for MemDev {
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        if off < DATA_OFFSET {
+            for _ in 0..self.faults.slow_meta_writes.load(Ordering::Relaxed) {
+                yield_once(true).await;
+            }
+        }
         wait_unhung(&self.faults).await;
         if let Err(e) = self.tick().and_then(|_| self.faults.check()) {
             return (Err(e), buf);
