@@ -140,6 +140,11 @@ impl<D: BlockDev> Array<D> {
         self.members.is_failed(member)
     }
 
+    /// The device of a present member (tests inspect in-memory members through this).
+    pub fn member_dev(&self, member: usize) -> Option<&D> {
+        self.members.device(member)
+    }
+
     pub fn member_name(&self, member: usize) -> Option<&str> {
         self.members.name(member)
     }

@@ -137,6 +137,10 @@ impl<D: BlockDev> Members<D> {
         self.health[i].corrected.load(Ordering::Relaxed)
     }
 
+    pub fn device(&self, i: usize) -> Option<&D> {
+        self.devs[i].as_ref()
+    }
+
     fn dev(&self, i: usize) -> io::Result<&D> {
         self.devs[i]
             .as_ref()

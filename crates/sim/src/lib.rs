@@ -35,6 +35,9 @@ pub struct Faults {
     /// Writes to the metadata area (below the data offset) yield this many extra times: a
     /// slow map-page or superblock write, to widen a race window on purpose.
     pub slow_meta_writes: AtomicU64,
+    /// Each write yields a pseudo-random 0..4 extra times, so concurrent writes to different
+    /// members complete in different orders.
+    pub jitter: AtomicBool,
 }
 
 impl Faults {
@@ -210,6 +213,13 @@ impl BlockDev for MemDev {
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        if self.faults.jitter.load(Ordering::Relaxed) {
+            let n = self.faults.ops.load(Ordering::Relaxed);
+            let extra = (n.wrapping_mul(0x9E37_79B9) ^ off ^ self.name.len() as u64 * 31) % 4;
+            for _ in 0..extra {
+                yield_once(true).await;
+            }
+        }
         if off < DATA_OFFSET {
             for _ in 0..self.faults.slow_meta_writes.load(Ordering::Relaxed) {
                 yield_once(true).await;
@@ -338,6 +348,14 @@ pub fn mem_array_with(
         opts,
     );
     (Volume::new(array, Some(Vec::new())), faults)
+}
+
+/// Member `m`'s bytes as reads see them (to compare mirror copies, parity, ...).
+pub fn member_bytes(vol: &Volume<MemDev>, m: usize) -> Vec<u8> {
+    vol.array()
+        .member_dev(m)
+        .map(|d| d.snapshot())
+        .unwrap_or_default()
 }
 
 /// The flat reference model: what the volume must read back.

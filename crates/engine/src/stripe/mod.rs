@@ -46,6 +46,11 @@ struct StripeSlot {
     locked: bool,
     waiters: VecDeque<Waker>,
     pending: Vec<PendingWrite>,
+    /// Tasks waiting in `lock` (degraded readers, repairs, mirror rows).
+    lockers: usize,
+    /// Set by `unlock` when lockers wait: the lock stays taken and passes to one of them,
+    /// so a stream of writers cannot keep a reader out.
+    handoff: bool,
 }
 
 pub(crate) struct StripeLocks {
@@ -79,22 +84,37 @@ impl StripeLocks {
             .unwrap_or_else(|e| e.into_inner());
         let slot = t.entry(stripe).or_default();
         let r = f(slot);
-        if !slot.locked && slot.waiters.is_empty() && slot.pending.is_empty() {
+        if !slot.locked && slot.waiters.is_empty() && slot.pending.is_empty() && slot.lockers == 0 {
             t.remove(&stripe);
         }
         r
     }
 
-    /// Takes the stripe's lock.
+    /// Takes the stripe's lock. A locker that waits gets the lock before queued writers
+    /// the next time it is released.
     pub(crate) async fn lock(&self, stripe: u64) {
+        let mut guard = LockerGuard {
+            locks: self,
+            stripe,
+            counted: false,
+        };
         std::future::poll_fn(|cx| {
             self.with_slot(stripe, |s| {
-                if s.locked {
-                    s.waiters.push_back(cx.waker().clone());
-                    Poll::Pending
-                } else {
+                if !s.locked || (s.handoff && guard.counted) {
+                    if guard.counted {
+                        s.lockers -= 1;
+                        guard.counted = false;
+                    }
+                    s.handoff = false;
                     s.locked = true;
                     Poll::Ready(())
+                } else {
+                    if !guard.counted {
+                        s.lockers += 1;
+                        guard.counted = true;
+                    }
+                    s.waiters.push_back(cx.waker().clone());
+                    Poll::Pending
                 }
             })
         })
@@ -107,7 +127,11 @@ impl StripeLocks {
     /// writers whether their write was already done).
     pub(crate) fn unlock(&self, stripe: u64) {
         let waiters = self.with_slot(stripe, |s| {
-            s.locked = false;
+            if s.lockers > 0 {
+                s.handoff = true;
+            } else {
+                s.locked = false;
+            }
             std::mem::take(&mut s.waiters)
         });
         for w in waiters {
@@ -156,3 +180,27 @@ impl StripeLocks {
 }
 
 use std::future::Future;
+
+/// Un-counts a locker whose `lock` future is dropped while waiting, releasing a hand-off
+/// that was meant for it.
+struct LockerGuard<'a> {
+    locks: &'a StripeLocks,
+    stripe: u64,
+    counted: bool,
+}
+
+impl Drop for LockerGuard<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
+        let release = self.locks.with_slot(self.stripe, |s| {
+            s.lockers -= 1;
+            s.handoff && s.lockers == 0
+        });
+        if release {
+            self.locks.with_slot(self.stripe, |s| s.handoff = false);
+            self.locks.unlock(self.stripe);
+        }
+    }
+}
