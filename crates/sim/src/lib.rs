@@ -215,7 +215,7 @@ impl BlockDev for MemDev {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
         if self.faults.jitter.load(Ordering::Relaxed) {
             let n = self.faults.ops.load(Ordering::Relaxed);
-            let extra = (n.wrapping_mul(0x9E37_79B9) ^ off ^ self.name.len() as u64 * 31) % 4;
+            let extra = (n.wrapping_mul(0x9E37_79B9) ^ off ^ (self.name.len() as u64 * 31)) % 4;
             for _ in 0..extra {
                 yield_once(true).await;
             }
