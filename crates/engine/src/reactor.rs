@@ -104,6 +104,9 @@ pub(crate) struct Local {
     ops: RefCell<Slab<OpSlot>>,
     tasks: RefCell<Slab<(Option<LocalTask>, Waker)>>,
     inflight: Cell<usize>,
+    /// In-flight ops whose future was dropped (a request gave up on a hung member). The
+    /// reactor does not wait for them at shutdown: their buffers are leaked instead.
+    orphans: Cell<usize>,
 }
 
 thread_local! {
@@ -221,6 +224,7 @@ impl Local {
         let Some(slot) = ops.get_mut(id) else { return };
         self.inflight.set(self.inflight.get() - 1);
         if slot.orphaned {
+            self.orphans.set(self.orphans.get() - 1);
             ops.remove(id);
             return;
         }
@@ -294,6 +298,7 @@ impl Drop for RingOp {
                 } else {
                     // The kernel still owns the buffer; free it when the CQE arrives.
                     slot.orphaned = true;
+                    l.orphans.set(l.orphans.get() + 1);
                 }
             }
         }
@@ -503,6 +508,7 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
         ops: RefCell::new(Slab::new()),
         tasks: RefCell::new(Slab::new()),
         inflight: Cell::new(0),
+        orphans: Cell::new(0),
     });
     LOCAL.with(|l| *l.borrow_mut() = Some(local.clone()));
     CURRENT.with(|c| c.set(Arc::as_ptr(&shared)));
@@ -526,7 +532,7 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
         if !busy
             && shared.stop.load(Ordering::Acquire)
             && shared.tasks_live.load(Ordering::Relaxed) == 0
-            && local.inflight.get() == 0
+            && local.inflight.get() == local.orphans.get()
             && shared
                 .jobs
                 .lock()
@@ -607,6 +613,16 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                 }
             }
         }
+    }
+    if local.orphans.get() > 0 {
+        // Ops of a hung device are still in the kernel: their buffers must outlive the ring
+        // (the kernel may complete them after it is closed), so they are leaked, never freed.
+        tracing::warn!(
+            "reactor {index}: {} I/O(s) on a hung device still outstanding at shutdown; \
+             leaking their buffers",
+            local.orphans.get()
+        );
+        std::mem::forget(local.ops.replace(Slab::new()));
     }
     LOCAL.with(|l| *l.borrow_mut() = None);
     CURRENT.with(|c| c.set(std::ptr::null()));

@@ -1,0 +1,71 @@
+//! Assembly decisions (`assemble::decide`): members one event behind (a torn superblock
+//! round) are taken, staler ones refused unless forced, members marked failed refused.
+
+use uraid_core::format::MemberState;
+use uraid_core::{Geometry, Level};
+use uraid_engine::assemble::{decide, Found};
+use uraid_sim::sim_superblock;
+
+fn found(events: &[u64], failed: &[usize]) -> Vec<Found> {
+    let g = Geometry::new(Level::Raid6, events.len(), 4096, 1 << 20).unwrap();
+    let max = *events.iter().max().unwrap();
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, &e)| {
+            let mut sb = sim_superblock(g);
+            sb.index = i;
+            sb.events = e;
+            if e == max {
+                for &f in failed {
+                    sb.states[f] = MemberState::Failed;
+                }
+            }
+            Found {
+                path: format!("m{i}").into(),
+                sb,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_member_one_event_behind_is_taken() {
+    // A round torn after it reached members 0..3: the others are one event behind.
+    let plan = decide(found(&[8, 8, 8, 7, 7, 7], &[]), Vec::new(), false).unwrap();
+    assert!(plan.missing().is_empty(), "{:?}", plan.refused);
+    plan.can_start().unwrap();
+    // Without the margin, half the array would be "stale" and RAID6 could not start.
+}
+
+#[test]
+fn staler_members_are_refused_unless_forced() {
+    let f = || found(&[9, 9, 9, 6, 6, 5], &[]);
+    let plan = decide(f(), Vec::new(), false).unwrap();
+    assert_eq!(plan.missing(), vec![3, 4, 5]);
+    assert!(plan.can_start().is_err());
+    assert!(
+        plan.refused.iter().all(|r| r.contains("stale")),
+        "{:?}",
+        plan.refused
+    );
+    // --force takes the freshest stale members, only as many as needed (RAID6: one).
+    let plan = decide(f(), Vec::new(), true).unwrap();
+    plan.can_start().unwrap();
+    assert_eq!(plan.missing().len(), 2, "{:?}", plan.refused);
+    assert!(plan.slots[3].is_some() || plan.slots[4].is_some());
+    assert!(plan.slots[5].is_none(), "the stalest is not needed");
+    assert!(plan.refused.iter().any(|r| r.contains("FORCED")));
+}
+
+#[test]
+fn members_marked_failed_are_refused_even_one_event_behind() {
+    // The round that recorded member 2 failed reached the others; member 2 missed it.
+    let plan = decide(found(&[4, 4, 3, 4, 4, 4], &[2]), Vec::new(), false).unwrap();
+    assert_eq!(plan.missing(), vec![2]);
+    assert!(
+        plan.refused[0].contains("marked failed"),
+        "{:?}",
+        plan.refused
+    );
+}
