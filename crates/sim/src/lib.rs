@@ -38,6 +38,7 @@ pub struct Faults {
     /// Each write yields a pseudo-random 0..4 extra times, so concurrent writes to different
     /// members complete in different orders.
     pub jitter: AtomicBool,
+    jitter_seq: AtomicU64,
 }
 
 impl Faults {
@@ -214,8 +215,9 @@ impl BlockDev for MemDev {
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
         if self.faults.jitter.load(Ordering::Relaxed) {
-            let n = self.faults.ops.load(Ordering::Relaxed);
-            let extra = (n.wrapping_mul(0x9E37_79B9) ^ off ^ (self.name.len() as u64 * 31)) % 4;
+            let n = self.faults.jitter_seq.fetch_add(1, Ordering::Relaxed);
+            let salt = self.name.bytes().fold(0u64, |a, b| a * 31 + b as u64);
+            let extra = (n ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 61;
             for _ in 0..extra {
                 yield_once(true).await;
             }
