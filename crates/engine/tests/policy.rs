@@ -122,7 +122,16 @@ fn hung_member_times_out() {
     let m = vol.geometry().data_member(0, 0);
     faults[m].hang.store(true, Ordering::SeqCst);
     let t = Instant::now();
-    let got = block_on(vol.read(0, vol.size())).unwrap().to_vec();
+    // On a thread, so that a missing timeout fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let v = vol.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(block_on(v.read(0, v.size())).map(|s| s.to_vec()));
+    });
+    let got = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("read on a hung member never finished: no I/O timeout")
+        .unwrap();
     assert!(got == data[..]);
     assert!(vol.array().is_failed(m), "hung member not failed");
     assert!(
@@ -219,4 +228,45 @@ fn mirror_copies_agree_after_overlapping_writes() {
             "{level}: copies differ"
         );
     }
+}
+
+/// Requests outside the volume are refused by every entry point, the map's included.
+#[test]
+fn every_entry_point_validates_its_range() {
+    let (vol, _) = mem_array(Level::Raid5, 3, CHUNK, 4 * CHUNK, None);
+    let size = vol.size();
+    for (off, len) in [
+        (size, 512),
+        (size - 512, 1024),
+        (u64::MAX - 511, 1024),
+        (0, size + 512),
+    ] {
+        let out = |r: Result<(), ArrayError>| matches!(r, Err(ArrayError::OutOfRange { .. }));
+        assert!(
+            out(vol.allocation(off, len).map(|_| ())),
+            "allocation {off}+{len}"
+        );
+        assert!(
+            out(vol.zero_is_fast(off, len).map(|_| ())),
+            "zero_is_fast {off}+{len}"
+        );
+        assert!(
+            out(block_on(vol.write_zeros(off, len))),
+            "write_zeros {off}+{len}"
+        );
+        assert!(out(block_on(vol.trim(off, len))), "trim {off}+{len}");
+        assert!(
+            out(block_on(vol.read(off, len)).map(|_| ())),
+            "read {off}+{len}"
+        );
+        assert!(
+            out(block_on(
+                vol.write(off, payload(1, len.min(1 << 20) as usize))
+            )) || len > 1 << 20
+        );
+    }
+    assert!(matches!(
+        vol.allocation(1, 512),
+        Err(ArrayError::Misaligned { .. })
+    ));
 }
