@@ -163,57 +163,58 @@ impl<D: BlockDev> Members<D> {
             Ok(d) => d,
             Err(e) => return (Err(e), buf),
         };
-        let mut back = None;
-        let r = self
-            .timed(i, async {
-                let (r, b) = dev.read(at, buf).await;
-                back = Some(b);
-                r
-            })
-            .await;
-        match back {
-            Some(b) => (r, b),
-            // Aborted before the device returned the buffer: hand back a fresh one.
-            None => (r, crate::buf::alloc(0)),
-        }
+        // Aborted before the device returned the buffer: hand back an empty one.
+        self.timed(i, dev.read(at, buf), |e| (Err(e), crate::buf::alloc(0)))
+            .await
     }
 
     /// Writes at a member offset (metadata).
     pub async fn write_raw(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
         let dev = self.dev(i)?;
-        self.timed(i, async { dev.write(at, buf).await.0 }).await
+        self.timed(i, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
+            .await
+            .0
     }
 
     pub async fn flush(&self, i: usize) -> io::Result<()> {
         let dev = self.dev(i)?;
-        self.timed(i, dev.flush()).await
+        self.timed(i, dev.flush(), Err).await
     }
 
-    /// Runs one member I/O, counted for the watchdog; fails with ETIMEDOUT once the watchdog
-    /// aborted the member.
+    /// Runs one member I/O; fails it with ETIMEDOUT (`aborted` builds the output) once the
+    /// watchdog aborted the member. An I/O that completes on its first poll (tmpfs members
+    /// copy inline) costs one atomic load; one that waits is counted for the watchdog and
+    /// registers its waker so an abort can wake it.
     async fn timed<T>(
         &self,
         i: usize,
-        op: impl std::future::Future<Output = io::Result<T>>,
-    ) -> io::Result<T> {
+        op: impl std::future::Future<Output = T>,
+        aborted: impl FnOnce(io::Error) -> T,
+    ) -> T {
         let h = &self.health[i];
         let timeout = || io::Error::from_raw_os_error(libc::ETIMEDOUT);
         if h.aborted.load(Ordering::Acquire) {
-            return Err(timeout());
+            return aborted(timeout());
         }
         if self.policy.io_timeout.is_none() {
             return op.await;
         }
-        h.started.fetch_add(1, Ordering::AcqRel);
         let mut op = std::pin::pin!(op);
         let mut key: Option<usize> = None;
+        let mut counted = false;
+        let mut was_aborted = false;
         let r = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = op.as_mut().poll(cx) {
-                return Poll::Ready(r);
+                return Poll::Ready(Some(r));
+            }
+            if !counted {
+                h.started.fetch_add(1, Ordering::AcqRel);
+                counted = true;
             }
             let mut w = h.waiting.lock().unwrap_or_else(|e| e.into_inner());
             if h.aborted.load(Ordering::Acquire) {
-                return Poll::Ready(Err(timeout()));
+                was_aborted = true;
+                return Poll::Ready(None);
             }
             match key {
                 Some(k) => {
@@ -232,8 +233,16 @@ impl<D: BlockDev> Members<D> {
                 w.remove(k);
             }
         }
-        h.finished.fetch_add(1, Ordering::AcqRel);
-        r
+        if counted {
+            h.finished.fetch_add(1, Ordering::AcqRel);
+        }
+        match r {
+            Some(r) => r,
+            None => {
+                debug_assert!(was_aborted);
+                aborted(timeout())
+            }
+        }
     }
 
     /// Decides what a failed I/O on member `i` means. `read`: whether it was a data read

@@ -148,13 +148,21 @@ impl StripeLocks {
         pieces: Vec<Piece>,
     ) -> (Turn, oneshot::Receiver<Result<(), ArrayError>>) {
         let (tx, mut rx) = oneshot::channel();
-        self.with_slot(stripe, |s| {
+        // Queue, and take the stripe at once if it is idle (one trip through the table).
+        let lead = self.with_slot(stripe, |s| {
             s.pending.push(PendingWrite {
                 src,
                 pieces,
                 done: tx,
-            })
+            });
+            !s.locked && {
+                s.locked = true;
+                true
+            }
         });
+        if lead {
+            return (Turn::Lead, rx);
+        }
         let turn = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = std::pin::Pin::new(&mut rx).poll(cx) {
                 return Poll::Ready(Turn::Done(r.unwrap_or(Err(ArrayError::Shutdown))));

@@ -128,11 +128,11 @@ impl<D: BlockDev> Array<D> {
             let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
             match &plan {
                 WritePlan::FullStripe | WritePlan::Reconstruct { .. } => {
-                    let fetch = match &plan {
-                        WritePlan::Reconstruct { fetch, .. } => fetch.clone(),
-                        _ => Vec::new(),
+                    let fetch: &[usize] = match &plan {
+                        WritePlan::Reconstruct { fetch, .. } => fetch,
+                        _ => &[],
                     };
-                    let old = match self.fetch_data(stripe, lo, span, &fetch, &mut excl).await? {
+                    let old = match self.fetch_data(stripe, lo, span, fetch, &mut excl).await? {
                         Attempt::Done(v) => v,
                         Attempt::Retry => continue,
                     };

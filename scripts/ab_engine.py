@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""A/B engine benchmark: two uraid binaries side by side on the same kind of /dev/shm members.
+
+Used to show that a change leaves the engine's speed unchanged within run-to-run noise
+(docs/perf-notes.md). Each binary gets its own member files (its own on-disk format version),
+created and preconditioned (whole volume written) by that binary; then every workload runs
+alternately A, B, A, B... and the medians, the ratio B/A and each side's spread
+((max - min) / median, the noise) are reported. Usage:
+
+    scripts/ab_engine.py --a OLD/uraid --b target/release/uraid [--runs 5] [--runtime 3]
+                         [--size 256M] [--threads 2] [--out FILE]
+"""
+import argparse, json, os, shutil, statistics, subprocess, sys
+
+WORKLOADS = [
+    # name, uraid bench args, metric
+    ("4k randread QD32", ["--pattern", "rand", "--bs", "4K", "--qd", "32", "--read-pct", "100"], "iops"),
+    ("4k randwrite QD32", ["--pattern", "rand", "--bs", "4K", "--qd", "32", "--read-pct", "0"], "iops"),
+    ("4k 65/35 QD32", ["--pattern", "rand", "--bs", "4K", "--qd", "32", "--read-pct", "65"], "iops"),
+    ("1M seq read QD8", ["--pattern", "seq", "--bs", "1M", "--qd", "8", "--read-pct", "100"], "mbps"),
+    ("1M seq write QD8", ["--pattern", "seq", "--bs", "1M", "--qd", "8", "--read-pct", "0"], "mbps"),
+    ("4k randread QD32, 1 member out", ["--pattern", "rand", "--bs", "4K", "--qd", "32", "--read-pct", "100",
+                                        "--fail", "1"], "iops"),
+]
+
+ARRAYS = [("raid6 8+2", "6", 10), ("raid0 x4", "0", 4), ("raid10 x4", "10", 4)]
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"command failed: {' '.join(cmd)}\n{p.stderr}")
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a", required=True, help="baseline uraid binary")
+    ap.add_argument("--b", required=True, help="candidate uraid binary")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runtime", type=float, default=3)
+    ap.add_argument("--size", default="256M")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dir", default="/dev/shm/uraid-ab")
+    ap.add_argument("--out", default="-")
+    a = ap.parse_args()
+    rows = []
+    for aname, level, n in ARRAYS:
+        members = {}
+        for side, binary in (("a", a.a), ("b", a.b)):
+            d = f"{a.dir}-{side}"
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            members[side] = [os.path.join(d, f"m{i}") for i in range(n)]
+            run([binary, "create", "--level", level, "--size", a.size, "--chunk", "64K", "--force"] + members[side])
+            run([binary, "bench", "--precondition", "--runtime", "0.1", "--threads", str(a.threads)] + members[side])
+        for wname, wargs, metric in WORKLOADS:
+            if "--fail" in wargs and level == "0":
+                continue
+            res = {"a": [], "b": []}
+            for r in range(a.runs):
+                for side, binary in (("a", a.a), ("b", a.b)):
+                    j = json.loads(run([binary, "bench", "--json", "--runtime", str(a.runtime), "--threads",
+                                        str(a.threads)] + wargs + members[side]))
+                    res[side].append(j["iops"] if metric == "iops" else j["mb_per_s"])
+                print(f"  {aname} {wname} run {r}: A {res['a'][-1]:.0f} B {res['b'][-1]:.0f}", file=sys.stderr)
+            rows.append((aname, wname, metric, res["a"], res["b"]))
+        for side in ("a", "b"):
+            shutil.rmtree(f"{a.dir}-{side}", ignore_errors=True)
+    unit = {"iops": "IOPS", "mbps": "MB/s"}
+    out = [f"{a.runs} alternating runs of {a.runtime:g} s per cell and binary, medians; {a.threads} reactor "
+           f"threads; members: {a.size} files on /dev/shm, chunk 64K, preconditioned. Spread = (max - min) / "
+           f"median of one side's runs.\n",
+           "| array | workload | A (baseline) | B (candidate) | B / A | spread A | spread B |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    spread = lambda v: (max(v) - min(v)) / statistics.median(v)
+    for aname, wname, metric, ra, rb in rows:
+        ma, mb = statistics.median(ra), statistics.median(rb)
+        out.append(f"| {aname} | {wname} | {ma:,.0f} {unit[metric]} | {mb:,.0f} {unit[metric]} | {mb / ma:.2f} | "
+                   f"{spread(ra):.0%} | {spread(rb):.0%} |")
+    text = "\n".join(out) + "\n"
+    if a.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
