@@ -12,5 +12,5 @@ pub mod reactor;
 pub use alloc::ReadPiece;
 pub use array::{Array, ArrayError, WriteBuf};
 pub use buf::{IoBuf, Segments};
-pub use dev::{BlockDev, FileDev};
+pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use reactor::{Runtime, RuntimeHandle};
