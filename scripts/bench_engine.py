@@ -34,7 +34,8 @@ def run(cmd):
 
 
 def uraid_run(members, extra, runtime, threads):
-    out = run([URAID, "bench", "--json", "--runtime", str(runtime), "--threads", str(threads)] + extra + members)
+    out = run([URAID, "bench", "--json", "--allow-writes", "--runtime", str(runtime), "--threads", str(threads)]
+              + extra + members)
     j = json.loads(out)
     return j["iops"], j["mb_per_s"], j
 
@@ -65,7 +66,8 @@ def main():
         members = [os.path.join(a.dir, f"m{i}") for i in range(n)]
         run([URAID, "create", "--level", level, "--size", a.size, "--chunk", "64K", "--force"] + extra + members)
         t0 = time.time()
-        run([URAID, "bench", "--precondition", "--runtime", "0.1", "--threads", str(a.threads)] + members)
+        run([URAID, "bench", "--precondition", "--allow-writes", "--runtime", "0.1", "--threads", str(a.threads)]
+            + members)
         print(f"{name}: created and preconditioned in {time.time() - t0:.1f}s", file=sys.stderr)
         for wname, uargs, rw, bs, qd, metric in WORKLOADS:
             u, f = [], []

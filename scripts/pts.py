@@ -279,8 +279,9 @@ class BenchTarget(Target):
                 threads = s.threads
                 qd = threads * (s.qd if test == "iops" else s.tp_qd)
             pct = (100 if m == "read" else 0) if test == "tp" else m
-            argv = [s.uraid, "bench", "--json", "--runtime", str(s.runtime), "--threads", str(threads),
-                    "--qd", str(qd), "--bs", bs.upper(), "--read-pct", str(pct),
+            # The arrays are the suite's own scratch copies: writes to them are allowed.
+            argv = [s.uraid, "bench", "--json", "--allow-writes", "--runtime", str(s.runtime),
+                    "--threads", str(threads), "--qd", str(qd), "--bs", bs.upper(), "--read-pct", str(pct),
                     "--pattern", "seq" if test == "tp" else "rand"] + self.members
             j = json.loads(run(argv).strip().splitlines()[-1])
             out[key((bs, m))] = {

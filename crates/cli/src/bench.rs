@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uraid_engine::assemble;
-use uraid_engine::{ArrayOptions, FileDev, Runtime, Volume};
+use uraid_engine::{Access, ArrayOptions, FileDev, Runtime, Volume};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pattern {
@@ -46,9 +46,18 @@ pub struct BenchArgs {
     /// Write the whole volume sequentially (1M requests) before measuring.
     #[arg(long)]
     pub precondition: bool,
-    /// Leave these member indices out, to measure degraded operation.
+    /// Leave these member indices out, to measure degraded operation. In a read-only run
+    /// the failure exists only in memory; a run that writes records it in the superblocks
+    /// (the member stays failed: there is no rebuild yet), so it needs --allow-writes.
     #[arg(long = "fail", value_name = "INDEX")]
     pub fail: Vec<usize>,
+    /// Let a run that writes (--read-pct below 100, --precondition) change an array: it
+    /// overwrites the volume's data, marks the array dirty while it runs and clean after, and
+    /// records --fail members as failed. Needed for writes to members you name and for
+    /// writes with --fail; not for read-only runs (members are opened read-only) or plain
+    /// writes to the embedded default volume.
+    #[arg(long)]
+    pub allow_writes: bool,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -68,7 +77,7 @@ fn xorshift(x: &mut u64) -> u64 {
     *x
 }
 
-pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
+pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> {
     if args.bs == 0 || !args.bs.is_multiple_of(512) {
         bail!("--bs {} must be a non-zero multiple of 512", args.bs);
     }
@@ -89,19 +98,47 @@ pub fn run(args: &BenchArgs, members: &[PathBuf]) -> Result<()> {
         plan.slots[i] = None;
     }
     plan.can_start()?;
+    let writes = args.read_pct < 100 || args.precondition;
+    if writes && !args.allow_writes {
+        let what = if args.precondition {
+            "bench --precondition".to_string()
+        } else {
+            format!("bench --read-pct {}", args.read_pct)
+        };
+        let name = &plan.sb.name;
+        if !args.fail.is_empty() {
+            bail!(
+                "{what} with --fail would record member(s) {:?} of array '{name}' as failed for \
+                 good (no rebuild yet); pass --allow-writes to accept that, or run read-only \
+                 (--read-pct 100), which leaves every member untouched",
+                args.fail
+            );
+        }
+        if !embedded {
+            bail!(
+                "{what} writes to array '{name}' and would overwrite its data; pass \
+                 --allow-writes if it is disposable (read-only runs need no flag)"
+            );
+        }
+    }
+    let access = if writes {
+        Access::ReadWrite
+    } else {
+        Access::ReadOnly
+    };
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let rt = Runtime::new(threads, 1024, !args.no_uring).context("starting reactors")?;
     let handle = rt.handle();
-    // A read-only run with --fail simulates the failures: nothing is written to the
-    // superblocks (the left-out members stay current). With writes they miss data and are
-    // recorded failed, as they must be.
+    // A read-only run opens the members read-only and never writes a superblock: a member
+    // left out with --fail (or failing during the run) stays failed in memory only.
     let opts = ArrayOptions {
-        frozen_metadata: !args.fail.is_empty() && args.read_pct >= 100,
+        frozen_metadata: !writes,
         ..ArrayOptions::default()
     };
-    let array: Arc<Volume<FileDev>> = assemble::open_volume(&plan, Some(handle.clone()), opts)?;
+    let array: Arc<Volume<FileDev>> =
+        assemble::open_volume_with(&plan, Some(handle.clone()), opts, access)?;
     let size = array.size();
     if args.bs > size {
         bail!("--bs {} exceeds the volume ({size} bytes)", args.bs);

@@ -111,7 +111,7 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 }
             }
-            let sb = assemble::create(
+            let sb = assemble::create_exclusive(
                 &members,
                 &CreateOptions {
                     level,
@@ -152,12 +152,13 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Bench(args) => {
-            let members = if args.members.is_empty() {
+            let embedded = args.members.is_empty();
+            let members = if embedded {
                 default_volume()?
             } else {
                 args.members.clone()
             };
-            bench::run(&args, &members)
+            bench::run(&args, &members, embedded)
         }
         Cmd::Serve(args) => {
             let embedded = args.members.is_empty();
@@ -188,7 +189,7 @@ pub fn default_volume() -> Result<Vec<PathBuf>> {
     for m in &members {
         std::fs::File::create(m)?.set_len(DEFAULT_MEMBER_SIZE)?;
     }
-    let sb = assemble::create(
+    let sb = assemble::create_exclusive(
         &members,
         &CreateOptions {
             level: Level::Raid6,

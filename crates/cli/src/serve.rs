@@ -107,14 +107,6 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             g.fault_tolerance()
         );
     }
-    let mut addrs = args.listen.clone();
-    if addrs.is_empty() {
-        addrs.push(DEFAULT_LISTEN.to_string());
-        if embedded {
-            addrs.push(format!("unix:{}/uraid.sock", crate::DEFAULT_DIR));
-        }
-    }
-    let listeners = addrs.iter().map(|a| bind(a)).collect::<Result<Vec<_>>>()?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -132,7 +124,16 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         },
         frozen_metadata: false,
     };
+    // Members first: a member another process holds is refused before any socket is bound.
     let array = assemble::open_volume(&plan, Some(rt.handle()), opts)?;
+    let mut addrs = args.listen.clone();
+    if addrs.is_empty() {
+        addrs.push(DEFAULT_LISTEN.to_string());
+        if embedded {
+            addrs.push(format!("unix:{}/uraid.sock", crate::DEFAULT_DIR));
+        }
+    }
+    let listeners = addrs.iter().map(|a| bind(a)).collect::<Result<Vec<_>>>()?;
     let export = args.export.clone().unwrap_or_else(|| plan.sb.name.clone());
     let description = format!(
         "uraid {} on {} members, chunk {}, {}",

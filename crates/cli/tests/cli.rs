@@ -197,7 +197,8 @@ fn status_reports_missing_stale_and_foreign_members() {
         s.contains("[6/6] [UUUUUU]") && s.contains("events 1 "),
         "{s}"
     );
-    // Stale: write to the array while m1 is out (bench with --fail 1 writes), then bring it back.
+    // Stale: write to the array while m1 is out (bench with --fail 1 writes, which records the
+    // failure and so needs --allow-writes), then bring it back.
     ok(&on_members(
         &[
             "bench",
@@ -207,6 +208,7 @@ fn status_reports_missing_stale_and_foreign_members() {
             "0",
             "--fail",
             "1",
+            "--allow-writes",
         ],
         6,
         &dir,
@@ -300,7 +302,15 @@ fn every_level_creates_and_benches() {
         let sub = dir.join(format!("l{level}"));
         std::fs::create_dir_all(&sub).unwrap();
         create(&sub, level, n, &extra);
-        let args = ["bench", "--runtime", "0.3", "--read-pct", "50", "--json"];
+        let args = [
+            "bench",
+            "--runtime",
+            "0.3",
+            "--read-pct",
+            "50",
+            "--json",
+            "--allow-writes",
+        ];
         let j: serde_json::Value = serde_json::from_str(&ok(&on_members(&args, n, &sub))).unwrap();
         assert!(
             j["ops"].as_u64().unwrap() > 0 && j["errors"] == 0,
@@ -330,6 +340,7 @@ fn degraded_bench_never_hangs() {
                 "1",
                 "--fail",
                 "4",
+                "--allow-writes",
             ])
             .args(members(6))
             .current_dir(&dir)
@@ -389,7 +400,14 @@ fn loop_devices() {
     let mut st = vec!["status"];
     st.extend(&refs);
     let s = uraid(&st, &dir);
-    let mut b = vec!["bench", "--runtime", "0.3", "--read-pct", "50"];
+    let mut b = vec![
+        "bench",
+        "--runtime",
+        "0.3",
+        "--read-pct",
+        "50",
+        "--allow-writes",
+    ];
     b.extend(&refs);
     let bench = uraid(&b, &dir);
     for l in &loops {

@@ -1,7 +1,7 @@
 //! Control plane: creating an array on members, reading superblocks back, and deciding which
 //! members an assembly may use.
 
-use crate::dev::{device_size, FileDev};
+use crate::dev::{device_size, open_exclusive, Access, FileDev, Holder, OpenError};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -18,6 +18,13 @@ pub enum AssembleError {
     Io { path: String, err: io::Error },
     #[error("{path}: {err}")]
     Format { path: String, err: FormatError },
+    /// A member another process holds (a running `uraid serve` or `bench`, a mount, md/dm).
+    #[error("member {member} ({path}) is in use {holder}")]
+    Busy {
+        member: usize,
+        path: String,
+        holder: Holder,
+    },
     #[error("{0}")]
     Geometry(#[from] uraid_core::geometry::GeometryError),
     #[error("{path} already holds a uraid superblock (array {uuid}, '{name}'); use --force to overwrite")]
@@ -356,16 +363,64 @@ pub fn decide(
     })
 }
 
-/// Opens the members of a plan with O_DIRECT.
+/// Opens the members of a plan with O_DIRECT for reading and writing, each exclusively
+/// (`FileDev::open`): a member another process holds is `AssembleError::Busy`.
 pub fn open_members(plan: &Plan) -> Result<Vec<Option<FileDev>>, AssembleError> {
+    open_members_with(plan, Access::ReadWrite)
+}
+
+/// `open_members` with the access mode given; `Access::ReadOnly` members can never be
+/// changed through this process (a run that only reads leaves them byte-identical).
+pub fn open_members_with(
+    plan: &Plan,
+    access: Access,
+) -> Result<Vec<Option<FileDev>>, AssembleError> {
     plan.slots
         .iter()
         .enumerate()
         .map(|(i, s)| match s {
-            Some(p) if !plan.sb.is_failed(i) => FileDev::open(p).map(Some).map_err(io_err(p)),
+            Some(p) if !plan.sb.is_failed(i) => FileDev::open_with(p, access)
+                .map(Some)
+                .map_err(member_open_err(i)),
             _ => Ok(None),
         })
         .collect()
+}
+
+/// Maps a member's open error to the assembly error that names its slot.
+fn member_open_err(member: usize) -> impl FnOnce(OpenError) -> AssembleError {
+    move |e| match e {
+        OpenError::Busy { path, holder } => AssembleError::Busy {
+            member,
+            path,
+            holder,
+        },
+        OpenError::Io { path, err } => AssembleError::Io { path, err },
+    }
+}
+
+/// `create`, holding every member exclusively while it writes (the claim `FileDev::open`
+/// takes): a member of a running array, a mounted device or one md/dm holds is refused
+/// instead of overwritten, `--force` or not.
+pub fn create_exclusive(
+    paths: &[PathBuf],
+    opts: &CreateOptions,
+) -> Result<Superblock, AssembleError> {
+    // Checked before claiming, or the second claim on the same file would report this
+    // process as the holder.
+    for (i, p) in paths.iter().enumerate() {
+        if paths[..i].iter().any(|q| same_file(p, q)) {
+            return Err(AssembleError::Duplicate {
+                path: p.display().to_string(),
+            });
+        }
+    }
+    let _claims = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| open_exclusive(p, Access::ReadWrite, false).map_err(member_open_err(i)))
+        .collect::<Result<Vec<File>, _>>()?;
+    create(paths, opts)
 }
 
 /// Reads the allocation map from every usable member of a plan and merges the copies
@@ -394,7 +449,19 @@ pub fn open_volume(
     rt: Option<crate::RuntimeHandle>,
     opts: crate::ArrayOptions,
 ) -> Result<std::sync::Arc<crate::Volume<FileDev>>, AssembleError> {
-    let devs = open_members(plan)?;
+    open_volume_with(plan, rt, opts, Access::ReadWrite)
+}
+
+/// `open_volume` with the members opened as `access`. Read-only members need
+/// `opts.frozen_metadata` (nothing may write superblocks).
+pub fn open_volume_with(
+    plan: &Plan,
+    rt: Option<crate::RuntimeHandle>,
+    opts: crate::ArrayOptions,
+    access: Access,
+) -> Result<std::sync::Arc<crate::Volume<FileDev>>, AssembleError> {
+    debug_assert!(access == Access::ReadWrite || opts.frozen_metadata);
+    let devs = open_members_with(plan, access)?;
     let (map, bad) = load_map(plan)?;
     if bad > 0 {
         tracing::warn!(

@@ -67,13 +67,22 @@ fn ring_result(what: &str, res: i32, want: usize) -> io::Result<()> {
 }
 
 impl FileDev {
-    pub fn open(path: &Path) -> io::Result<FileDev> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)?;
-        let size = device_size(&file)?;
+    /// Opens a member for reading and writing with O_DIRECT, exclusively: a block device with
+    /// O_EXCL (refused while mounted or claimed by another exclusive opener), a regular file
+    /// with an exclusive `flock` held until the `FileDev` is dropped. A member another process
+    /// holds is `OpenError::Busy`, naming the holder where it can be found.
+    pub fn open(path: &Path) -> Result<FileDev, OpenError> {
+        FileDev::open_with(path, Access::ReadWrite)
+    }
+
+    /// `open`, with the access mode given: `Access::ReadOnly` opens the member O_RDONLY (still
+    /// exclusively), so nothing this device does can change it; writes fail with EBADF.
+    pub fn open_with(path: &Path, access: Access) -> Result<FileDev, OpenError> {
+        let file = open_exclusive(path, access, true)?;
+        let size = device_size(&file).map_err(|err| OpenError::Io {
+            path: path.display().to_string(),
+            err,
+        })?;
         let memory = on_tmpfs(&file);
         Ok(FileDev {
             file,
@@ -86,6 +95,215 @@ impl FileDev {
     pub fn path(&self) -> PathBuf {
         PathBuf::from(&self.path)
     }
+}
+
+/// How a member is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    ReadWrite,
+    ReadOnly,
+}
+
+/// Who holds a member that could not be opened exclusively.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// The process holding the file's `flock` (found in /proc/locks), with its command name.
+    Pid { pid: u32, comm: Option<String> },
+    /// A block device mounted here (from /proc/self/mountinfo).
+    Mounted(String),
+    /// A block device claimed by kernel devices (its /sys/dev/block/M:m/holders: md, dm, ...).
+    Kernel(Vec<String>),
+    /// Held by a process that cannot be named: block devices opened with O_EXCL record no
+    /// owner. `openers` are the other processes that have it open at all (from /proc/PID/fd),
+    /// one of which is likely the holder.
+    Unknown { openers: Vec<u32> },
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Pid { pid, comm: Some(c) } => write!(f, "by pid {pid} ({c})"),
+            Holder::Pid { pid, comm: None } => write!(f, "by pid {pid}"),
+            Holder::Mounted(at) => write!(f, "(mounted on {at})"),
+            Holder::Kernel(by) => write!(f, "(held by {})", by.join(", ")),
+            Holder::Unknown { openers } if openers.is_empty() => {
+                write!(f, "(opened exclusively by another process)")
+            }
+            Holder::Unknown { openers } => {
+                let pids: Vec<String> = openers.iter().map(|p| p.to_string()).collect();
+                write!(
+                    f,
+                    "(opened exclusively by another process; open in pid {})",
+                    pids.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// Why a member could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process holds the member exclusively (or it is mounted, or claimed by md/dm).
+    #[error("{path} is in use {holder}")]
+    Busy { path: String, holder: Holder },
+    #[error("{path}: {err}")]
+    Io { path: String, err: io::Error },
+}
+
+/// Opens `path` (O_DIRECT if `direct`) and claims it for this process: block devices with
+/// O_EXCL, everything else with `flock(LOCK_EX | LOCK_NB)` on the returned file. The claim
+/// lasts as long as the file stays open. Readers that only look (`examine`, `status`) do not
+/// claim anything and are never refused.
+pub fn open_exclusive(path: &Path, access: Access, direct: bool) -> Result<File, OpenError> {
+    let io_err = |err| OpenError::Io {
+        path: path.display().to_string(),
+        err,
+    };
+    let block = std::fs::metadata(path)
+        .map_err(io_err)?
+        .file_type()
+        .is_block_device();
+    let mut flags = 0;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    if block {
+        // Without O_CREAT, O_EXCL on a block device means an exclusive open (EBUSY while
+        // mounted, part of md/dm, or opened O_EXCL elsewhere).
+        flags |= libc::O_EXCL;
+    }
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(access == Access::ReadWrite)
+        .custom_flags(flags)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if block && e.raw_os_error() == Some(libc::EBUSY) => {
+            return Err(OpenError::Busy {
+                path: path.display().to_string(),
+                holder: block_holder(path),
+            })
+        }
+        Err(e) => return Err(io_err(e)),
+    };
+    if !block {
+        // SAFETY: flock on a file descriptor we own; it takes no pointers.
+        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(OpenError::Busy {
+                    path: path.display().to_string(),
+                    holder: file_holder(&file),
+                });
+            }
+            // A filesystem without flock support (ENOLCK on some network filesystems): the
+            // member is still usable, but nothing stops a second opener.
+            tracing::warn!(
+                "{}: cannot lock ({e}); another process could open it at the same time",
+                path.display()
+            );
+        }
+    }
+    Ok(file)
+}
+
+/// The process holding `file`'s flock, from /proc/locks (`N: FLOCK ADVISORY WRITE PID
+/// MAJ:MIN:INODE ...`, major and minor in hex).
+fn file_holder(file: &File) -> Holder {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = file.metadata() else {
+        return Holder::Unknown { openers: vec![] };
+    };
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(md.dev()),
+        libc::minor(md.dev()),
+        md.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    let pid = locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // Blocked waiters ("N: -> FLOCK ...") are not holders: their f[1] is "->".
+        (f.len() >= 6 && f[1] == "FLOCK" && f[5] == id)
+            .then(|| f[4].parse::<u32>().ok())
+            .flatten()
+    });
+    match pid {
+        Some(pid) if pid != 0 => Holder::Pid {
+            pid,
+            comm: std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .map(|c| c.trim().to_string()),
+        },
+        _ => Holder::Unknown {
+            openers: openers(|m| m.dev() == md.dev() && m.ino() == md.ino()),
+        },
+    }
+}
+
+/// What holds a block device that refused O_EXCL: a mount, a kernel holder (md, dm), or a
+/// process we can at best narrow down to the ones that have it open.
+fn block_holder(path: &Path) -> Holder {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rdev) = std::fs::metadata(path).map(|m| m.rdev()) else {
+        return Holder::Unknown { openers: vec![] };
+    };
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    // mountinfo: ID PARENT MAJ:MIN ROOT MOUNTPOINT ... (decimal major:minor)
+    let dev = format!("{major}:{minor}");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(at) = mountinfo.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 4 && f[2] == dev).then(|| f[4].to_string())
+    }) {
+        return Holder::Mounted(at);
+    }
+    let mut kernel: Vec<String> = std::fs::read_dir(format!("/sys/dev/block/{dev}/holders"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !kernel.is_empty() {
+        kernel.sort();
+        return Holder::Kernel(kernel);
+    }
+    Holder::Unknown {
+        openers: openers(|m| m.file_type().is_block_device() && m.rdev() == rdev),
+    }
+}
+
+/// Other processes with an open file descriptor that `is_it` accepts (from /proc/PID/fd).
+/// Only used to explain a refusal, so unreadable entries are skipped.
+fn openers(is_it: impl Fn(&std::fs::Metadata) -> bool) -> Vec<u32> {
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for p in procs.filter_map(|e| e.ok()) {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .filter_map(|e| e.ok())
+            .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| is_it(&m)))
+        {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    pids
 }
 
 /// Size of a regular file or block device.

@@ -23,7 +23,7 @@ pub mod volume;
 pub use alloc::ReadPiece;
 pub use array::{Array, ArrayError, ArrayOptions, WriteBuf};
 pub use buf::{IoBuf, Segments};
-pub use dev::{BlockDev, FileDev};
+pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use members::ErrorPolicy;
 pub use reactor::{Runtime, RuntimeHandle};
 pub use volume::{Run, Volume};

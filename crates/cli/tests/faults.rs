@@ -1,0 +1,486 @@
+//! Real faulty members for error-policy tests: a member file is served by nbdkit through its
+//! error and delay filters on a Unix socket and mounted back as a file with nbdfuse, so the
+//! array opens an ordinary file (O_DIRECT, io_uring, flock) whose reads or writes start
+//! failing with EIO the moment the test creates a trigger file.
+//!
+//! Every process and mount a `FaultyMember` starts is torn down when it is dropped, also when
+//! the test panics (nbdkit additionally exits with the test process).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uraid-faults-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// Polls `ok` every 20 ms until it holds or `limit` passes.
+fn wait_for(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ok()
+}
+
+/// Waits for a child to exit on its own, then kills it.
+fn reap(child: &mut Child, limit: Duration) {
+    if !wait_for(limit, || !matches!(child.try_wait(), Ok(None))) {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
+
+/// A member file behind nbdkit's error and delay filters, seen through nbdfuse:
+///
+/// ```text
+/// nbdkit --exit-with-parent -f -U DIR/nbdkit.sock --filter=error --filter=delay \
+///     file DIR/backing \
+///     error-pread-rate=1 error-pread-file=DIR/fail-reads \
+///     error-pwrite-rate=1 error-pwrite-file=DIR/fail-writes \
+///     error-zero-rate=1 error-zero-file=DIR/fail-writes \
+///     error-trim-rate=1 error-trim-file=DIR/fail-writes \
+///     delay-read=D delay-write=D
+/// nbdfuse DIR/mnt/member --unix DIR/nbdkit.sock
+/// ```
+///
+/// The array uses `DIR/mnt/member`. The error filter (outermost) fails every read while
+/// `fail-reads` exists and every write, zero and trim while `fail-writes` exists, with EIO.
+struct FaultyMember {
+    dir: PathBuf,
+    mnt: PathBuf,
+    file: PathBuf,
+    nbdkit: Child,
+    nbdfuse: Option<Child>,
+}
+
+impl FaultyMember {
+    /// Creates `dir/backing` (sparse, `size` bytes) and exposes it as `dir/mnt/member`.
+    /// `delay` is the delay filter's per-request delay for reads and writes ("0ms", "2ms").
+    fn start(dir: &Path, size: u64, delay: &str) -> FaultyMember {
+        std::fs::create_dir_all(dir).unwrap();
+        let backing = dir.join("backing");
+        std::fs::File::create(&backing)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let sock = dir.join("nbdkit.sock");
+        let (r, w) = (dir.join("fail-reads"), dir.join("fail-writes"));
+        let _ = std::fs::remove_file(&r);
+        let _ = std::fs::remove_file(&w);
+        let log = std::fs::File::create(dir.join("nbdkit.log")).unwrap();
+        let nbdkit = Command::new("nbdkit")
+            .args(["--exit-with-parent", "-f", "-U"])
+            .arg(&sock)
+            .args(["--filter=error", "--filter=delay", "file"])
+            .arg(&backing)
+            .arg("error-pread-rate=1")
+            .arg(format!("error-pread-file={}", r.display()))
+            .arg("error-pwrite-rate=1")
+            .arg(format!("error-pwrite-file={}", w.display()))
+            .arg("error-zero-rate=1")
+            .arg(format!("error-zero-file={}", w.display()))
+            .arg("error-trim-rate=1")
+            .arg(format!("error-trim-file={}", w.display()))
+            .arg(format!("delay-read={delay}"))
+            .arg(format!("delay-write={delay}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start nbdkit");
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let file = mnt.join("member");
+        let mut m = FaultyMember {
+            dir: dir.to_path_buf(),
+            mnt,
+            file,
+            nbdkit,
+            nbdfuse: None,
+        };
+        assert!(
+            wait_for(Duration::from_secs(10), || sock.exists()),
+            "nbdkit did not create {}: {}",
+            sock.display(),
+            m.nbdkit_log()
+        );
+        let fuse_log = std::fs::File::create(dir.join("nbdfuse.log")).unwrap();
+        m.nbdfuse = Some(
+            Command::new("nbdfuse")
+                .arg(&m.file)
+                .arg("--unix")
+                .arg(&sock)
+                .stdout(Stdio::null())
+                .stderr(fuse_log)
+                .spawn()
+                .expect("start nbdfuse"),
+        );
+        assert!(
+            wait_for(Duration::from_secs(10), || std::fs::metadata(&m.file)
+                .is_ok_and(|md| md.len() == size)),
+            "nbdfuse did not mount {}: {}",
+            m.file.display(),
+            std::fs::read_to_string(dir.join("nbdfuse.log")).unwrap_or_default()
+        );
+        m
+    }
+
+    /// The file the array opens.
+    fn path(&self) -> &Path {
+        &self.file
+    }
+
+    fn trigger(&self, name: &str, on: bool) {
+        let t = self.dir.join(name);
+        if on {
+            std::fs::write(t, b"").unwrap();
+        } else {
+            let _ = std::fs::remove_file(t);
+        }
+    }
+
+    /// From now on every read fails with EIO (until `fail_reads(false)`).
+    fn fail_reads(&self, on: bool) {
+        self.trigger("fail-reads", on);
+    }
+
+    /// From now on every write, zero and trim fails with EIO (until `fail_writes(false)`).
+    fn fail_writes(&self, on: bool) {
+        self.trigger("fail-writes", on);
+    }
+
+    /// nbdkit's stderr: it logs every injected error ("injecting EIO error into pwrite").
+    fn nbdkit_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("nbdkit.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for FaultyMember {
+    /// Unmount (retrying while the file is still held briefly, lazily as a last resort),
+    /// then stop nbdfuse and nbdkit.
+    fn drop(&mut self) {
+        if let Some(mut fuse) = self.nbdfuse.take() {
+            let unmounted = wait_for(Duration::from_secs(3), || {
+                Command::new("fusermount3")
+                    .arg("-u")
+                    .arg(&self.mnt)
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
+            if !unmounted {
+                let _ = Command::new("fusermount3")
+                    .arg("-uz")
+                    .arg(&self.mnt)
+                    .output();
+            }
+            reap(&mut fuse, Duration::from_secs(5));
+        }
+        let _ = self.nbdkit.kill();
+        let _ = self.nbdkit.wait();
+    }
+}
+
+/// A 4 KiB-aligned buffer for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: the layout has a non-zero size (callers pass len > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, layout }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: ptr points to layout.size() initialized bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// The harness itself: O_DIRECT I/O works on the nbdfuse file, and the triggers turn reads
+/// and writes into EIO and back.
+#[test]
+fn faulty_member_takes_o_direct_io_and_fails_on_demand() {
+    let dir = tmp("harness");
+    let m = FaultyMember::start(&dir.join("f"), 8 << 20, "0ms");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.path())
+        .expect("O_DIRECT open of the nbdfuse file");
+    let mut w = Aligned::new(64 << 10);
+    for (i, b) in w.bytes().iter_mut().enumerate() {
+        *b = (i * 7 + 3) as u8;
+    }
+    let mut r = Aligned::new(64 << 10);
+    f.write_all_at(w.bytes(), 1 << 20).unwrap();
+    f.read_exact_at(r.bytes(), 1 << 20).unwrap();
+    assert!(r.bytes() == w.bytes(), "O_DIRECT read-back differs");
+    // Direct, not cached: after a buffered read has cached the range, the backing file is
+    // changed behind nbdkit; an O_DIRECT read sees the change (it goes to the server). FUSE
+    // does not enforce O_DIRECT alignment, so misaligned I/O is not caught here as on a disk.
+    let mut cached = vec![0u8; 4096];
+    std::fs::File::open(m.path())
+        .unwrap()
+        .read_exact_at(&mut cached, 1 << 20)
+        .unwrap();
+    assert!(cached[..] == w.bytes()[..4096]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.dir.join("backing"))
+        .unwrap()
+        .write_all_at(&[0xee; 4096], 1 << 20)
+        .unwrap();
+    f.read_exact_at(r.bytes(), 1 << 20).unwrap();
+    assert!(
+        r.bytes()[..4096].iter().all(|&b| b == 0xee),
+        "O_DIRECT read was served from a cache"
+    );
+    f.write_all_at(w.bytes(), 1 << 20).unwrap();
+
+    m.fail_writes(true);
+    let e = f.write_all_at(w.bytes(), 2 << 20).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    f.read_exact_at(r.bytes(), 1 << 20).unwrap();
+    m.fail_reads(true);
+    let e = f.read_exact_at(r.bytes(), 1 << 20).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    m.fail_reads(false);
+    m.fail_writes(false);
+    f.write_all_at(w.bytes(), 2 << 20).unwrap();
+    f.read_exact_at(r.bytes(), 2 << 20).unwrap();
+    assert!(r.bytes() == w.bytes());
+    let log = m.nbdkit_log();
+    assert!(
+        log.contains("injecting EIO error into pwrite")
+            && log.contains("injecting EIO error into pread"),
+        "{log}"
+    );
+    drop(f);
+    drop(m);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `uraid serve` on a Unix socket with its stderr in `log`; killed on drop.
+struct Srv {
+    child: Child,
+}
+
+impl Srv {
+    fn start(dir: &Path, sock: &Path, log: &Path, members: &[PathBuf]) -> Srv {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .args(members)
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("start uraid serve");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                if line.contains("stop with") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let srv = Srv { child };
+        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+            panic!(
+                "uraid serve did not start: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        srv
+    }
+
+    /// SIGTERM; the server must exit 0 within 20 s.
+    fn stop(mut self) {
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        assert!(
+            wait_for(Duration::from_secs(20), || !matches!(
+                self.child.try_wait(),
+                Ok(None)
+            )),
+            "uraid serve did not stop"
+        );
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "uraid serve exited with {st}");
+    }
+}
+
+impl Drop for Srv {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Fills `v[off..off + len]` with xorshift bytes.
+fn random_into(v: &mut [u8], off: usize, len: usize, seed: u64) {
+    let mut x = seed | 1;
+    for b in &mut v[off..off + len] {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+/// Writes the non-zero ranges of `image` (given as `ranges`) to the export: a sparse file
+/// holding just them, copied with nbdcopy --destination-is-zero, which sends only the data
+/// extents (a holey source's holes are skipped).
+fn write_ranges(dir: &Path, uri: &str, image: &[u8], ranges: &[(usize, usize)], tag: &str) {
+    let p = dir.join(format!("{tag}.img"));
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(image.len() as u64).unwrap();
+    for &(off, len) in ranges {
+        f.write_all_at(&image[off..off + len], off as u64).unwrap();
+    }
+    drop(f);
+    run(Command::new("nbdcopy")
+        .arg("--destination-is-zero")
+        .arg(&p)
+        .arg(uri));
+    std::fs::remove_file(&p).unwrap();
+}
+
+fn read_volume(dir: &Path, uri: &str) -> Vec<u8> {
+    let p = dir.join("readback.img");
+    let _ = std::fs::remove_file(&p);
+    run(Command::new("nbdcopy").arg(uri).arg(&p));
+    let v = std::fs::read(&p).unwrap();
+    std::fs::remove_file(&p).unwrap();
+    v
+}
+
+/// Today's error policy, on a real I/O error: a RAID5 of four members, member 3 behind the
+/// error filter. Data written while it works; then its writes fail; more data written. The
+/// write error marks member 3 faulty (logged, recorded in the survivors' superblocks), every
+/// client write still succeeds, and everything written reads back intact, also after a
+/// restart with all four members given (member 3 is refused as failed).
+#[test]
+fn raid5_member_write_errors_mark_it_faulty_and_data_survives() {
+    let t0 = Instant::now();
+    let dir = tmp("raid5");
+    const SIZE: u64 = 32 << 20;
+    let faulty = FaultyMember::start(&dir.join("faulty"), SIZE, "1ms");
+    let mut members: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("m{i}"))).collect();
+    members.push(faulty.path().to_path_buf());
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args([
+            "create", "--level", "5", "--chunk", "64K", "-N", "f", "--size", "32M",
+        ])
+        .args(&members));
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+    let s = Srv::start(&dir, &sock, &log, &members);
+    let vol = 3 * (SIZE as usize - (1 << 20));
+    let mut image = vec![0u8; vol];
+    const MIB: usize = 1 << 20;
+
+    // Phase 1: all members healthy.
+    let first = [(0, 4 * MIB), (30 * MIB, 3 * MIB), (60 * MIB, 3 * MIB / 2)];
+    for (i, &(off, len)) in first.iter().enumerate() {
+        random_into(&mut image, off, len, 11 + i as u64);
+    }
+    write_ranges(&dir, &uri, &image, &first, "first");
+    assert!(
+        !std::fs::read_to_string(&log).unwrap().contains("faulty"),
+        "a member failed before any fault was injected"
+    );
+
+    // Phase 2: member 3's writes fail. Overlapping and new ranges, every one touching it.
+    faulty.fail_writes(true);
+    let second = [
+        (2 * MIB, 4 * MIB),
+        (45 * MIB, 2 * MIB),
+        (80 * MIB, MIB + 4096),
+    ];
+    for (i, &(off, len)) in second.iter().enumerate() {
+        random_into(&mut image, off, len, 101 + i as u64);
+    }
+    write_ranges(&dir, &uri, &image, &second, "second");
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        server_log.lines().any(|l| l.contains("member 3 (")
+            && l.contains("failed: Input/output error")
+            && l.contains("marking it faulty")),
+        "server log: {server_log}"
+    );
+    assert!(faulty
+        .nbdkit_log()
+        .contains("injecting EIO error into pwrite"));
+    // The survivors' superblocks record it, while the array still runs.
+    let st = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .arg("status")
+        .args(&members[..3]));
+    let st = String::from_utf8_lossy(&st.stdout).into_owned();
+    assert!(st.contains("[3/4] [UUU_]"), "{st}");
+    assert!(
+        read_volume(&dir, &uri) == image,
+        "degraded read-back differs from what was written"
+    );
+    s.stop();
+
+    // Restart with every member given: member 3 is refused as failed, the data is all there.
+    faulty.fail_writes(false);
+    let s = Srv::start(&dir, &sock, &log, &members);
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        server_log.contains("member 3 is marked failed"),
+        "server log: {server_log}"
+    );
+    assert!(
+        read_volume(&dir, &uri) == image,
+        "read-back after restart differs"
+    );
+    s.stop();
+    drop(faulty);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
