@@ -300,10 +300,16 @@ struct Srv {
 
 impl Srv {
     fn start(dir: &Path, sock: &Path, log: &Path, members: &[PathBuf]) -> Srv {
+        Srv::start_with(dir, sock, log, members, &[])
+    }
+
+    /// `start` with extra `uraid serve` options.
+    fn start_with(dir: &Path, sock: &Path, log: &Path, members: &[PathBuf], extra: &[&str]) -> Srv {
         let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
             .arg("serve")
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
+            .args(extra)
             .args(members)
             .current_dir(dir)
             .stdout(Stdio::piped())
@@ -483,4 +489,135 @@ fn raid5_member_write_errors_mark_it_faulty_and_data_survives() {
         "took {:?}",
         t0.elapsed()
     );
+}
+
+/// A RAID5 of four with member 3 behind the error filter, written while healthy.
+fn raid5_with_faulty_member(tag: &str) -> (PathBuf, FaultyMember, Vec<PathBuf>, Vec<u8>) {
+    let dir = tmp(tag);
+    const SIZE: u64 = 32 << 20;
+    let faulty = FaultyMember::start(&dir.join("faulty"), SIZE, "0ms");
+    let mut members: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("m{i}"))).collect();
+    members.push(faulty.path().to_path_buf());
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args([
+            "create", "--level", "5", "--chunk", "64K", "-N", "f", "--size", "32M",
+        ])
+        .args(&members));
+    let vol = 3 * (SIZE as usize - (1 << 20));
+    let mut image = vec![0u8; vol];
+    const MIB: usize = 1 << 20;
+    let ranges = [(0, 6 * MIB), (40 * MIB, 2 * MIB)];
+    for (i, &(off, len)) in ranges.iter().enumerate() {
+        random_into(&mut image, off, len, 500 + i as u64);
+    }
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let s = Srv::start(&dir, &sock, &dir.join("setup.log"), &members);
+    write_ranges(&dir, &uri, &image, &ranges, "setup");
+    s.stop();
+    (dir, faulty, members, image)
+}
+
+fn status_of(members: &[PathBuf]) -> String {
+    let st = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .arg("status")
+        .args(members));
+    String::from_utf8_lossy(&st.stdout).into_owned()
+}
+
+/// md's read-error correction with a real EIO: every read of member 3 fails, yet every
+/// client read returns the right bytes (reconstructed from the stripe), the bytes are
+/// rewritten in place, and the member stays in the array while its error budget lasts; with
+/// a budget of 2 the third error fails it. Either way no client read fails.
+#[test]
+fn raid5_member_read_errors_are_corrected_until_the_budget_is_spent() {
+    let (dir, faulty, members, image) = raid5_with_faulty_member("readerr");
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+
+    // Generous budget: corrected, member kept.
+    let s = Srv::start_with(
+        &dir,
+        &sock,
+        &log,
+        &members,
+        &["--max-read-errors", "100000"],
+    );
+    faulty.fail_reads(true);
+    assert!(
+        read_volume(&dir, &uri) == image,
+        "read-back with read errors differs"
+    );
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        server_log.contains("member 3 (") && server_log.contains("reconstructing from the stripe"),
+        "server log: {server_log}"
+    );
+    assert!(server_log.contains("rewrote"), "server log: {server_log}");
+    assert!(
+        !server_log.contains("marking it faulty"),
+        "server log: {server_log}"
+    );
+    assert!(faulty
+        .nbdkit_log()
+        .contains("injecting EIO error into pread"));
+    s.stop();
+    faulty.fail_reads(false);
+    let st = status_of(&members);
+    assert!(st.contains("[4/4] [UUUU]"), "{st}");
+
+    // Budget of 2: the member is failed on the third error, reads still all right.
+    let log2 = dir.join("serve2.log");
+    let s = Srv::start_with(&dir, &sock, &log2, &members, &["--max-read-errors", "2"]);
+    faulty.fail_reads(true);
+    assert!(
+        read_volume(&dir, &uri) == image,
+        "read-back after the budget differs"
+    );
+    let server_log = std::fs::read_to_string(&log2).unwrap();
+    assert!(
+        server_log.contains("more than --max-read-errors 2: failing it"),
+        "server log: {server_log}"
+    );
+    s.stop();
+    faulty.fail_reads(false);
+    let st = status_of(&members);
+    assert!(
+        st.contains("[3/4] [UUU_]") && st.contains("member 3 is marked failed"),
+        "{st}"
+    );
+    drop(faulty);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A member that stops answering (its nbdkit stopped with SIGSTOP: every I/O to it hangs in
+/// FUSE) is timed out after --io-timeout and failed; client reads complete from the rest of
+/// the stripe; after the device wakes up the server still stops cleanly.
+#[test]
+fn hung_member_is_timed_out_and_reads_complete() {
+    let (dir, faulty, members, image) = raid5_with_faulty_member("hang");
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+    let s = Srv::start_with(&dir, &sock, &log, &members, &["--io-timeout", "1"]);
+    let pid = faulty.nbdkit.id() as i32;
+    // SAFETY: kill(2) on the pid of a child this test spawned.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let t = Instant::now();
+    let got = read_volume(&dir, &uri);
+    let took = t.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(got == image, "read-back with a hung member differs");
+    assert!(took < Duration::from_secs(30), "reads took {took:?}");
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        server_log.contains("member 3 (") && server_log.contains("timing it out"),
+        "server log: {server_log}"
+    );
+
+    s.stop();
+    drop(faulty);
+    let _ = std::fs::remove_dir_all(&dir);
 }
