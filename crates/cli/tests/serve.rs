@@ -473,6 +473,30 @@ impl Raw {
         )
     }
 
+    /// One structured reply chunk: (flags, type, handle, payload).
+    fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(&h[..4], &0x668e_33efu32.to_be_bytes());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        self.s.read_exact(&mut d).unwrap();
+        (
+            u16::from_be_bytes([h[4], h[5]]),
+            u16::from_be_bytes([h[6], h[7]]),
+            u64::from_be_bytes(h[8..16].try_into().unwrap()),
+            d,
+        )
+    }
+
+    /// A structured error chunk that ends its reply: (error, handle).
+    fn error_chunk(&mut self) -> (u32, u64) {
+        let (flags, typ, handle, d) = self.chunk();
+        assert_eq!(flags & 1, 1, "error chunk ends the reply");
+        assert_eq!(typ, 0x8001, "NBD_REPLY_TYPE_ERROR");
+        (u32::from_be_bytes(d[..4].try_into().unwrap()), handle)
+    }
+
     fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
         matches!(self.s.read(&mut b), Ok(0) | Err(_))
@@ -530,6 +554,8 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
         ),
         ("misaligned read", 0, 0, 100, 512, vec![], EINVAL),
         ("misaligned length", 0, 0, 0, 100, vec![], EINVAL),
+        // Longer than the advertised maximum block size: EINVAL (EOVERFLOW is only for a
+        // DF read too large for one chunk, checked below with structured replies).
         (
             "oversized simple read",
             0,
@@ -537,7 +563,7 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
             0,
             (32 << 20) + 512,
             vec![],
-            EOVERFLOW,
+            EINVAL,
         ),
         (
             "write past the end",
@@ -614,6 +640,30 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     let mut c3 = Raw::connect(&s.sock);
     c3.s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     assert!(c3.closed());
+    // With structured replies: an oversized read is EINVAL too, unless it asks not to be
+    // fragmented (DF), which is EOVERFLOW; a DF read within the maximum is served whole.
+    let mut c4 = Raw::connect(&s.sock);
+    c4.option(8, &[]);
+    assert_eq!(c4.opt_reply().0, 1, "structured replies acknowledged");
+    let flags = c4.go();
+    assert!(flags & (1 << 7) != 0, "DF advertised");
+    c4.request(0, 0, 1, 0, (32 << 20) + 512, &[]);
+    assert_eq!(c4.error_chunk(), (EINVAL, 1), "oversized structured read");
+    c4.request(1 << 2, 0, 2, 0, (32 << 20) + 512, &[]);
+    assert_eq!(c4.error_chunk(), (EOVERFLOW, 2), "oversized DF read");
+    c4.request(1 << 2, 0, 3, 4096, 512, &[]);
+    let (fl, typ, h, d) = c4.chunk();
+    assert_eq!((typ, h), (1, 3), "one OFFSET_DATA chunk");
+    assert_eq!(&d[..8], &4096u64.to_be_bytes());
+    assert_eq!(d[8..], sector[..]);
+    if fl & 1 == 0 {
+        let (fl, typ, h, _) = c4.chunk();
+        assert_eq!(
+            (fl & 1, typ, h),
+            (1, 0, 3),
+            "then NBD_REPLY_TYPE_NONE, done"
+        );
+    }
     // Everyone else is still served.
     let o = run(Command::new("nbdinfo").args(["--size", &s.unix_uri()]));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());

@@ -749,7 +749,16 @@ async fn handle<D: BlockDev>(
     let result: Result<(), ArrayError> = match req.typ {
         CMD_READ => {
             if req.length > MAX_PAYLOAD {
-                return err(Errno::Overflow, "read exceeds 32 MiB");
+                // Larger than the advertised maximum block size: EINVAL. The spec reserves
+                // EOVERFLOW for a DF read (structured replies) too large for one chunk.
+                return if req.flags & CMD_FLAG_DF != 0 {
+                    err(
+                        Errno::Overflow,
+                        "read exceeds 32 MiB and cannot be sent unfragmented",
+                    )
+                } else {
+                    err(Errno::Inval, "read exceeds the 32 MiB maximum block size")
+                };
             }
             return read(inner, sess, conn, &req).await;
         }
