@@ -87,6 +87,37 @@ impl Srv {
         let st = self.child.wait().unwrap();
         assert!(st.success(), "uraid serve exited with {st}");
     }
+
+    fn signal(&self, sig: &str) {
+        run(Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]));
+    }
+
+    /// Waits for the server to exit; panics (and Drop kills it) if it is still running after
+    /// `within`.
+    fn exit_within(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "uraid serve still running {within:?} after the signal"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The clean flag of a member's superblock, as `uraid examine --json` reports it.
+fn examine_clean(member: &Path) -> bool {
+    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["examine", "--json"])
+        .arg(member));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    j["clean"]
+        .as_bool()
+        .expect("examine reports the clean flag")
 }
 
 impl Drop for Srv {
@@ -681,6 +712,46 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     c.request(0, 6, 3, 0, 512, &[]);
     assert_eq!(c.simple(), (EPERM, 3));
     c.request(0, 2, 4, 0, 0, &[]); // NBD_CMD_DISC
+    assert!(c.closed());
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGHUP (the session or terminal went away) stops the server like SIGTERM: exit 0 with
+/// every member's superblock marked clean, and the data written before it is there after a
+/// restart.
+#[test]
+fn sighup_stops_the_server_cleanly() {
+    let dir = tmp("hup");
+    let m = create(&dir, 6, "16M");
+    let mut s = Srv::start(&dir, &m, &[]);
+    let mut c = Raw::connect(&s.sock);
+    c.go();
+    let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    c.request(0, 1, 1, 65536, data.len() as u32, &data);
+    assert_eq!(c.simple(), (0, 1));
+    // The write marked the array dirty on disk while it is being served.
+    assert!(
+        !examine_clean(&m[0]),
+        "array dirty while serving after a write"
+    );
+    // The client stays connected (idle) across the signal.
+    s.signal("HUP");
+    let st = s.exit_within(Duration::from_secs(10));
+    assert!(st.success(), "uraid serve exited with {st} after SIGHUP");
+    assert!(c.closed(), "the idle connection was closed");
+    for member in &m {
+        assert!(examine_clean(member), "{} not clean", member.display());
+    }
+    let s = Srv::start(&dir, &m, &[]);
+    let mut c = Raw::connect(&s.sock);
+    c.go();
+    c.request(0, 0, 2, 65536, data.len() as u32, &[]);
+    assert_eq!(c.simple(), (0, 2));
+    let mut back = vec![0u8; data.len()];
+    c.s.read_exact(&mut back).unwrap();
+    assert!(back == data, "data written before SIGHUP reads back");
+    c.request(0, 2, 3, 0, 0, &[]);
     assert!(c.closed());
     s.stop();
     let _ = std::fs::remove_dir_all(&dir);
