@@ -129,6 +129,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             export: export.clone(),
             description,
             read_only: args.read_only,
+            ..Config::default()
         },
     );
     for l in &listeners {

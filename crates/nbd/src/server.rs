@@ -6,6 +6,12 @@
 //! through a per-connection queue: whoever finds the socket idle sends everything queued in
 //! one sendmsg (header and payload pieces as iovecs), so a burst of completions costs one
 //! system call and a lone reply is never held back waiting for company.
+//!
+//! Memory per connection is bounded: the reader takes no request from the socket while the
+//! payloads of the requests it has in flight (write data held, read data requested) would
+//! exceed `Config::max_payload_in_flight`, nor while more than `Config::max_reply_queue`
+//! bytes of replies wait to be sent (a client that does not read its replies stops being
+//! read), besides the limit of `MAX_INFLIGHT` requests.
 
 use crate::proto::{self, Errno, Request};
 use std::cell::{Cell, RefCell};
@@ -25,6 +31,10 @@ use uraid_engine::{Array, ArrayError, BlockDev, ReadPiece, RuntimeHandle};
 pub const MAX_PAYLOAD: u32 = 32 << 20;
 /// Requests a connection may have in flight before its reader waits.
 const MAX_INFLIGHT: usize = 256;
+/// Default `Config::max_payload_in_flight`.
+pub const DEFAULT_MAX_PAYLOAD_IN_FLIGHT: usize = 64 << 20;
+/// Default `Config::max_reply_queue`.
+pub const DEFAULT_MAX_REPLY_QUEUE: usize = 32 << 20;
 /// Receive buffer per connection.
 const RECV_BUF: usize = 256 << 10;
 /// Base:allocation's metadata context id.
@@ -35,6 +45,25 @@ pub struct Config {
     pub export: String,
     pub description: String,
     pub read_only: bool,
+    /// Payload bytes one connection may have in flight: write data received and read data
+    /// requested, of requests not yet answered. The reader leaves the next request in the
+    /// socket until it fits (a request larger than this still runs, alone).
+    pub max_payload_in_flight: usize,
+    /// Reply bytes one connection may have waiting to be sent before its reader stops
+    /// taking new requests (replies of requests already taken still queue up behind them).
+    pub max_reply_queue: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            export: String::new(),
+            description: String::new(),
+            read_only: false,
+            max_payload_in_flight: DEFAULT_MAX_PAYLOAD_IN_FLIGHT,
+            max_reply_queue: DEFAULT_MAX_REPLY_QUEUE,
+        }
+    }
 }
 
 /// Counters visible while serving.
@@ -43,6 +72,11 @@ pub struct ServerStats {
     pub connections: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
+    /// Most payload bytes (see `Config::max_payload_in_flight`) any one connection has had
+    /// in flight.
+    pub payload_high_water: AtomicU64,
+    /// Most reply bytes any one connection has had queued or being sent.
+    pub reply_queue_high_water: AtomicU64,
 }
 
 struct Inner<D: BlockDev> {
@@ -57,7 +91,7 @@ struct Inner<D: BlockDev> {
     live: Mutex<usize>,
     idle: Condvar,
     listeners: Mutex<Vec<RawFd>>,
-    pub stats: ServerStats,
+    stats: Arc<ServerStats>,
 }
 
 /// A running NBD server over one array.
@@ -79,7 +113,7 @@ impl<D: BlockDev> Server<D> {
                 live: Mutex::new(0),
                 idle: Condvar::new(),
                 listeners: Mutex::new(Vec::new()),
-                stats: ServerStats::default(),
+                stats: Arc::new(ServerStats::default()),
             }),
         }
     }
@@ -295,22 +329,49 @@ impl Reader {
 
 // ---------------------------------------------------------------- send side
 
-/// Per-connection reply queue.
+/// Per-connection reply queue and the reader's accounting.
 struct Conn {
     fd: RawFd,
     queue: RefCell<VecDeque<OutPart>>,
     sending: Cell<bool>,
     broken: Cell<bool>,
     inflight: Cell<usize>,
+    /// Payload bytes of the requests in flight (write data held, read data requested).
+    payload: Cell<usize>,
+    /// Reply bytes queued or in the sendmsg under way.
+    queued: Cell<usize>,
+    stats: Arc<ServerStats>,
     /// The reader (waiting for room) or the closer (waiting for the end).
     waiter: RefCell<Option<Waker>>,
 }
 
 impl Conn {
+    fn new(fd: RawFd, stats: Arc<ServerStats>) -> Conn {
+        Conn {
+            fd,
+            queue: RefCell::new(VecDeque::new()),
+            sending: Cell::new(false),
+            broken: Cell::new(false),
+            inflight: Cell::new(0),
+            payload: Cell::new(0),
+            queued: Cell::new(0),
+            stats,
+            waiter: RefCell::new(None),
+        }
+    }
+
     fn wake(&self) {
         if let Some(w) = self.waiter.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    fn add_payload(&self, n: usize) {
+        let p = self.payload.get() + n;
+        self.payload.set(p);
+        self.stats
+            .payload_high_water
+            .fetch_max(p as u64, Ordering::Relaxed);
     }
 
     /// Queues one whole reply; starts a sender if the socket is idle.
@@ -318,6 +379,12 @@ impl Conn {
         if self.broken.get() {
             return;
         }
+        let bytes: usize = parts.iter().map(OutPart::len).sum();
+        let q = self.queued.get() + bytes;
+        self.queued.set(q);
+        self.stats
+            .reply_queue_high_water
+            .fetch_max(q as u64, Ordering::Relaxed);
         self.queue.borrow_mut().extend(parts);
         if !self.sending.get() {
             self.sending.set(true);
@@ -328,12 +395,17 @@ impl Conn {
                     if batch.is_empty() || c.broken.get() {
                         break;
                     }
+                    let n: usize = batch.iter().map(OutPart::len).sum();
                     if let Err(e) = net::send_all(c.fd, batch).await {
                         tracing::debug!("send failed: {e}");
                         c.broken.set(true);
                         c.queue.borrow_mut().clear();
+                        c.queued.set(0);
                         break;
                     }
+                    c.queued.set(c.queued.get() - n);
+                    // The reader may be waiting for the queue to shrink.
+                    c.wake();
                 }
                 c.sending.set(false);
                 c.wake();
@@ -573,14 +645,7 @@ async fn connection<D: BlockDev>(inner: Arc<Inner<D>>, fd: RawFd) -> io::Result<
         return Ok(());
     };
     let sess = Rc::new(sess);
-    let conn = Rc::new(Conn {
-        fd,
-        queue: RefCell::new(VecDeque::new()),
-        sending: Cell::new(false),
-        broken: Cell::new(false),
-        inflight: Cell::new(0),
-        waiter: RefCell::new(None),
-    });
+    let conn = Rc::new(Conn::new(fd, inner.stats.clone()));
     let r = transmission(&inner, &sess, &conn, &mut rd).await;
     // Finish what was read: every request answered, every reply sent.
     conn.wait_until(|c| c.inflight.get() == 0 && !c.sending.get())
@@ -594,12 +659,16 @@ async fn transmission<D: BlockDev>(
     conn: &Rc<Conn>,
     rd: &mut Reader,
 ) -> io::Result<()> {
+    let broken = || io::Error::new(io::ErrorKind::BrokenPipe, "send failed");
+    let (budget, max_queue) = (inner.cfg.max_payload_in_flight, inner.cfg.max_reply_queue);
     loop {
-        if conn.inflight.get() >= MAX_INFLIGHT {
-            conn.wait_until(|c| c.inflight.get() < MAX_INFLIGHT).await;
-        }
+        // Take no new request while too many are in flight or their replies pile up unsent.
+        conn.wait_until(|c| {
+            c.broken.get() || (c.inflight.get() < MAX_INFLIGHT && c.queued.get() <= max_queue)
+        })
+        .await;
         if conn.broken.get() {
-            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "send failed"));
+            return Err(broken());
         }
         let req = match proto::parse_request(rd.exact(proto::REQUEST_LEN).await?) {
             Ok(r) => r,
@@ -608,6 +677,26 @@ async fn transmission<D: BlockDev>(
             }
         };
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        // Payload this request holds while in flight; it starts (and a write's data is read
+        // off the socket) only once that fits the connection's budget.
+        let cost = match req.typ {
+            proto::CMD_WRITE | proto::CMD_READ if req.length <= MAX_PAYLOAD => req.length as usize,
+            _ => 0,
+        };
+        if cost > 0 {
+            conn.wait_until(|c| {
+                c.broken.get() || c.payload.get() == 0 || c.payload.get() + cost <= budget
+            })
+            .await;
+            if conn.broken.get() {
+                return Err(broken());
+            }
+            conn.add_payload(cost);
+        }
+        let release = move |conn: &Conn| {
+            conn.payload.set(conn.payload.get() - cost);
+            conn.wake();
+        };
         let payload = if req.typ == proto::CMD_WRITE {
             if req.length > MAX_PAYLOAD {
                 // Drain it in bounded pieces and refuse.
@@ -622,7 +711,13 @@ async fn transmission<D: BlockDev>(
                 );
                 continue;
             }
-            Some(rd.take_vec(req.length as usize).await?)
+            match rd.take_vec(req.length as usize).await {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    release(conn);
+                    return Err(e);
+                }
+            }
         } else {
             None
         };
@@ -634,7 +729,7 @@ async fn transmission<D: BlockDev>(
         reactor::spawn_local(async move {
             handle(&inner, &sess, &conn, req, payload).await;
             conn.inflight.set(conn.inflight.get() - 1);
-            conn.wake();
+            release(&conn);
         });
     }
 }

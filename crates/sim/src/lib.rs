@@ -4,6 +4,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use uraid_core::format::{MemberState, Superblock, DATA_OFFSET};
 use uraid_core::{Geometry, Level};
 use uraid_engine::array::WriteBuf;
@@ -22,6 +23,10 @@ pub struct Faults {
     /// other requests run in between, as they do while real I/O is in flight (memory
     /// otherwise completes synchronously and hides every interleaving).
     pub yield_ops: AtomicBool,
+    /// While set (`hold`), every operation waits before it touches the bytes until
+    /// `release`: requests stay in flight as long as a test needs them to.
+    pub held: AtomicBool,
+    parked: Mutex<Vec<Waker>>,
 }
 
 impl Faults {
@@ -32,6 +37,35 @@ impl Faults {
     /// The device dies on its `ops`-th operation from now (1 = the next one).
     pub fn kill_after(&self, ops: i64) {
         self.die_after.store(ops, Ordering::SeqCst);
+    }
+
+    /// Operations from now on wait until `release`.
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets every held (and later) operation proceed.
+    pub fn release(&self) {
+        self.held.store(false, Ordering::SeqCst);
+        for w in self.parked.lock().unwrap().drain(..) {
+            w.wake();
+        }
+    }
+
+    async fn until_released(&self) {
+        std::future::poll_fn(|cx| {
+            if !self.held.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            self.parked.lock().unwrap().push(cx.waker().clone());
+            // Released between the check and the push: its drain may have missed us.
+            if self.held.load(Ordering::SeqCst) {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await
     }
 
     fn check(&self) -> io::Result<()> {
@@ -100,6 +134,7 @@ impl BlockDev for MemDev {
 
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        self.faults.until_released().await;
         if let Err(e) = self.faults.check() {
             return (Err(e), buf);
         }
@@ -112,6 +147,7 @@ impl BlockDev for MemDev {
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        self.faults.until_released().await;
         if let Err(e) = self.faults.check() {
             return (Err(e), buf);
         }
