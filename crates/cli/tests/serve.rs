@@ -756,3 +756,52 @@ fn sighup_stops_the_server_cleanly() {
     s.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Clients that never send (one right after the greeting, one after NBD_OPT_GO) and one
+/// connecting while the server stops do not hold up SIGTERM: exit 0 within 5 s.
+#[test]
+fn idle_clients_do_not_hold_up_shutdown() {
+    let dir = tmp("idle");
+    let m = create(&dir, 6, "16M");
+    let mut s = Srv::start(&dir, &m, &[]);
+    let quiet_tcp = std::net::TcpStream::connect(&s.tcp).unwrap();
+    let mut quiet_unix = UnixStream::connect(&s.sock).unwrap();
+    quiet_unix
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut g = [0u8; 18];
+    quiet_unix.read_exact(&mut g).unwrap();
+    let mut idle = Raw::connect(&s.sock);
+    idle.go();
+    // More clients keep connecting (and then say nothing) while the signal arrives.
+    let sock = s.sock.clone();
+    let tcp = s.tcp.clone();
+    let late = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for i in 0..200 {
+            if i % 2 == 0 {
+                match UnixStream::connect(&sock) {
+                    Ok(c) => held.push(Box::new(c) as Box<dyn std::any::Any + Send>),
+                    Err(_) => break,
+                }
+            } else {
+                match std::net::TcpStream::connect(&tcp) {
+                    Ok(c) => held.push(Box::new(c)),
+                    Err(_) => break,
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        held
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    s.signal("TERM");
+    let st = s.exit_within(Duration::from_secs(5));
+    assert!(st.success(), "uraid serve exited with {st}");
+    assert!(idle.closed(), "the idle client was closed");
+    drop((quiet_tcp, late.join().unwrap()));
+    for member in &m {
+        assert!(examine_clean(member), "{} not clean", member.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

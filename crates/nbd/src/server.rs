@@ -22,6 +22,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
 use uraid_core::geometry::SECTOR;
 use uraid_engine::net::{self, OutPart};
 use uraid_engine::reactor;
@@ -35,6 +36,8 @@ const MAX_INFLIGHT: usize = 256;
 pub const DEFAULT_MAX_PAYLOAD_IN_FLIGHT: usize = 64 << 20;
 /// Default `Config::max_reply_queue`.
 pub const DEFAULT_MAX_REPLY_QUEUE: usize = 32 << 20;
+/// Default `Config::shutdown_grace`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Receive buffer per connection.
 const RECV_BUF: usize = 256 << 10;
 /// Base:allocation's metadata context id.
@@ -52,6 +55,9 @@ pub struct Config {
     /// Reply bytes one connection may have waiting to be sent before its reader stops
     /// taking new requests (replies of requests already taken still queue up behind them).
     pub max_reply_queue: usize,
+    /// How long `Server::shutdown` lets connections finish sending the replies to what they
+    /// had read; connections still open then (a client that does not read) are cut off.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Config {
@@ -62,6 +68,7 @@ impl Default for Config {
             read_only: false,
             max_payload_in_flight: DEFAULT_MAX_PAYLOAD_IN_FLIGHT,
             max_reply_queue: DEFAULT_MAX_REPLY_QUEUE,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 }
@@ -83,15 +90,22 @@ struct Inner<D: BlockDev> {
     array: Arc<Array<D>>,
     rt: RuntimeHandle,
     cfg: Config,
+    /// Set (under the `conns` lock) when shutdown starts.
     stopping: AtomicBool,
     next: AtomicUsize,
     next_id: AtomicU64,
-    /// Live connections' sockets, so shutdown can end their reads.
+    /// Live connections' sockets, so shutdown can end their reads. A connection is
+    /// registered under this lock only if `stopping` is still clear, so shutdown (which sets
+    /// it under the same lock) reaches every connection that will ever be served.
     conns: Mutex<HashMap<u64, RawFd>>,
-    live: Mutex<usize>,
+    /// Signalled (with `conns`) whenever a connection ends.
     idle: Condvar,
     listeners: Mutex<Vec<RawFd>>,
     stats: Arc<ServerStats>,
+    /// Runs on the accepting reactor between accept and registration (tests widen the
+    /// window in which shutdown can start there).
+    #[cfg(test)]
+    accept_hook: Mutex<Option<Box<dyn Fn() + Send>>>,
 }
 
 /// A running NBD server over one array.
@@ -110,10 +124,11 @@ impl<D: BlockDev> Server<D> {
                 next: AtomicUsize::new(0),
                 next_id: AtomicU64::new(0),
                 conns: Mutex::new(HashMap::new()),
-                live: Mutex::new(0),
                 idle: Condvar::new(),
                 listeners: Mutex::new(Vec::new()),
                 stats: Arc::new(ServerStats::default()),
+                #[cfg(test)]
+                accept_hook: Mutex::new(None),
             }),
         }
     }
@@ -136,10 +151,15 @@ impl<D: BlockDev> Server<D> {
         });
     }
 
-    /// Stops accepting, lets every connection finish the requests it has read, waits for
-    /// them to close, then flushes the array and records a clean shutdown.
+    /// Stops accepting, lets every connection finish the requests it has read and send
+    /// their replies (for at most `Config::shutdown_grace`; connections still open then are
+    /// cut off), waits for them to close, then flushes the array and records a clean
+    /// shutdown. Connections accepted once shutdown has started are closed unserved.
     pub fn shutdown(&self) -> Result<(), ArrayError> {
         let inner = &self.inner;
+        // Under the registration lock: every connection is either registered now (and shut
+        // down below) or will see `stopping` and be closed unserved.
+        let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
         inner.stopping.store(true, Ordering::SeqCst);
         for &l in inner
             .listeners
@@ -151,21 +171,42 @@ impl<D: BlockDev> Server<D> {
             // pending accept.
             unsafe { libc::shutdown(l, libc::SHUT_RDWR) };
         }
-        for &fd in inner
-            .conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            // SAFETY: the fd is registered only while its connection task owns it open;
-            // SHUT_RD ends the pending receive with EOF and leaves replies flowing.
+        for &fd in conns.values() {
+            // SAFETY: the fd is registered only while its connection task owns it open (it is
+            // removed under this lock before being closed); SHUT_RD ends the pending receive
+            // with EOF (an idle client, or one in the handshake, is done at once) and leaves
+            // replies flowing.
             unsafe { libc::shutdown(fd, libc::SHUT_RD) };
         }
-        let mut live = inner.live.lock().unwrap_or_else(|e| e.into_inner());
-        while *live > 0 {
-            live = inner.idle.wait(live).unwrap_or_else(|e| e.into_inner());
+        let deadline = Instant::now() + inner.cfg.shutdown_grace;
+        while !conns.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            conns = inner
+                .idle
+                .wait_timeout(conns, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
-        drop(live);
+        if !conns.is_empty() {
+            tracing::warn!(
+                "{} connection(s) still open {:?} into shutdown (client not reading replies?): \
+                 closing them",
+                conns.len(),
+                inner.cfg.shutdown_grace
+            );
+            for &fd in conns.values() {
+                // SAFETY: as above; SHUT_RDWR also fails the pending send, so the connection
+                // ends once its in-flight requests (which do not wait on the socket) finish.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            }
+            while !conns.is_empty() {
+                conns = inner.idle.wait(conns).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        drop(conns);
         let array = inner.array.clone();
         inner
             .rt
@@ -188,8 +229,14 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                 continue;
             }
         };
-        if inner.stopping.load(Ordering::SeqCst) {
-            return;
+        #[cfg(test)]
+        if let Some(hook) = inner
+            .accept_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            hook();
         }
         if tcp {
             let one: libc::c_int = 1;
@@ -205,12 +252,15 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
             }
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        inner
-            .conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, fd.as_raw_fd());
-        *inner.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        {
+            let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+            if inner.stopping.load(Ordering::SeqCst) {
+                // Accepted as shutdown started: close it unserved (dropping `fd`) rather
+                // than serve a connection shutdown does not know about.
+                return;
+            }
+            conns.insert(id, fd.as_raw_fd());
+        }
         inner.stats.connections.fetch_add(1, Ordering::Relaxed);
         let r = inner.next.fetch_add(1, Ordering::Relaxed) % inner.rt.reactors();
         let inner2 = inner.clone();
@@ -220,14 +270,10 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                 if let Err(e) = connection(inner2.clone(), raw).await {
                     tracing::debug!("connection closed: {e}");
                 }
-                inner2
-                    .conns
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                let mut conns = inner2.conns.lock().unwrap_or_else(|e| e.into_inner());
+                conns.remove(&id);
                 drop(fd);
-                let mut live = inner2.live.lock().unwrap_or_else(|e| e.into_inner());
-                *live -= 1;
+                drop(conns);
                 inner2.idle.notify_all();
             })
         });
@@ -972,4 +1018,82 @@ async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, re
         }
     }
     conn.send(parts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::sync::mpsc;
+    use uraid_core::Level;
+    use uraid_engine::Runtime;
+
+    /// A client whose connection the accept loop has taken but not yet registered when
+    /// shutdown starts (the hook holds the accepting reactor right there) must be closed
+    /// unserved: registered late, it would never be told to stop, and an idle client would
+    /// then keep the reactors (and `uraid serve`) from ever exiting.
+    #[test]
+    fn a_connection_accepted_as_shutdown_starts_is_closed_unserved() {
+        let dir = std::env::temp_dir().join(format!("uraid-nbd-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rt = Runtime::new(1, 64, true).unwrap();
+        assert!(rt.uses_uring(), "the NBD server needs io_uring");
+        let (array, _) =
+            uraid_sim::mem_array(Level::Raid0, 2, 64 << 10, 1 << 20, Some(rt.handle()));
+        let server = Server::new(
+            array,
+            rt.handle(),
+            Config {
+                export: "vol".into(),
+                ..Config::default()
+            },
+        );
+        let (accepted_tx, accepted_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let go_rx = Mutex::new(go_rx);
+        *server.inner.accept_hook.lock().unwrap() = Some(Box::new(move || {
+            let _ = accepted_tx.send(());
+            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+        }));
+        let sock = dir.join("nbd.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        server.listen(listener.as_raw_fd(), false);
+
+        let mut client = UnixStream::connect(&sock).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        accepted_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the server accepted the client");
+        // The accepting reactor is inside the hook. Start shutting down.
+        let inner = server.inner.clone();
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r = server.shutdown();
+            drop(server);
+            rt.shutdown();
+            let _ = done_tx.send(r);
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !inner.stopping.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "shutdown never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(inner);
+        go_tx.send(()).unwrap();
+        match done_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => r.expect("array closed cleanly"),
+            Err(_) => panic!("server and reactors still running 10 s after shutdown started"),
+        }
+        let mut b = [0u8; 18];
+        assert!(
+            matches!(client.read(&mut b), Ok(0)),
+            "the late connection is closed without a greeting"
+        );
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
