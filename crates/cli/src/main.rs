@@ -70,8 +70,8 @@ enum Cmd {
     /// Drive the engine directly (no network) and report IOPS, bandwidth and latency.
     /// With no MEMBERs, uses the embedded default volume under ./uraid-data.
     Bench(bench::BenchArgs),
-    /// Export the array formed by MEMBERs over NBD (TCP and/or Unix sockets) until SIGINT or
-    /// SIGTERM. With no MEMBERs, serves the embedded default volume under ./uraid-data.
+    /// Export the array formed by MEMBERs over NBD (TCP and/or Unix sockets) until SIGINT,
+    /// SIGTERM or SIGHUP. With no MEMBERs, serves the embedded default volume under ./uraid-data.
     Serve(serve::ServeArgs),
 }
 

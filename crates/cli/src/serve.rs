@@ -1,9 +1,9 @@
 //! `uraid serve`: assemble an array (degraded if it must) and export it over NBD until
-//! SIGINT or SIGTERM, then finish in-flight requests, flush and mark the array clean.
+//! SIGINT, SIGTERM or SIGHUP, then finish in-flight requests, flush and mark the array clean.
 
 use crate::size;
 use anyhow::{bail, Context, Result};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
@@ -111,7 +111,9 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     // Register the signals before any thread starts, so none of them takes the default action.
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+    // SIGHUP (the terminal or session went away) stops the server cleanly too: its default
+    // action would kill the process with the array still marked dirty.
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("installing signal handlers")?;
     let rt = Runtime::new(threads, 1024, true).context("starting reactors")?;
     if !rt.uses_uring() {
@@ -153,6 +155,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             export: export.clone(),
             description,
             read_only: args.read_only,
+            ..Config::default()
         },
     );
     for l in &listeners {
@@ -173,14 +176,16 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     for l in &listeners {
         println!("uraid: listening on {}", uri(l, &export));
     }
-    println!("uraid: stop with Ctrl-C or SIGTERM");
+    println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let sig = signals.forever().next().unwrap_or(SIGTERM);
-    eprintln!(
-        "uraid: {} received: finishing in-flight requests",
-        if sig == SIGINT { "SIGINT" } else { "SIGTERM" }
-    );
+    let name = match sig {
+        SIGINT => "SIGINT",
+        SIGHUP => "SIGHUP",
+        _ => "SIGTERM",
+    };
+    eprintln!("uraid: {name} received: finishing in-flight requests");
     let r = server.shutdown();
     let st = server.stats();
     let (conns, reqs, errs) = (

@@ -87,6 +87,37 @@ impl Srv {
         let st = self.child.wait().unwrap();
         assert!(st.success(), "uraid serve exited with {st}");
     }
+
+    fn signal(&self, sig: &str) {
+        run(Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]));
+    }
+
+    /// Waits for the server to exit; panics (and Drop kills it) if it is still running after
+    /// `within`.
+    fn exit_within(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "uraid serve still running {within:?} after the signal"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The clean flag of a member's superblock, as `uraid examine --json` reports it.
+fn examine_clean(member: &Path) -> bool {
+    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["examine", "--json"])
+        .arg(member));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    j["clean"]
+        .as_bool()
+        .expect("examine reports the clean flag")
 }
 
 impl Drop for Srv {
@@ -473,6 +504,30 @@ impl Raw {
         )
     }
 
+    /// One structured reply chunk: (flags, type, handle, payload).
+    fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(&h[..4], &0x668e_33efu32.to_be_bytes());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        self.s.read_exact(&mut d).unwrap();
+        (
+            u16::from_be_bytes([h[4], h[5]]),
+            u16::from_be_bytes([h[6], h[7]]),
+            u64::from_be_bytes(h[8..16].try_into().unwrap()),
+            d,
+        )
+    }
+
+    /// A structured error chunk that ends its reply: (error, handle).
+    fn error_chunk(&mut self) -> (u32, u64) {
+        let (flags, typ, handle, d) = self.chunk();
+        assert_eq!(flags & 1, 1, "error chunk ends the reply");
+        assert_eq!(typ, 0x8001, "NBD_REPLY_TYPE_ERROR");
+        (u32::from_be_bytes(d[..4].try_into().unwrap()), handle)
+    }
+
     fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
         matches!(self.s.read(&mut b), Ok(0) | Err(_))
@@ -530,6 +585,8 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
         ),
         ("misaligned read", 0, 0, 100, 512, vec![], EINVAL),
         ("misaligned length", 0, 0, 0, 100, vec![], EINVAL),
+        // Longer than the advertised maximum block size: EINVAL (EOVERFLOW is only for a
+        // DF read too large for one chunk, checked below with structured replies).
         (
             "oversized simple read",
             0,
@@ -537,7 +594,7 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
             0,
             (32 << 20) + 512,
             vec![],
-            EOVERFLOW,
+            EINVAL,
         ),
         (
             "write past the end",
@@ -614,6 +671,30 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     let mut c3 = Raw::connect(&s.sock);
     c3.s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     assert!(c3.closed());
+    // With structured replies: an oversized read is EINVAL too, unless it asks not to be
+    // fragmented (DF), which is EOVERFLOW; a DF read within the maximum is served whole.
+    let mut c4 = Raw::connect(&s.sock);
+    c4.option(8, &[]);
+    assert_eq!(c4.opt_reply().0, 1, "structured replies acknowledged");
+    let flags = c4.go();
+    assert!(flags & (1 << 7) != 0, "DF advertised");
+    c4.request(0, 0, 1, 0, (32 << 20) + 512, &[]);
+    assert_eq!(c4.error_chunk(), (EINVAL, 1), "oversized structured read");
+    c4.request(1 << 2, 0, 2, 0, (32 << 20) + 512, &[]);
+    assert_eq!(c4.error_chunk(), (EOVERFLOW, 2), "oversized DF read");
+    c4.request(1 << 2, 0, 3, 4096, 512, &[]);
+    let (fl, typ, h, d) = c4.chunk();
+    assert_eq!((typ, h), (1, 3), "one OFFSET_DATA chunk");
+    assert_eq!(&d[..8], &4096u64.to_be_bytes());
+    assert_eq!(d[8..], sector[..]);
+    if fl & 1 == 0 {
+        let (fl, typ, h, _) = c4.chunk();
+        assert_eq!(
+            (fl & 1, typ, h),
+            (1, 0, 3),
+            "then NBD_REPLY_TYPE_NONE, done"
+        );
+    }
     // Everyone else is still served.
     let o = run(Command::new("nbdinfo").args(["--size", &s.unix_uri()]));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
@@ -633,5 +714,94 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     c.request(0, 2, 4, 0, 0, &[]); // NBD_CMD_DISC
     assert!(c.closed());
     s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGHUP (the session or terminal went away) stops the server like SIGTERM: exit 0 with
+/// every member's superblock marked clean, and the data written before it is there after a
+/// restart.
+#[test]
+fn sighup_stops_the_server_cleanly() {
+    let dir = tmp("hup");
+    let m = create(&dir, 6, "16M");
+    let mut s = Srv::start(&dir, &m, &[]);
+    let mut c = Raw::connect(&s.sock);
+    c.go();
+    let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    c.request(0, 1, 1, 65536, data.len() as u32, &data);
+    assert_eq!(c.simple(), (0, 1));
+    // The write marked the array dirty on disk while it is being served.
+    assert!(
+        !examine_clean(&m[0]),
+        "array dirty while serving after a write"
+    );
+    // The client stays connected (idle) across the signal.
+    s.signal("HUP");
+    let st = s.exit_within(Duration::from_secs(10));
+    assert!(st.success(), "uraid serve exited with {st} after SIGHUP");
+    assert!(c.closed(), "the idle connection was closed");
+    for member in &m {
+        assert!(examine_clean(member), "{} not clean", member.display());
+    }
+    let s = Srv::start(&dir, &m, &[]);
+    let mut c = Raw::connect(&s.sock);
+    c.go();
+    c.request(0, 0, 2, 65536, data.len() as u32, &[]);
+    assert_eq!(c.simple(), (0, 2));
+    let mut back = vec![0u8; data.len()];
+    c.s.read_exact(&mut back).unwrap();
+    assert!(back == data, "data written before SIGHUP reads back");
+    c.request(0, 2, 3, 0, 0, &[]);
+    assert!(c.closed());
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Clients that never send (one right after the greeting, one after NBD_OPT_GO) and one
+/// connecting while the server stops do not hold up SIGTERM: exit 0 within 5 s.
+#[test]
+fn idle_clients_do_not_hold_up_shutdown() {
+    let dir = tmp("idle");
+    let m = create(&dir, 6, "16M");
+    let mut s = Srv::start(&dir, &m, &[]);
+    let quiet_tcp = std::net::TcpStream::connect(&s.tcp).unwrap();
+    let mut quiet_unix = UnixStream::connect(&s.sock).unwrap();
+    quiet_unix
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut g = [0u8; 18];
+    quiet_unix.read_exact(&mut g).unwrap();
+    let mut idle = Raw::connect(&s.sock);
+    idle.go();
+    // More clients keep connecting (and then say nothing) while the signal arrives.
+    let sock = s.sock.clone();
+    let tcp = s.tcp.clone();
+    let late = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for i in 0..200 {
+            if i % 2 == 0 {
+                match UnixStream::connect(&sock) {
+                    Ok(c) => held.push(Box::new(c) as Box<dyn std::any::Any + Send>),
+                    Err(_) => break,
+                }
+            } else {
+                match std::net::TcpStream::connect(&tcp) {
+                    Ok(c) => held.push(Box::new(c)),
+                    Err(_) => break,
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        held
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    s.signal("TERM");
+    let st = s.exit_within(Duration::from_secs(5));
+    assert!(st.success(), "uraid serve exited with {st}");
+    assert!(idle.closed(), "the idle client was closed");
+    drop((quiet_tcp, late.join().unwrap()));
+    for member in &m {
+        assert!(examine_clean(member), "{} not clean", member.display());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -37,7 +37,7 @@ pub struct FileDev {
     file: File,
     path: String,
     size: u64,
-    memory: bool,
+    pub(crate) memory: bool,
 }
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;

@@ -26,6 +26,15 @@ impl OutPart {
             OutPart::Shared(b, r) => &b[r.clone()],
         }
     }
+
+    /// Bytes this part sends.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 fn ring() -> io::Result<Rc<Local>> {

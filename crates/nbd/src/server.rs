@@ -6,6 +6,12 @@
 //! through a per-connection queue: whoever finds the socket idle sends everything queued in
 //! one sendmsg (header and payload pieces as iovecs), so a burst of completions costs one
 //! system call and a lone reply is never held back waiting for company.
+//!
+//! Memory per connection is bounded: the reader takes no request from the socket while the
+//! payloads of the requests it has in flight (write data held, read data requested) would
+//! exceed `Config::max_payload_in_flight`, nor while more than `Config::max_reply_queue`
+//! bytes of replies wait to be sent (a client that does not read its replies stops being
+//! read), besides the limit of `MAX_INFLIGHT` requests.
 
 use crate::proto::{self, Errno, Request};
 use std::cell::{Cell, RefCell};
@@ -16,6 +22,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
 use uraid_core::geometry::SECTOR;
 use uraid_engine::net::{self, OutPart};
 use uraid_engine::reactor;
@@ -25,6 +32,12 @@ use uraid_engine::{ArrayError, BlockDev, ReadPiece, RuntimeHandle, Volume};
 pub const MAX_PAYLOAD: u32 = 32 << 20;
 /// Requests a connection may have in flight before its reader waits.
 const MAX_INFLIGHT: usize = 256;
+/// Default `Config::max_payload_in_flight`.
+pub const DEFAULT_MAX_PAYLOAD_IN_FLIGHT: usize = 64 << 20;
+/// Default `Config::max_reply_queue`.
+pub const DEFAULT_MAX_REPLY_QUEUE: usize = 32 << 20;
+/// Default `Config::shutdown_grace`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Receive buffer per connection.
 const RECV_BUF: usize = 256 << 10;
 /// Base:allocation's metadata context id.
@@ -35,6 +48,29 @@ pub struct Config {
     pub export: String,
     pub description: String,
     pub read_only: bool,
+    /// Payload bytes one connection may have in flight: write data received and read data
+    /// requested, of requests not yet answered. The reader leaves the next request in the
+    /// socket until it fits (a request larger than this still runs, alone).
+    pub max_payload_in_flight: usize,
+    /// Reply bytes one connection may have waiting to be sent before its reader stops
+    /// taking new requests (replies of requests already taken still queue up behind them).
+    pub max_reply_queue: usize,
+    /// How long `Server::shutdown` lets connections finish sending the replies to what they
+    /// had read; connections still open then (a client that does not read) are cut off.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            export: String::new(),
+            description: String::new(),
+            read_only: false,
+            max_payload_in_flight: DEFAULT_MAX_PAYLOAD_IN_FLIGHT,
+            max_reply_queue: DEFAULT_MAX_REPLY_QUEUE,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
 }
 
 /// Counters visible while serving.
@@ -43,21 +79,33 @@ pub struct ServerStats {
     pub connections: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
+    /// Most payload bytes (see `Config::max_payload_in_flight`) any one connection has had
+    /// in flight.
+    pub payload_high_water: AtomicU64,
+    /// Most reply bytes any one connection has had queued or being sent.
+    pub reply_queue_high_water: AtomicU64,
 }
 
 struct Inner<D: BlockDev> {
     array: Arc<Volume<D>>,
     rt: RuntimeHandle,
     cfg: Config,
+    /// Set (under the `conns` lock) when shutdown starts.
     stopping: AtomicBool,
     next: AtomicUsize,
     next_id: AtomicU64,
-    /// Live connections' sockets, so shutdown can end their reads.
+    /// Live connections' sockets, so shutdown can end their reads. A connection is
+    /// registered under this lock only if `stopping` is still clear, so shutdown (which sets
+    /// it under the same lock) reaches every connection that will ever be served.
     conns: Mutex<HashMap<u64, RawFd>>,
-    live: Mutex<usize>,
+    /// Signalled (with `conns`) whenever a connection ends.
     idle: Condvar,
     listeners: Mutex<Vec<RawFd>>,
-    pub stats: ServerStats,
+    stats: Arc<ServerStats>,
+    /// Runs on the accepting reactor between accept and registration (tests widen the
+    /// window in which shutdown can start there).
+    #[cfg(test)]
+    accept_hook: Mutex<Option<Box<dyn Fn() + Send>>>,
 }
 
 /// A running NBD server over one array.
@@ -76,10 +124,11 @@ impl<D: BlockDev> Server<D> {
                 next: AtomicUsize::new(0),
                 next_id: AtomicU64::new(0),
                 conns: Mutex::new(HashMap::new()),
-                live: Mutex::new(0),
                 idle: Condvar::new(),
                 listeners: Mutex::new(Vec::new()),
-                stats: ServerStats::default(),
+                stats: Arc::new(ServerStats::default()),
+                #[cfg(test)]
+                accept_hook: Mutex::new(None),
             }),
         }
     }
@@ -102,10 +151,15 @@ impl<D: BlockDev> Server<D> {
         });
     }
 
-    /// Stops accepting, lets every connection finish the requests it has read, waits for
-    /// them to close, then flushes the array and records a clean shutdown.
+    /// Stops accepting, lets every connection finish the requests it has read and send
+    /// their replies (for at most `Config::shutdown_grace`; connections still open then are
+    /// cut off), waits for them to close, then flushes the array and records a clean
+    /// shutdown. Connections accepted once shutdown has started are closed unserved.
     pub fn shutdown(&self) -> Result<(), ArrayError> {
         let inner = &self.inner;
+        // Under the registration lock: every connection is either registered now (and shut
+        // down below) or will see `stopping` and be closed unserved.
+        let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
         inner.stopping.store(true, Ordering::SeqCst);
         for &l in inner
             .listeners
@@ -117,21 +171,42 @@ impl<D: BlockDev> Server<D> {
             // pending accept.
             unsafe { libc::shutdown(l, libc::SHUT_RDWR) };
         }
-        for &fd in inner
-            .conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            // SAFETY: the fd is registered only while its connection task owns it open;
-            // SHUT_RD ends the pending receive with EOF and leaves replies flowing.
+        for &fd in conns.values() {
+            // SAFETY: the fd is registered only while its connection task owns it open (it is
+            // removed under this lock before being closed); SHUT_RD ends the pending receive
+            // with EOF (an idle client, or one in the handshake, is done at once) and leaves
+            // replies flowing.
             unsafe { libc::shutdown(fd, libc::SHUT_RD) };
         }
-        let mut live = inner.live.lock().unwrap_or_else(|e| e.into_inner());
-        while *live > 0 {
-            live = inner.idle.wait(live).unwrap_or_else(|e| e.into_inner());
+        let deadline = Instant::now() + inner.cfg.shutdown_grace;
+        while !conns.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            conns = inner
+                .idle
+                .wait_timeout(conns, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
-        drop(live);
+        if !conns.is_empty() {
+            tracing::warn!(
+                "{} connection(s) still open {:?} into shutdown (client not reading replies?): \
+                 closing them",
+                conns.len(),
+                inner.cfg.shutdown_grace
+            );
+            for &fd in conns.values() {
+                // SAFETY: as above; SHUT_RDWR also fails the pending send, so the connection
+                // ends once its in-flight requests (which do not wait on the socket) finish.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            }
+            while !conns.is_empty() {
+                conns = inner.idle.wait(conns).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        drop(conns);
         let array = inner.array.clone();
         inner
             .rt
@@ -154,8 +229,14 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                 continue;
             }
         };
-        if inner.stopping.load(Ordering::SeqCst) {
-            return;
+        #[cfg(test)]
+        if let Some(hook) = inner
+            .accept_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            hook();
         }
         if tcp {
             let one: libc::c_int = 1;
@@ -171,12 +252,15 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
             }
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        inner
-            .conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, fd.as_raw_fd());
-        *inner.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        {
+            let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+            if inner.stopping.load(Ordering::SeqCst) {
+                // Accepted as shutdown started: close it unserved (dropping `fd`) rather
+                // than serve a connection shutdown does not know about.
+                return;
+            }
+            conns.insert(id, fd.as_raw_fd());
+        }
         inner.stats.connections.fetch_add(1, Ordering::Relaxed);
         let r = inner.next.fetch_add(1, Ordering::Relaxed) % inner.rt.reactors();
         let inner2 = inner.clone();
@@ -186,14 +270,10 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                 if let Err(e) = connection(inner2.clone(), raw).await {
                     tracing::debug!("connection closed: {e}");
                 }
-                inner2
-                    .conns
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                let mut conns = inner2.conns.lock().unwrap_or_else(|e| e.into_inner());
+                conns.remove(&id);
                 drop(fd);
-                let mut live = inner2.live.lock().unwrap_or_else(|e| e.into_inner());
-                *live -= 1;
+                drop(conns);
                 inner2.idle.notify_all();
             })
         });
@@ -295,22 +375,49 @@ impl Reader {
 
 // ---------------------------------------------------------------- send side
 
-/// Per-connection reply queue.
+/// Per-connection reply queue and the reader's accounting.
 struct Conn {
     fd: RawFd,
     queue: RefCell<VecDeque<OutPart>>,
     sending: Cell<bool>,
     broken: Cell<bool>,
     inflight: Cell<usize>,
+    /// Payload bytes of the requests in flight (write data held, read data requested).
+    payload: Cell<usize>,
+    /// Reply bytes queued or in the sendmsg under way.
+    queued: Cell<usize>,
+    stats: Arc<ServerStats>,
     /// The reader (waiting for room) or the closer (waiting for the end).
     waiter: RefCell<Option<Waker>>,
 }
 
 impl Conn {
+    fn new(fd: RawFd, stats: Arc<ServerStats>) -> Conn {
+        Conn {
+            fd,
+            queue: RefCell::new(VecDeque::new()),
+            sending: Cell::new(false),
+            broken: Cell::new(false),
+            inflight: Cell::new(0),
+            payload: Cell::new(0),
+            queued: Cell::new(0),
+            stats,
+            waiter: RefCell::new(None),
+        }
+    }
+
     fn wake(&self) {
         if let Some(w) = self.waiter.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    fn add_payload(&self, n: usize) {
+        let p = self.payload.get() + n;
+        self.payload.set(p);
+        self.stats
+            .payload_high_water
+            .fetch_max(p as u64, Ordering::Relaxed);
     }
 
     /// Queues one whole reply; starts a sender if the socket is idle.
@@ -318,6 +425,12 @@ impl Conn {
         if self.broken.get() {
             return;
         }
+        let bytes: usize = parts.iter().map(OutPart::len).sum();
+        let q = self.queued.get() + bytes;
+        self.queued.set(q);
+        self.stats
+            .reply_queue_high_water
+            .fetch_max(q as u64, Ordering::Relaxed);
         self.queue.borrow_mut().extend(parts);
         if !self.sending.get() {
             self.sending.set(true);
@@ -328,12 +441,17 @@ impl Conn {
                     if batch.is_empty() || c.broken.get() {
                         break;
                     }
+                    let n: usize = batch.iter().map(OutPart::len).sum();
                     if let Err(e) = net::send_all(c.fd, batch).await {
                         tracing::debug!("send failed: {e}");
                         c.broken.set(true);
                         c.queue.borrow_mut().clear();
+                        c.queued.set(0);
                         break;
                     }
+                    c.queued.set(c.queued.get() - n);
+                    // The reader may be waiting for the queue to shrink.
+                    c.wake();
                 }
                 c.sending.set(false);
                 c.wake();
@@ -573,14 +691,7 @@ async fn connection<D: BlockDev>(inner: Arc<Inner<D>>, fd: RawFd) -> io::Result<
         return Ok(());
     };
     let sess = Rc::new(sess);
-    let conn = Rc::new(Conn {
-        fd,
-        queue: RefCell::new(VecDeque::new()),
-        sending: Cell::new(false),
-        broken: Cell::new(false),
-        inflight: Cell::new(0),
-        waiter: RefCell::new(None),
-    });
+    let conn = Rc::new(Conn::new(fd, inner.stats.clone()));
     let r = transmission(&inner, &sess, &conn, &mut rd).await;
     // Finish what was read: every request answered, every reply sent.
     conn.wait_until(|c| c.inflight.get() == 0 && !c.sending.get())
@@ -594,12 +705,16 @@ async fn transmission<D: BlockDev>(
     conn: &Rc<Conn>,
     rd: &mut Reader,
 ) -> io::Result<()> {
+    let broken = || io::Error::new(io::ErrorKind::BrokenPipe, "send failed");
+    let (budget, max_queue) = (inner.cfg.max_payload_in_flight, inner.cfg.max_reply_queue);
     loop {
-        if conn.inflight.get() >= MAX_INFLIGHT {
-            conn.wait_until(|c| c.inflight.get() < MAX_INFLIGHT).await;
-        }
+        // Take no new request while too many are in flight or their replies pile up unsent.
+        conn.wait_until(|c| {
+            c.broken.get() || (c.inflight.get() < MAX_INFLIGHT && c.queued.get() <= max_queue)
+        })
+        .await;
         if conn.broken.get() {
-            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "send failed"));
+            return Err(broken());
         }
         let req = match proto::parse_request(rd.exact(proto::REQUEST_LEN).await?) {
             Ok(r) => r,
@@ -608,6 +723,26 @@ async fn transmission<D: BlockDev>(
             }
         };
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        // Payload this request holds while in flight; it starts (and a write's data is read
+        // off the socket) only once that fits the connection's budget.
+        let cost = match req.typ {
+            proto::CMD_WRITE | proto::CMD_READ if req.length <= MAX_PAYLOAD => req.length as usize,
+            _ => 0,
+        };
+        if cost > 0 {
+            conn.wait_until(|c| {
+                c.broken.get() || c.payload.get() == 0 || c.payload.get() + cost <= budget
+            })
+            .await;
+            if conn.broken.get() {
+                return Err(broken());
+            }
+            conn.add_payload(cost);
+        }
+        let release = move |conn: &Conn| {
+            conn.payload.set(conn.payload.get() - cost);
+            conn.wake();
+        };
         let payload = if req.typ == proto::CMD_WRITE {
             if req.length > MAX_PAYLOAD {
                 // Drain it in bounded pieces and refuse.
@@ -622,7 +757,13 @@ async fn transmission<D: BlockDev>(
                 );
                 continue;
             }
-            Some(rd.take_vec(req.length as usize).await?)
+            match rd.take_vec(req.length as usize).await {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    release(conn);
+                    return Err(e);
+                }
+            }
         } else {
             None
         };
@@ -634,7 +775,7 @@ async fn transmission<D: BlockDev>(
         reactor::spawn_local(async move {
             handle(&inner, &sess, &conn, req, payload).await;
             conn.inflight.set(conn.inflight.get() - 1);
-            conn.wake();
+            release(&conn);
         });
     }
 }
@@ -749,7 +890,16 @@ async fn handle<D: BlockDev>(
     let result: Result<(), ArrayError> = match req.typ {
         CMD_READ => {
             if req.length > MAX_PAYLOAD {
-                return err(Errno::Overflow, "read exceeds 32 MiB");
+                // Larger than the advertised maximum block size: EINVAL. The spec reserves
+                // EOVERFLOW for a DF read (structured replies) too large for one chunk.
+                return if req.flags & CMD_FLAG_DF != 0 {
+                    err(
+                        Errno::Overflow,
+                        "read exceeds 32 MiB and cannot be sent unfragmented",
+                    )
+                } else {
+                    err(Errno::Inval, "read exceeds the 32 MiB maximum block size")
+                };
             }
             return read(inner, sess, conn, &req).await;
         }
@@ -878,4 +1028,82 @@ async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, re
         }
     }
     conn.send(parts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::sync::mpsc;
+    use uraid_core::Level;
+    use uraid_engine::Runtime;
+
+    /// A client whose connection the accept loop has taken but not yet registered when
+    /// shutdown starts (the hook holds the accepting reactor right there) must be closed
+    /// unserved: registered late, it would never be told to stop, and an idle client would
+    /// then keep the reactors (and `uraid serve`) from ever exiting.
+    #[test]
+    fn a_connection_accepted_as_shutdown_starts_is_closed_unserved() {
+        let dir = std::env::temp_dir().join(format!("uraid-nbd-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rt = Runtime::new(1, 64, true).unwrap();
+        assert!(rt.uses_uring(), "the NBD server needs io_uring");
+        let (array, _) =
+            uraid_sim::mem_array(Level::Raid0, 2, 64 << 10, 1 << 20, Some(rt.handle()));
+        let server = Server::new(
+            array,
+            rt.handle(),
+            Config {
+                export: "vol".into(),
+                ..Config::default()
+            },
+        );
+        let (accepted_tx, accepted_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let go_rx = Mutex::new(go_rx);
+        *server.inner.accept_hook.lock().unwrap() = Some(Box::new(move || {
+            let _ = accepted_tx.send(());
+            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+        }));
+        let sock = dir.join("nbd.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        server.listen(listener.as_raw_fd(), false);
+
+        let mut client = UnixStream::connect(&sock).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        accepted_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the server accepted the client");
+        // The accepting reactor is inside the hook. Start shutting down.
+        let inner = server.inner.clone();
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r = server.shutdown();
+            drop(server);
+            rt.shutdown();
+            let _ = done_tx.send(r);
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !inner.stopping.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "shutdown never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(inner);
+        go_tx.send(()).unwrap();
+        match done_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => r.expect("array closed cleanly"),
+            Err(_) => panic!("server and reactors still running 10 s after shutdown started"),
+        }
+        let mut b = [0u8; 18];
+        assert!(
+            matches!(client.read(&mut b), Ok(0)),
+            "the late connection is closed without a greeting"
+        );
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -8,6 +8,7 @@ pub mod crash;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use uraid_core::format::{MemberState, Superblock, DATA_OFFSET, SB_SIZE, SB_SLOTS};
 use uraid_core::{Geometry, Level};
 use uraid_engine::array::WriteBuf;
@@ -39,6 +40,10 @@ pub struct Faults {
     /// members complete in different orders.
     pub jitter: AtomicBool,
     jitter_seq: AtomicU64,
+    /// While set (`hold`), every operation waits before it touches the bytes until
+    /// `release`: requests stay in flight as long as a test needs them to.
+    pub held: AtomicBool,
+    parked: Mutex<Vec<Waker>>,
 }
 
 impl Faults {
@@ -54,6 +59,35 @@ impl Faults {
     /// Marks device bytes `[lo, hi)` unreadable until written.
     pub fn bad_range(&self, lo: u64, hi: u64) {
         self.bad.lock().unwrap().push((lo, hi));
+    }
+
+    /// Operations from now on wait until `release`.
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets every held (and later) operation proceed.
+    pub fn release(&self) {
+        self.held.store(false, Ordering::SeqCst);
+        for w in self.parked.lock().unwrap().drain(..) {
+            w.wake();
+        }
+    }
+
+    async fn until_released(&self) {
+        std::future::poll_fn(|cx| {
+            if !self.held.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            self.parked.lock().unwrap().push(cx.waker().clone());
+            // Released between the check and the push: its drain may have missed us.
+            if self.held.load(Ordering::SeqCst) {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await
     }
 
     fn check(&self) -> io::Result<()> {
@@ -197,6 +231,7 @@ impl BlockDev for MemDev {
 
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        self.faults.until_released().await;
         wait_unhung(&self.faults).await;
         let n = buf.len();
         if let Err(e) = self
@@ -214,6 +249,7 @@ impl BlockDev for MemDev {
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        self.faults.until_released().await;
         if self.faults.jitter.load(Ordering::Relaxed) {
             let n = self.faults.jitter_seq.fetch_add(1, Ordering::Relaxed);
             let salt = self.name.bytes().fold(0u64, |a, b| a * 31 + b as u64);
