@@ -248,10 +248,18 @@ impl Superblock {
 /// The superblock of a member from its two slots (`SB_SLOTS`): the valid one with the
 /// higher event count. If neither is valid, slot 0's error.
 pub fn pick_superblock(slot0: &[u8], slot1: &[u8]) -> Result<Superblock, FormatError> {
+    pick_superblock_slot(slot0, slot1).map(|(sb, _)| sb)
+}
+
+/// Like `pick_superblock`, also saying which slot (0 or 1) it came from.
+pub fn pick_superblock_slot(
+    slot0: &[u8],
+    slot1: &[u8],
+) -> Result<(Superblock, usize), FormatError> {
     match (Superblock::decode(slot0), Superblock::decode(slot1)) {
-        (Ok(a), Ok(b)) => Ok(if b.events > a.events { b } else { a }),
-        (Ok(a), Err(_)) => Ok(a),
-        (Err(_), Ok(b)) => Ok(b),
+        (Ok(a), Ok(b)) => Ok(if b.events > a.events { (b, 1) } else { (a, 0) }),
+        (Ok(a), Err(_)) => Ok((a, 0)),
+        (Err(_), Ok(b)) => Ok((b, 1)),
         (Err(e), Err(_)) => Err(e),
     }
 }

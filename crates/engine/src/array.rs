@@ -15,7 +15,7 @@
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, Members};
-use crate::metadata::Metadata;
+use crate::metadata::{MemberId, Metadata};
 use crate::reactor::RuntimeHandle;
 use crate::stripe::{Attempt, StripeLocks};
 use futures::future::join_all;
@@ -94,28 +94,29 @@ impl<D: BlockDev> HasMembers<D> for Array<D> {
 impl<D: BlockDev> Array<D> {
     /// Builds an array over assembled members. `devs[i]` is None for a missing member;
     /// `sb` is the freshest superblock (index and device uuid are rewritten per member when
-    /// superblocks are written). `rt` sizes the stripe lock table (8 shards per reactor).
+    /// superblocks are written); `ids[i]` member i's uuid and freshest superblock slot. `rt` sizes the stripe lock table (8 shards per reactor).
     pub fn new(
         sb: Superblock,
-        device_uuids: Vec<[u8; 16]>,
+        ids: Vec<MemberId>,
         devs: Vec<Option<D>>,
         rt: Option<RuntimeHandle>,
         opts: ArrayOptions,
     ) -> Arc<Self> {
         let geo = sb.geometry;
         assert_eq!(devs.len(), geo.members);
-        assert_eq!(device_uuids.len(), geo.members);
+        assert_eq!(ids.len(), geo.members);
         let codec = geo
             .level
             .is_parity()
             .then(|| Codec::new(geo.data_chunks(), geo.parity()).expect("geometry was validated"));
         let recorded: MemberSet = (0..geo.members).filter(|&i| sb.is_failed(i)).collect();
+        let absent: MemberSet = (0..geo.members).filter(|&i| devs[i].is_none()).collect();
         let shards = rt.as_ref().map_or(1, |r| r.reactors() * 8);
         let a = Arc::new(Array {
             geo,
             codec,
             members: Members::new(devs, recorded, sb.data_offset, opts.policy),
-            meta: Metadata::new(sb, device_uuids, opts.frozen_metadata),
+            meta: Metadata::new(sb, ids, opts.frozen_metadata, absent),
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
         });

@@ -67,12 +67,19 @@ pub struct CreateOptions {
 
 /// Reads and validates the superblock of `path`: the fresher valid one of its two slots.
 pub fn read_superblock(path: &Path) -> Result<Superblock, AssembleError> {
+    read_superblock_slot(path).map(|(sb, _)| sb)
+}
+
+/// Like `read_superblock`, also saying which slot it came from.
+pub fn read_superblock_slot(path: &Path) -> Result<(Superblock, usize), AssembleError> {
     let f = File::open(path).map_err(io_err(path))?;
     let mut b = vec![0u8; SB_SIZE * SB_SLOTS];
     f.read_exact_at(&mut b, 0).map_err(io_err(path))?;
-    format::pick_superblock(&b[..SB_SIZE], &b[SB_SIZE..]).map_err(|err| AssembleError::Format {
-        path: path.display().to_string(),
-        err,
+    format::pick_superblock_slot(&b[..SB_SIZE], &b[SB_SIZE..]).map_err(|err| {
+        AssembleError::Format {
+            path: path.display().to_string(),
+            err,
+        }
     })
 }
 
@@ -201,6 +208,8 @@ fn zero_range(f: &File, off: u64, len: u64) -> io::Result<()> {
 pub struct Found {
     pub path: PathBuf,
     pub sb: Superblock,
+    /// The superblock slot `sb` was read from.
+    pub slot: usize,
 }
 
 /// The outcome of examining a set of member paths: which members the array can use, and why
@@ -212,11 +221,25 @@ pub struct Plan {
     /// Path for each member slot, None when missing.
     pub slots: Vec<Option<PathBuf>>,
     pub device_uuids: Vec<[u8; 16]>,
+    /// Per slot: the superblock slot its member's freshest superblock is in, and its events.
+    pub sb_slots: Vec<usize>,
+    pub member_events: Vec<u64>,
     /// Human-readable reasons for paths that were refused.
     pub refused: Vec<String>,
 }
 
 impl Plan {
+    /// Member identities for `Array::new`.
+    pub fn ids(&self) -> Vec<crate::MemberId> {
+        (0..self.slots.len())
+            .map(|i| crate::MemberId {
+                uuid: self.device_uuids[i],
+                sb_slot: self.sb_slots[i],
+                events: self.member_events[i],
+            })
+            .collect()
+    }
+
     pub fn missing(&self) -> Vec<usize> {
         (0..self.slots.len())
             .filter(|&i| self.slots[i].is_none() || self.sb.is_failed(i))
@@ -251,10 +274,11 @@ pub fn plan_with(paths: &[PathBuf], force: bool) -> Result<Plan, AssembleError> 
     let mut found = Vec::new();
     let mut refused = Vec::new();
     for p in paths {
-        match read_superblock(p) {
-            Ok(sb) => found.push(Found {
+        match read_superblock_slot(p) {
+            Ok((sb, slot)) => found.push(Found {
                 path: p.clone(),
                 sb,
+                slot,
             }),
             Err(e) => refused.push(format!("{e}")),
         }
@@ -285,6 +309,11 @@ pub fn decide(
     let mut sb = best.sb.clone();
     let mut slots: Vec<Option<PathBuf>> = vec![None; sb.geometry.members];
     let mut device_uuids = vec![[0u8; 16]; sb.geometry.members];
+    let mut sb_slots = vec![0usize; sb.geometry.members];
+    let mut member_events = vec![0u64; sb.geometry.members];
+    // Two copies of one slot: the fresher is considered first.
+    let mut found = found;
+    found.sort_by_key(|f| std::cmp::Reverse(f.sb.events));
     // Refused for staleness or a failed mark: candidates for --force.
     let mut forceable: Vec<(&Found, String)> = Vec::new();
     for f in &found {
@@ -331,6 +360,8 @@ pub fn decide(
             }
             slots[f.sb.index] = Some(f.path.clone());
             device_uuids[f.sb.index] = f.sb.device_uuid;
+            sb_slots[f.sb.index] = f.slot;
+            member_events[f.sb.index] = f.sb.events;
         }
     }
     forceable.sort_by_key(|(f, _)| std::cmp::Reverse(f.sb.events));
@@ -341,6 +372,8 @@ pub fn decide(
                 sb: sb.clone(),
                 slots: slots.clone(),
                 device_uuids: device_uuids.clone(),
+                sb_slots: sb_slots.clone(),
+                member_events: member_events.clone(),
                 refused: Vec::new(),
             };
             probe.can_start().is_ok()
@@ -351,6 +384,8 @@ pub fn decide(
             sb.states[i] = MemberState::Active;
             slots[i] = Some(f.path.clone());
             device_uuids[i] = f.sb.device_uuid;
+            sb_slots[i] = f.slot;
+            member_events[i] = f.sb.events;
         } else {
             refused.push(why);
         }
@@ -359,6 +394,8 @@ pub fn decide(
         sb,
         slots,
         device_uuids,
+        sb_slots,
+        member_events,
         refused,
     })
 }
@@ -465,10 +502,10 @@ pub fn open_volume_with(
     let (map, bad) = load_map(plan)?;
     if bad > 0 {
         tracing::warn!(
-            "allocation map: {bad} page(s) had no valid copy on any member; their granules are \
+            "allocation map: {bad} sector(s) had no valid copy on any member; their granules are \
              treated as allocated"
         );
     }
-    let array = crate::Array::new(plan.sb.clone(), plan.device_uuids.clone(), devs, rt, opts);
+    let array = crate::Array::new(plan.sb.clone(), plan.ids(), devs, rt, opts);
     Ok(crate::Volume::new(array, Some(map)))
 }

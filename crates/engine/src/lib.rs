@@ -25,5 +25,6 @@ pub use array::{Array, ArrayError, ArrayOptions, WriteBuf};
 pub use buf::{IoBuf, Segments};
 pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use members::ErrorPolicy;
+pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
 pub use volume::{Run, Volume};

@@ -6,10 +6,10 @@
 //!   completed without a failed member is acknowledged before the failure is durable
 //!   (`failure_barrier`, called on every write and flush completion path). Otherwise a power
 //!   cut in that window brings the member back as active with stale chunks.
-//! * A superblock round writes every live member's superblock into slot `events % 2` (two
-//!   4 KiB slots at member offsets 0 and 4096) and flushes it, so a round torn by a crash
-//!   leaves the other slot intact with `events - 1`: assembly accepts such a member
-//!   (`assemble::plan`, md's event margin of one).
+//! * A superblock round writes every live member's superblock into the one of its two slots
+//!   (4 KiB at member offsets 0 and 4096) that does *not* hold its freshest valid superblock,
+//!   and flushes it, so a round torn by a crash leaves that copy intact: `events - 1`, which
+//!   assembly accepts (`assemble::decide`, md's event margin of one).
 //! * Rounds are serialised by one async mutex; a round that itself fails a member runs again.
 
 use crate::array::Array;
@@ -23,7 +23,19 @@ use uraid_core::MemberSet;
 
 pub(crate) struct Meta {
     pub(crate) sb: Superblock,
-    device_uuids: Vec<[u8; 16]>,
+    ids: Vec<MemberId>,
+}
+
+/// Who a member is on disk: its device uuid, and which superblock slot holds its freshest
+/// valid superblock (the next round writes the *other* slot, so a torn round can never
+/// destroy a member's only valid copy, also on a member that missed the previous round).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemberId {
+    pub uuid: [u8; 16],
+    pub sb_slot: usize,
+    /// The event count of that superblock (members taken one event behind, or forced, are
+    /// behind the array's).
+    pub events: u64,
 }
 
 pub(crate) struct Metadata {
@@ -35,18 +47,22 @@ pub(crate) struct Metadata {
     frozen: bool,
 }
 
-/// Member offset of superblock slot `events % 2`.
-pub fn slot_offset(events: u64) -> u64 {
-    (events % 2) * SB_SIZE as u64
-}
-
 impl Metadata {
-    pub(crate) fn new(sb: Superblock, device_uuids: Vec<[u8; 16]>, frozen: bool) -> Metadata {
+    /// `absent`: members missing at assembly. They count as known: a session that only
+    /// reads never records them failed (their data is still current); the first write's
+    /// round does.
+    pub(crate) fn new(
+        sb: Superblock,
+        ids: Vec<MemberId>,
+        frozen: bool,
+        absent: MemberSet,
+    ) -> Metadata {
         let persisted: MemberSet = (0..sb.geometry.members)
             .filter(|&i| sb.is_failed(i))
-            .collect();
+            .collect::<MemberSet>()
+            .union(absent);
         Metadata {
-            state: futures::lock::Mutex::new(Meta { sb, device_uuids }),
+            state: futures::lock::Mutex::new(Meta { sb, ids }),
             persisted: AtomicU64::new(persisted.bits()),
             dirty: AtomicBool::new(false),
             frozen,
@@ -107,6 +123,7 @@ impl<D: BlockDev> Array<D> {
                     .fetch_or(failed.bits(), Ordering::AcqRel);
                 return;
             }
+            self.catch_up(meta, failed).await;
             meta.sb.events += 1;
             meta.sb.utime = now();
             for i in 0..self.geo.members {
@@ -116,27 +133,36 @@ impl<D: BlockDev> Array<D> {
                     MemberState::Active
                 };
             }
-            let at = slot_offset(meta.sb.events);
             let live = MemberSet::all(self.geo.members).minus(failed);
             let writes = live.iter().map(|i| {
                 let mut sb = meta.sb.clone();
                 sb.index = i;
-                sb.device_uuid = meta.device_uuids[i];
+                sb.device_uuid = meta.ids[i].uuid;
                 let block = buf::copy_of(&sb.encode());
+                let slot = 1 - meta.ids[i].sb_slot;
+                let at = (slot * SB_SIZE) as u64;
                 async move {
                     let r = match self.members.write_raw(i, at, block).await {
                         Ok(()) => self.members.flush(i).await,
                         Err(e) => Err(e),
                     };
-                    (i, r)
+                    (i, slot, r)
                 }
             });
             let mut newly = false;
-            for (i, r) in join_all(writes).await {
-                if let Err(e) = r {
-                    tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
-                    self.members.mark_failed(i);
-                    newly = true;
+            for (i, slot, r) in join_all(writes).await {
+                match r {
+                    Ok(()) => {
+                        meta.ids[i].sb_slot = slot;
+                        meta.ids[i].events = meta.sb.events;
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "member {i}: superblock update failed: {e}; marking it faulty"
+                        );
+                        self.members.mark_failed(i);
+                        newly = true;
+                    }
                 }
             }
             self.meta
@@ -144,6 +170,55 @@ impl<D: BlockDev> Array<D> {
                 .fetch_or(failed.bits(), Ordering::AcqRel);
             if !newly {
                 return;
+            }
+        }
+    }
+
+    /// Brings members whose superblock is behind the array's (taken one event behind, or
+    /// forced) up to the array's current superblock, without a new event, before a round:
+    /// otherwise a crash tearing that round would leave them two events behind and refused.
+    /// A member that cannot be written is failed (the round that follows records it).
+    async fn catch_up(&self, meta: &mut Meta, failed: MemberSet) {
+        let behind: Vec<usize> = MemberSet::all(self.geo.members)
+            .minus(failed)
+            .iter()
+            .filter(|&i| meta.ids[i].events < meta.sb.events)
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        let writes = behind.iter().map(|&i| {
+            let mut sb = meta.sb.clone();
+            sb.index = i;
+            sb.device_uuid = meta.ids[i].uuid;
+            let block = buf::copy_of(&sb.encode());
+            let slot = 1 - meta.ids[i].sb_slot;
+            async move {
+                let r = match self
+                    .members
+                    .write_raw(i, (slot * SB_SIZE) as u64, block)
+                    .await
+                {
+                    Ok(()) => self.members.flush(i).await,
+                    Err(e) => Err(e),
+                };
+                (i, slot, r)
+            }
+        });
+        for (i, slot, r) in join_all(writes).await {
+            match r {
+                Ok(()) => {
+                    tracing::info!(
+                        "member {i}: superblock brought up to events {} (it was behind)",
+                        meta.sb.events
+                    );
+                    meta.ids[i].sb_slot = slot;
+                    meta.ids[i].events = meta.sb.events;
+                }
+                Err(e) => {
+                    tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
+                    self.members.mark_failed(i);
+                }
             }
         }
     }

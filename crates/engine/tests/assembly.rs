@@ -24,6 +24,7 @@ fn found(events: &[u64], failed: &[usize]) -> Vec<Found> {
             Found {
                 path: format!("m{i}").into(),
                 sb,
+                slot: 0,
             }
         })
         .collect()

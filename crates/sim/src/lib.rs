@@ -349,6 +349,17 @@ pub fn device_uuid(i: usize) -> [u8; 16] {
     [i as u8 + 1; 16]
 }
 
+/// Identities of fresh in-memory members (both superblock slots hold the same superblock).
+pub fn sim_ids(n: usize) -> Vec<uraid_engine::MemberId> {
+    (0..n)
+        .map(|i| uraid_engine::MemberId {
+            uuid: device_uuid(i),
+            sb_slot: 0,
+            events: 1,
+        })
+        .collect()
+}
+
 /// A new volume over fresh in-memory members (allocation map empty, as after `create`), plus
 /// each member's fault switch.
 pub fn mem_array(
@@ -377,10 +388,9 @@ pub fn mem_array_with(
         .map(|(i, img)| MemDev::from_image(format!("mem{i}"), img))
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let uuids = (0..members).map(device_uuid).collect();
     let array = Array::new(
         sim_superblock(geometry),
-        uuids,
+        sim_ids(members),
         devs.into_iter().map(Some).collect(),
         rt,
         opts,
