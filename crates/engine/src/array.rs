@@ -376,7 +376,7 @@ impl<D: BlockDev> Array<D> {
                 self.rewrite(m, at, data).await;
             }
         }
-        self.locks.unlock(e.stripe);
+        self.locks.unlock(e.stripe, false);
         r
     }
 
@@ -450,7 +450,7 @@ impl<D: BlockDev> Array<D> {
                 }
             }
         }
-        self.locks.unlock(e.stripe);
+        self.locks.unlock(e.stripe, false);
     }
 
     // ------------------------------------------------------------ writes
@@ -508,7 +508,7 @@ impl<D: BlockDev> Array<D> {
             Err(err) => Err(err),
         };
         if mirror {
-            self.locks.unlock(e.stripe);
+            self.locks.unlock(e.stripe, false);
         }
         r
     }

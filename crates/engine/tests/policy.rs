@@ -270,3 +270,68 @@ fn every_entry_point_validates_its_range() {
         Err(ArrayError::Misaligned { .. })
     ));
 }
+
+/// The other direction: a stream of degraded readers on one stripe must not keep a writer
+/// out (turns alternate between lockers and queued writes).
+#[test]
+fn stripe_lock_does_not_starve_writers_behind_degraded_readers() {
+    let (vol, faults) = mem_array(Level::Raid5, 3, CHUNK, 4 * CHUNK, None);
+    block_on(vol.write(0, Arc::new(vec![0x11; vol.size() as usize]))).unwrap();
+    let gone = vol.geometry().data_member(0, 1);
+    faults[gone].kill();
+    for f in &faults {
+        f.yield_ops.store(true, Ordering::Relaxed);
+    }
+    let reads = std::cell::Cell::new(0u64);
+    let total = 8 * 60;
+    let writer_at = std::cell::Cell::new(None);
+    let readers = (0..8u64).map(|_| {
+        let (vol, reads) = (vol.clone(), &reads);
+        async move {
+            for _ in 0..60 {
+                // Chunk 1 of stripe 0 is on the lost member: every read takes the lock.
+                vol.read(CHUNK, 512).await.unwrap();
+                reads.set(reads.get() + 1);
+            }
+        }
+    });
+    let writer = async {
+        for _ in 0..3 {
+            uraid_engine::reactor::yield_now().await;
+        }
+        for i in 0..5u8 {
+            vol.write(0, Arc::new(vec![0x40 | i; 512])).await.unwrap();
+        }
+        writer_at.set(Some(reads.get()));
+    };
+    block_on(futures::future::join(
+        futures::future::join_all(readers),
+        writer,
+    ));
+    let at = writer_at.get().unwrap();
+    assert!(
+        at < total / 2,
+        "5 writes finished only after {at} of {total} degraded reads"
+    );
+}
+
+/// A session that only reads (and flushes) records nothing in the superblocks, not even a
+/// member that was absent at assembly: its data is still current.
+#[test]
+fn a_read_only_session_leaves_absent_members_alone() {
+    let g = uraid_core::Geometry::new(Level::Raid5, 4, CHUNK, 8 * CHUNK).unwrap();
+    let images = uraid_sim::fresh_images(g);
+    let vol = uraid_sim::crash::reassemble(&images, &[true, false, true, true]).unwrap();
+    block_on(vol.read(0, vol.size())).unwrap();
+    block_on(vol.flush()).unwrap();
+    block_on(vol.close()).unwrap();
+    assert_eq!(
+        block_on(vol.array().events()),
+        1,
+        "a superblock round was written"
+    );
+    // The first write does record it.
+    block_on(vol.write(0, payload(2, 512))).unwrap();
+    assert_eq!(block_on(vol.array().events()), 2);
+    assert!(vol.array().durable_failed().contains(1));
+}

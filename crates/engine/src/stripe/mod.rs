@@ -48,9 +48,12 @@ struct StripeSlot {
     pending: Vec<PendingWrite>,
     /// Tasks waiting in `lock` (degraded readers, repairs, mirror rows).
     lockers: usize,
-    /// Set by `unlock` when lockers wait: the lock stays taken and passes to one of them,
-    /// so a stream of writers cannot keep a reader out.
+    /// Set by a writer's `unlock` when lockers wait: the lock stays taken and passes to one
+    /// of them, so a stream of writers cannot keep a reader out.
     handoff: bool,
+    /// Set by a locker's `unlock` when writes are queued: the next turn is theirs, so a
+    /// stream of readers cannot keep writers out either.
+    writer_turn: bool,
 }
 
 pub(crate) struct StripeLocks {
@@ -100,7 +103,8 @@ impl StripeLocks {
         };
         std::future::poll_fn(|cx| {
             self.with_slot(stripe, |s| {
-                if !s.locked || (s.handoff && guard.counted) {
+                let writers_next = s.writer_turn && !s.pending.is_empty();
+                if (!s.locked && !writers_next) || (s.handoff && guard.counted) {
                     if guard.counted {
                         s.lockers -= 1;
                         guard.counted = false;
@@ -125,11 +129,14 @@ impl StripeLocks {
     /// polled again while waiting registers its waker twice, and a stale entry must never
     /// swallow the only wake-up a real waiter gets. Waiters re-check the lock (and queued
     /// writers whether their write was already done).
-    pub(crate) fn unlock(&self, stripe: u64) {
+    /// `by_writer`: the holder ran a write batch (else it took the lock with `lock`). Turns
+    /// alternate: after a batch a waiting locker goes first, after a locker queued writes do.
+    pub(crate) fn unlock(&self, stripe: u64, by_writer: bool) {
         let waiters = self.with_slot(stripe, |s| {
-            if s.lockers > 0 {
+            if by_writer && s.lockers > 0 {
                 s.handoff = true;
             } else {
+                s.writer_turn = !by_writer && !s.pending.is_empty();
                 s.locked = false;
             }
             std::mem::take(&mut s.waiters)
@@ -157,6 +164,7 @@ impl StripeLocks {
             });
             !s.locked && {
                 s.locked = true;
+                s.writer_turn = false;
                 true
             }
         });
@@ -173,6 +181,7 @@ impl StripeLocks {
                     Poll::Pending
                 } else {
                     s.locked = true;
+                    s.writer_turn = false;
                     Poll::Ready(Turn::Lead)
                 }
             })
@@ -208,7 +217,7 @@ impl Drop for LockerGuard<'_> {
         });
         if release {
             self.locks.with_slot(self.stripe, |s| s.handoff = false);
-            self.locks.unlock(self.stripe);
+            self.locks.unlock(self.stripe, false);
         }
     }
 }

@@ -68,7 +68,7 @@ impl<D: BlockDev> Array<D> {
                 for w in batch {
                     let _ = w.done.send(r.clone());
                 }
-                self.locks.unlock(stripe);
+                self.locks.unlock(stripe, true);
                 rx.await.unwrap_or(Err(ArrayError::Shutdown))
             }
         }
