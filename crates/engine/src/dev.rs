@@ -38,17 +38,38 @@ pub struct FileDev {
     path: String,
     size: u64,
     pub(crate) memory: bool,
+    /// The filesystem may block the thread that submits I/O (FUSE, network filesystems):
+    /// ring I/O goes straight to io-wq workers (`reactor::member_flags`).
+    punt: bool,
 }
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// FUSE, NFS, SMB (two), 9p, Ceph: filesystems whose I/O can sleep in the submitter.
+const PUNT_MAGICS: [i64; 6] = [
+    0x6573_5546,
+    0x6969,
+    0xFF53_4D42,
+    0xFE53_4D42,
+    0x0102_1997,
+    0x00c3_6400,
+];
 
-/// Whether `file` lives on tmpfs.
-fn on_tmpfs(file: &File) -> bool {
+/// The filesystem magic of `file` (0 if fstatfs fails).
+fn fs_magic(file: &File) -> i64 {
     // SAFETY: fstatfs fills the statfs struct we pass; all-zero is a valid initial value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid fd and a pointer to a live statfs.
     let r = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
-    r == 0 && st.f_type as i64 == TMPFS_MAGIC
+    if r == 0 {
+        st.f_type as i64
+    } else {
+        0
+    }
+}
+
+/// Whether `file` lives on tmpfs.
+fn on_tmpfs(file: &File) -> bool {
+    fs_magic(file) == TMPFS_MAGIC
 }
 
 /// Turns a CQE result for a `want`-byte transfer into an io::Result; a short transfer is an
@@ -84,11 +105,13 @@ impl FileDev {
             err,
         })?;
         let memory = on_tmpfs(&file);
+        let punt = PUNT_MAGICS.contains(&fs_magic(&file));
         Ok(FileDev {
             file,
             path: path.display().to_string(),
             size,
             memory,
+            punt,
         })
     }
 
@@ -335,7 +358,8 @@ impl BlockDev for FileDev {
         let want = buf.len();
         match reactor::local().filter(|l| l.has_ring() && !self.memory) {
             Some(l) => {
-                let (res, b) = reactor::ring_read(&l, self.file.as_raw_fd(), off, buf).await;
+                let (res, b) =
+                    reactor::ring_read(&l, self.file.as_raw_fd(), off, buf, self.punt).await;
                 (
                     ring_result("read", res, want),
                     b.expect("read op returns its buffer"),
@@ -352,7 +376,8 @@ impl BlockDev for FileDev {
         let want = buf.len();
         match reactor::local().filter(|l| l.has_ring() && !self.memory) {
             Some(l) => {
-                let (res, b) = reactor::ring_write(&l, self.file.as_raw_fd(), off, buf).await;
+                let (res, b) =
+                    reactor::ring_write(&l, self.file.as_raw_fd(), off, buf, self.punt).await;
                 (
                     ring_result("write", res, want),
                     b.expect("write op returns its buffer"),
@@ -368,7 +393,7 @@ impl BlockDev for FileDev {
     async fn flush(&self) -> io::Result<()> {
         match reactor::local().filter(|l| l.has_ring()) {
             Some(l) => {
-                let (res, _) = reactor::ring_fdatasync(&l, self.file.as_raw_fd()).await;
+                let (res, _) = reactor::ring_fdatasync(&l, self.file.as_raw_fd(), self.punt).await;
                 if res < 0 {
                     Err(io::Error::from_raw_os_error(-res))
                 } else {

@@ -54,13 +54,11 @@ pub enum Verdict {
 /// Per-member I/O accounting.
 #[derive(Default)]
 struct Health {
-    /// I/Os started and finished; the watchdog compares them.
-    started: AtomicU64,
-    finished: AtomicU64,
     /// Set by the watchdog: every outstanding and later I/O fails with ETIMEDOUT.
     aborted: AtomicBool,
-    /// Wakers of I/Os that are waiting (not finished); woken on abort.
-    waiting: Mutex<slab::Slab<Waker>>,
+    /// I/Os that are waiting (not finished): their wakers, woken on abort, and when each
+    /// started waiting, which the watchdog checks.
+    waiting: Mutex<slab::Slab<(Waker, Instant)>>,
     /// Correctable read errors (decayed) and when the last one was counted.
     read_errors: Mutex<(u32, Option<Instant>)>,
     /// Totals for status and tests.
@@ -183,8 +181,8 @@ impl<D: BlockDev> Members<D> {
 
     /// Runs one member I/O; fails it with ETIMEDOUT (`aborted` builds the output) once the
     /// watchdog aborted the member. An I/O that completes on its first poll (tmpfs members
-    /// copy inline) costs one atomic load; one that waits is counted for the watchdog and
-    /// registers its waker so an abort can wake it.
+    /// copy inline) costs one atomic load; one that waits registers its waker and start time
+    /// so the watchdog can see its age and an abort can wake it.
     async fn timed<T>(
         &self,
         i: usize,
@@ -201,47 +199,36 @@ impl<D: BlockDev> Members<D> {
         }
         let mut op = std::pin::pin!(op);
         let mut key: Option<usize> = None;
-        let mut counted = false;
-        let mut was_aborted = false;
         let r = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = op.as_mut().poll(cx) {
                 return Poll::Ready(Some(r));
             }
-            if !counted {
-                h.started.fetch_add(1, Ordering::AcqRel);
-                counted = true;
-            }
             let mut w = h.waiting.lock().unwrap_or_else(|e| e.into_inner());
             if h.aborted.load(Ordering::Acquire) {
-                was_aborted = true;
                 return Poll::Ready(None);
             }
             match key {
                 Some(k) => {
                     if let Some(slot) = w.get_mut(k) {
-                        slot.clone_from(cx.waker());
+                        slot.0.clone_from(cx.waker());
                     }
                 }
-                None => key = Some(w.insert(cx.waker().clone())),
+                None => key = Some(w.insert((cx.waker().clone(), Instant::now()))),
             }
             Poll::Pending
         })
         .await;
         if let Some(k) = key {
             let mut w = h.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            // An abort drains the slab (and no I/O registers after it), so a present key is
+            // still ours.
             if w.contains(k) {
                 w.remove(k);
             }
         }
-        if counted {
-            h.finished.fetch_add(1, Ordering::AcqRel);
-        }
         match r {
             Some(r) => r,
-            None => {
-                debug_assert!(was_aborted);
-                aborted(timeout())
-            }
+            None => aborted(timeout()),
         }
     }
 
@@ -288,6 +275,7 @@ impl<D: BlockDev> Members<D> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain()
+            .map(|(w, _)| w)
             .collect();
         for w in wakers {
             w.wake();
@@ -301,8 +289,10 @@ pub(crate) trait HasMembers<D: BlockDev>: Send + Sync + 'static {
 }
 
 /// Starts the I/O watchdog for `owner` if its policy has a timeout: a thread that checks
-/// each member every timeout/8 (at most 1 s) and aborts a member whose outstanding I/O has
-/// seen no completion for the timeout. It exits when the owner is dropped.
+/// every timeout/8 (at most 1 s) how long each member's oldest waiting I/O has waited, and
+/// aborts a member whose oldest I/O has waited longer than the timeout (per I/O, so one
+/// stuck request is caught even while the member completes others). It exits when the owner
+/// is dropped.
 pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
     let Some(timeout) = owner.members().policy.io_timeout else {
         return;
@@ -311,34 +301,29 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
     let tick = (timeout / 8).clamp(Duration::from_millis(5), Duration::from_secs(1));
     let spawned = std::thread::Builder::new()
         .name("uraid-watchdog".into())
-        .spawn(move || {
-            // Per member: (finished count last seen, when it last moved or I/O started).
-            let mut seen: Vec<(u64, Instant)> = Vec::new();
-            loop {
-                std::thread::sleep(tick);
-                let Some(a) = weak.upgrade() else { return };
-                let m = a.members();
-                seen.resize(m.count(), (0, Instant::now()));
-                for (i, h) in m.health.iter().enumerate() {
-                    let fin = h.finished.load(Ordering::Acquire);
-                    let started = h.started.load(Ordering::Acquire);
-                    let now = Instant::now();
-                    if started == fin || fin != seen[i].0 {
-                        seen[i] = (fin, now);
-                        continue;
-                    }
-                    if now.duration_since(seen[i].1) >= timeout
-                        && !h.aborted.load(Ordering::Acquire)
-                    {
-                        tracing::error!(
-                            "member {i} ({}): {} I/O(s) outstanding with no completion for {:?}: \
-                             timing it out",
-                            m.name(i).unwrap_or("?"),
-                            started - fin,
-                            timeout
-                        );
-                        m.abort(i);
-                    }
+        .spawn(move || loop {
+            std::thread::sleep(tick);
+            let Some(a) = weak.upgrade() else { return };
+            let m = a.members();
+            for (i, h) in m.health.iter().enumerate() {
+                if h.aborted.load(Ordering::Acquire) {
+                    continue;
+                }
+                let (n, oldest) = {
+                    let w = h.waiting.lock().unwrap_or_else(|e| e.into_inner());
+                    (w.len(), w.iter().map(|(_, (_, t))| *t).min())
+                };
+                let Some(oldest) = oldest else { continue };
+                let age = oldest.elapsed();
+                if age >= timeout {
+                    tracing::error!(
+                        "member {i} ({}): an I/O has waited {:.1?} (timeout {:?}; {n} waiting): \
+                         timing it out",
+                        m.name(i).unwrap_or("?"),
+                        age,
+                        timeout
+                    );
+                    m.abort(i);
                 }
             }
         });

@@ -359,38 +359,53 @@ impl Drop for RingOp {
     }
 }
 
-pub(crate) fn ring_read(l: &Local, fd: RawFd, off: u64, mut buf: IoBuf) -> RingOp {
+/// Submission flags for member I/O: `punt` sends it straight to the ring's io-wq workers
+/// (IOSQE_ASYNC), for files whose filesystem may block the submitting thread instead of
+/// answering a non-blocking attempt (FUSE, network filesystems): a hung device there must
+/// stall its worker, never the reactor.
+fn member_flags(punt: bool) -> io_uring::squeue::Flags {
+    if punt {
+        io_uring::squeue::Flags::ASYNC
+    } else {
+        io_uring::squeue::Flags::empty()
+    }
+}
+
+pub(crate) fn ring_read(l: &Local, fd: RawFd, off: u64, mut buf: IoBuf, punt: bool) -> RingOp {
     let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
     l.push(
         move |ud| {
             opcode::Read::new(types::Fd(fd), ptr, len)
                 .offset(off)
                 .build()
+                .flags(member_flags(punt))
                 .user_data(ud)
         },
         Some(buf),
     )
 }
 
-pub(crate) fn ring_write(l: &Local, fd: RawFd, off: u64, buf: IoBuf) -> RingOp {
+pub(crate) fn ring_write(l: &Local, fd: RawFd, off: u64, buf: IoBuf, punt: bool) -> RingOp {
     let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
     l.push(
         move |ud| {
             opcode::Write::new(types::Fd(fd), ptr, len)
                 .offset(off)
                 .build()
+                .flags(member_flags(punt))
                 .user_data(ud)
         },
         Some(buf),
     )
 }
 
-pub(crate) fn ring_fdatasync(l: &Local, fd: RawFd) -> RingOp {
+pub(crate) fn ring_fdatasync(l: &Local, fd: RawFd, punt: bool) -> RingOp {
     l.push(
         move |ud| {
             opcode::Fsync::new(types::Fd(fd))
                 .flags(types::FsyncFlags::DATASYNC)
                 .build()
+                .flags(member_flags(punt))
                 .user_data(ud)
         },
         None,
@@ -546,7 +561,18 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
     let shared = peers[index].clone();
     let ring = if uring {
         match IoUring::new(entries) {
-            Ok(r) => Some(RefCell::new(r)),
+            Ok(r) => {
+                // File I/O the kernel cannot do asynchronously (FUSE, some filesystems) runs
+                // on the ring's io-wq workers, by default at most 4 per CPU. A hung member
+                // would hold them all and stall every other member's I/O behind it (seen
+                // with a stopped nbdfuse member: the healthy members timed out too), so
+                // allow one worker per ring entry; workers are only created when needed.
+                let mut max = [entries, 0];
+                if let Err(e) = r.submitter().register_iowq_max_workers(&mut max) {
+                    tracing::debug!("reactor {index}: cannot raise io-wq workers: {e}");
+                }
+                Some(RefCell::new(r))
+            }
             Err(e) => {
                 tracing::warn!("reactor {index}: io_uring unavailable ({e}); using pread/pwrite");
                 None
