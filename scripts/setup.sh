@@ -27,5 +27,10 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo not found; install a stable Rust toolchain (rustup) first" >&2
   exit 1
 fi
+# cargo-fuzz (crates.io): the fuzz targets run on stable with the sanitizer off (scripts/fuzz.sh).
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  echo "setup: installing cargo-fuzz"
+  cargo install cargo-fuzz --locked --quiet
+fi
 cargo build --release --workspace --quiet
 echo "setup: done; binary at target/release/uraid"

@@ -7,6 +7,7 @@
 pub mod alloc;
 pub mod codec;
 pub mod format;
+pub mod fuzz;
 pub mod geometry;
 pub mod gf;
 pub mod members;

@@ -184,6 +184,43 @@ pub fn merge_map_copies(g: &Geometry, copies: &[Vec<u8>]) -> (Vec<u64>, usize) {
     (words, bad)
 }
 
+/// Fuzz entry point (`fuzz/`, and the corpus replay test): map copies as read from members
+/// are untrusted. The input is split into up to three copies of a small array's map
+/// (the first byte picks how many and whether their sectors are resealed); merging must
+/// never panic, must cover every granule, and all-valid empty copies must merge to empty.
+pub fn fuzz_map_copies(data: &[u8]) {
+    let g = Geometry::new(uraid_core::Level::Raid6, 6, 4096, 192 << 20).expect("valid geometry");
+    let len = fmt::pages(&g) * PAGE;
+    let Some((&ctl, rest)) = data.split_first() else {
+        return;
+    };
+    let n = 1 + (ctl % 3) as usize;
+    let mut copies: Vec<Vec<u8>> = (0..n)
+        .map(|i| {
+            let mut c = vec![0u8; len];
+            let src = rest.get(i * len..).unwrap_or(&[]);
+            let m = src.len().min(len);
+            c[..m].copy_from_slice(&src[..m]);
+            c
+        })
+        .collect();
+    if ctl & 0x80 != 0 {
+        for c in &mut copies {
+            for (p, page) in c.chunks_mut(PAGE).enumerate() {
+                fmt::seal_page(p, page);
+            }
+        }
+    }
+    let (words, bad) = merge_map_copies(&g, &copies);
+    assert_eq!(words.len() as u64, fmt::granules(&g).div_ceil(64));
+    assert!(bad <= fmt::pages(&g) * fmt::SECTORS_PER_PAGE);
+    if ctl & 0x80 != 0 {
+        assert_eq!(bad, 0, "resealed copies are valid");
+    }
+    let (w, b) = merge_map_copies(&g, &[empty_map_image(&g)]);
+    assert!(b == 0 && w.iter().all(|&x| x == 0));
+}
+
 /// The map image of a freshly created array: every page sealed, no granule allocated.
 pub fn empty_map_image(g: &Geometry) -> Vec<u8> {
     let mut v = vec![0u8; fmt::pages(g) * PAGE];

@@ -263,6 +263,22 @@ pub fn parse_request(b: &[u8]) -> Result<Request, WireError> {
 // ---------------------------------------------------------------- encoders
 
 /// The server's greeting: NBDMAGIC, IHAVEOPT, handshake flags.
+/// Fuzz entry point (`fuzz/`, and the corpus replay test): every parser of client bytes
+/// (option headers, GO/INFO data, meta-context queries, request headers). None may panic;
+/// whatever parses must be within the spec's limits.
+pub fn fuzz_wire(data: &[u8]) {
+    if let Ok(g) = parse_go(data) {
+        assert!(g.name.len() <= MAX_STRING);
+    }
+    if let Ok(m) = parse_meta(data) {
+        assert!(m.queries.iter().all(|q| q.len() <= MAX_STRING));
+    }
+    let _ = parse_request(data);
+    if let Some(h) = data.get(..16).and_then(|h| <&[u8; 16]>::try_from(h).ok()) {
+        let _ = parse_option_header(h);
+    }
+}
+
 pub fn greeting() -> Vec<u8> {
     let mut v = Vec::with_capacity(18);
     v.extend_from_slice(&NBDMAGIC.to_be_bytes());
