@@ -33,6 +33,11 @@ def run(cmd):
     return p.stdout
 
 
+def write_flag(binary):
+    """Newer binaries refuse to write to named members without --allow-writes."""
+    return ["--allow-writes"] if "--allow-writes" in run([binary, "bench", "--help"]) else []
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, help="baseline uraid binary")
@@ -43,9 +48,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dir", default="/dev/shm/uraid-ab")
     ap.add_argument("--out", default="-")
+    ap.add_argument("--only", help="substring filter on 'array workload' (a quick subset)")
     a = ap.parse_args()
     rows = []
     for aname, level, n in ARRAYS:
+        if a.only and not any(a.only in f"{aname} {w[0]}" for w in WORKLOADS):
+            continue
         members = {}
         for side, binary in (("a", a.a), ("b", a.b)):
             d = f"{a.dir}-{side}"
@@ -53,15 +61,20 @@ def main():
             os.makedirs(d)
             members[side] = [os.path.join(d, f"m{i}") for i in range(n)]
             run([binary, "create", "--level", level, "--size", a.size, "--chunk", "64K", "--force"] + members[side])
-            run([binary, "bench", "--precondition", "--runtime", "0.1", "--threads", str(a.threads)] + members[side])
+            run([binary, "bench", "--precondition", "--runtime", "0.1", "--threads", str(a.threads)]
+                + write_flag(binary) + members[side])
         for wname, wargs, metric in WORKLOADS:
             if "--fail" in wargs and level == "0":
+                continue
+            if a.only and a.only not in f"{aname} {wname}":
                 continue
             res = {"a": [], "b": []}
             for r in range(a.runs):
                 for side, binary in (("a", a.a), ("b", a.b)):
+                    writes = wargs[wargs.index("--read-pct") + 1] != "100"
+                    extra = write_flag(binary) if writes else []
                     j = json.loads(run([binary, "bench", "--json", "--runtime", str(a.runtime), "--threads",
-                                        str(a.threads)] + wargs + members[side]))
+                                        str(a.threads)] + wargs + extra + members[side]))
                     res[side].append(j["iops"] if metric == "iops" else j["mb_per_s"])
                 print(f"  {aname} {wname} run {r}: A {res['a'][-1]:.0f} B {res['b'][-1]:.0f}", file=sys.stderr)
             rows.append((aname, wname, metric, res["a"], res["b"]))

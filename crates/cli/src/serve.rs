@@ -85,9 +85,9 @@ fn uri(l: &Listen, export: &str) -> String {
 }
 
 pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> {
-    if !(args.io_timeout > 0.0 && args.io_timeout.is_finite()) {
+    if !(args.io_timeout > 0.0 && args.io_timeout <= 86_400.0) {
         bail!(
-            "--io-timeout {}: must be a positive number of seconds",
+            "--io-timeout {}: must be a number of seconds above 0 and at most 86400",
             args.io_timeout
         );
     }

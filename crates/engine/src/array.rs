@@ -53,8 +53,11 @@ pub enum ArrayError {
     Shutdown,
 }
 
-/// Counters for the request planner, readable while the array runs.
+/// Counters for the request planner, readable while the array runs. Cache-line aligned:
+/// every request bumps them from every reactor, and the read-mostly state beside them (the
+/// failed set, read on every request) must not share their line.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub struct Stats {
     pub reads: AtomicU64,
     pub writes: AtomicU64,

@@ -144,10 +144,10 @@ fn hung_member_times_out() {
 }
 
 /// A released stripe lock used to run every queued write before letting anyone else in: a
-/// degraded reader waited until the writers stopped, and the first writer's request did not
-/// return while others kept queueing. Now a holder runs one batch and hands over.
+/// degraded reader waited until the writers stopped. Now a holder runs one batch and hands
+/// the stripe to a waiting reader.
 #[test]
-fn stripe_lock_does_not_starve_readers_or_the_first_writer() {
+fn stripe_lock_does_not_starve_degraded_readers() {
     let (vol, faults) = mem_array(Level::Raid5, 3, CHUNK, 4 * CHUNK, None);
     block_on(vol.write(0, Arc::new(vec![0x11; vol.size() as usize]))).unwrap();
     let gone = vol.geometry().data_member(0, 1);
