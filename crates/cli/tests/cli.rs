@@ -1,50 +1,12 @@
 //! The `uraid` binary as a user runs it: create / examine / status on files and loop devices,
 //! errors as one line, and the in-process benchmark (including degraded, which once hung).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn uraid(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_uraid"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run uraid")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "uraid failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A failing command prints one line `uraid: ...` on stderr, no panic, exit 1.
-fn one_line_error(o: &Output) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected: {err}"
-    );
-    assert!(
-        err.starts_with("uraid: ") && !err.contains("panicked"),
-        "{err}"
-    );
-    err
-}
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("uraid-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+mod common;
+use common::*;
 
 /// Runs uraid with `args` followed by members m0..m{n-1}.
 fn on_members(args: &[&str], n: usize, cwd: &Path) -> Output {

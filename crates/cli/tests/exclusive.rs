@@ -6,51 +6,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-fn uraid(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_uraid"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run uraid")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "uraid failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A refused command prints one line `uraid: ...` on stderr and exits 1.
-fn one_line_error(o: &Output) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected: {err}"
-    );
-    assert!(
-        err.starts_with("uraid: ") && !err.contains("panicked"),
-        "{err}"
-    );
-    err
-}
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("uraid-excl-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+mod common;
+use common::*;
 
 /// `args` followed by `members`.
 fn with(args: &[&str], members: &[String]) -> Vec<String> {
