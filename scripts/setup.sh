@@ -13,14 +13,22 @@ have() { dpkg -s "$1" >/dev/null 2>&1; }
 # libnbd-bin (nbdinfo, nbdcopy, nbdfuse), nbdkit, qemu-utils (qemu-img, qemu-io, qemu-nbd),
 # fuse3 (fusermount3), e2fsprogs (mkfs.ext4, e2fsck): NBD clients, peers and the ext4 test.
 # python3, python3-matplotlib: the benchmark suite (scripts/pts.py) and its plots.
+# curl, prometheus (promtool): the control-socket tests (curl --unix-socket, promtool check metrics).
 for p in libisal-dev fio util-linux mount libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs pkg-config \
-  python3 python3-matplotlib; do
+  python3 python3-matplotlib curl; do
   have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing ${need_pkgs[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+# promtool without the Prometheus server's recommended extras.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "setup: installing prometheus (for promtool)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

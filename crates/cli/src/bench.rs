@@ -154,9 +154,33 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         let t0 = Instant::now();
         let chunk: u64 = 1 << 20;
         let per = size.div_ceil(threads as u64);
+        // Progress: a bar on a terminal (not with --json), nothing otherwise.
+        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let bar = (!args.json && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+            let pb = indicatif::ProgressBar::new(size);
+            pb.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "uraid: preconditioning [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            pb
+        });
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = bar.clone().map(|pb| {
+            let (w, d) = (written.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !d.load(Ordering::Relaxed) {
+                    pb.set_position(w.load(Ordering::Relaxed));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                pb.finish_and_clear();
+            })
+        });
         let futs: Vec<_> = (0..threads)
             .map(|r| {
                 let a = array.clone();
+                let written = written.clone();
                 handle.spawn_on(r, move || async move {
                     let lo = r as u64 * per;
                     let hi = (lo + per).min(size);
@@ -164,6 +188,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                     let data = Arc::new(vec![0x5au8; chunk as usize]);
                     let loops = (0..8).map(|_| {
                         let (a, next, data) = (a.clone(), next.clone(), data.clone());
+                        let written = written.clone();
                         async move {
                             loop {
                                 let off = next.get();
@@ -178,6 +203,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                                     Arc::new(data[..len as usize].to_vec())
                                 };
                                 a.write(off, buf).await?;
+                                written.fetch_add(len, Ordering::Relaxed);
                             }
                         }
                     });
@@ -185,7 +211,12 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                 })
             })
             .collect();
-        for r in futures::executor::block_on(futures::future::join_all(futs)) {
+        let results = futures::executor::block_on(futures::future::join_all(futs));
+        done.store(true, Ordering::Relaxed);
+        if let Some(t) = ticker {
+            let _ = t.join();
+        }
+        for r in results {
             r.context("reactor stopped")?
                 .context("preconditioning write failed")?;
         }

@@ -1,6 +1,9 @@
 //! `uraid`: create, inspect and benchmark uraid arrays (mdadm conventions).
 
 mod bench;
+mod client;
+mod control;
+mod events;
 mod serve;
 mod size;
 
@@ -60,12 +63,25 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Show the state of the array formed by MEMBERs: missing, failed, stale, foreign.
-    Status {
-        #[arg(required = true)]
-        members: Vec<PathBuf>,
-        #[arg(long)]
-        json: bool,
+    /// Show the state of the array formed by MEMBERs (none: the embedded default volume).
+    /// Asks the running server over its control socket when there is one (live state, I/O
+    /// counts, connections), else reads the superblocks (missing, failed, stale, foreign);
+    /// the output says which.
+    Status(StatusArgs),
+    /// Like status, mdadm --detail style: per-member I/O, errors and latency, requests by
+    /// command, stripe operations.
+    Detail(StatusArgs),
+    /// Live view of a running server: request and member rates every interval, progress of
+    /// background operations (bars on a terminal, plain lines otherwise).
+    Watch {
+        #[command(flatten)]
+        target: Target,
+        /// Seconds between updates.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many updates (0: until interrupted).
+        #[arg(long, default_value_t = 0)]
+        count: u64,
     },
     /// Drive the engine directly (no network) and report IOPS, bandwidth and latency.
     /// With no MEMBERs, uses the embedded default volume under ./uraid-data.
@@ -75,22 +91,110 @@ enum Cmd {
     Serve(serve::ServeArgs),
 }
 
+/// Which array, and where its server's control socket is.
+#[derive(clap::Args, Clone)]
+struct Target {
+    /// Control socket of the server: unix:PATH. Default: unix:/run/uraid/NAME.sock, or
+    /// unix:uraid-data/control.sock for the embedded default volume.
+    #[arg(long, value_name = "unix:PATH")]
+    control: Option<String>,
+    /// Member devices or files. None: the embedded default volume under ./uraid-data.
+    members: Vec<PathBuf>,
+}
+
+#[derive(clap::Args, Clone)]
+struct StatusArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print JSON (schema in docs/control.md).
+    #[arg(long)]
+    json: bool,
+    /// Read the superblocks even if a server is running.
+    #[arg(long)]
+    offline: bool,
+}
+
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("URAID_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
-    if let Err(e) = run(cli) {
+    let events = events::Events::default();
+    init_logging(&cli, &events);
+    if let Err(e) = run(cli, events) {
         eprintln!("uraid: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// stderr logging (`URAID_LOG` filter, default warn; human or JSON lines) plus the event
+/// ring the control socket serves.
+fn init_logging(cli: &Cli, events: &events::Events) {
+    use tracing_subscriber::prelude::*;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("URAID_LOG").unwrap_or_else(|_| "warn".into())
+    };
+    let json = matches!(&cli.cmd, Cmd::Serve(a) if a.log_format == "json");
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    let registry = tracing_subscriber::registry().with(events.layer());
+    if json {
+        registry.with(fmt.json().with_filter(filter())).init();
+    } else {
+        registry.with(fmt.with_filter(filter())).init();
+    }
+}
+
+/// The members of `target` (the embedded default when none are named) and whether they are
+/// the embedded default.
+fn target_members(t: &Target) -> Result<(Vec<PathBuf>, bool)> {
+    if t.members.is_empty() {
+        if !Path::new(DEFAULT_DIR).join("member0.img").exists() {
+            bail!("no members given and no embedded default volume in ./{DEFAULT_DIR}");
+        }
+        Ok((default_volume()?, true))
+    } else {
+        Ok((t.members.clone(), false))
+    }
+}
+
+fn status_cmd(a: &StatusArgs, detail: bool) -> Result<()> {
+    let (members, embedded) = target_members(&a.target)?;
+    let plan = assemble::plan(&members)?;
+    let sock = client::socket_for(&plan, a.target.control.as_deref(), embedded)?;
+    let live = match (&sock, a.offline) {
+        (Some(p), false) => client::live_status(&plan, p)?.map(|v| (v, p.clone())),
+        _ => None,
+    };
+    match live {
+        Some((v, p)) => {
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                client::print_live(&v, &p, detail);
+            }
+        }
+        None => {
+            let why = match (&sock, a.offline) {
+                (_, true) => "--offline".to_string(),
+                (Some(p), _) => format!("no running server at {}", p.display()),
+                (None, _) => "--control none".to_string(),
+            };
+            if a.json {
+                let mut v = status_json(&plan);
+                v["schema"] = json!(control::SCHEMA);
+                v["source"] = json!("superblocks");
+                v["source_reason"] = json!(why);
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print_status(&plan);
+                println!("      source: superblocks ({why})");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli, events: events::Events) -> Result<()> {
     match cli.cmd {
         Cmd::Create {
             level,
@@ -142,14 +246,27 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Status { members, json } => {
-            let plan = assemble::plan(&members)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status_json(&plan))?);
-            } else {
-                print_status(&plan);
+        Cmd::Status(a) => status_cmd(&a, false),
+        Cmd::Detail(a) => status_cmd(&a, true),
+        Cmd::Watch {
+            target,
+            interval,
+            count,
+        } => {
+            if !(interval > 0.0 && interval <= 3600.0) {
+                bail!("--interval {interval}: must be above 0 and at most 3600 seconds");
             }
-            Ok(())
+            let (members, embedded) = target_members(&target)?;
+            let plan = assemble::plan(&members)?;
+            let Some(sock) = client::socket_for(&plan, target.control.as_deref(), embedded)? else {
+                bail!("uraid watch needs a control socket");
+            };
+            client::watch(
+                &sock,
+                &plan,
+                std::time::Duration::from_secs_f64(interval),
+                count,
+            )
         }
         Cmd::Bench(args) => {
             let embedded = args.members.is_empty();
@@ -167,7 +284,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 args.members.clone()
             };
-            serve::run(&args, &members, embedded)
+            serve::run(&args, &members, embedded, events)
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `uraid serve`: assemble an array (degraded if it must) and export it over NBD until
 //! SIGINT, SIGTERM or SIGHUP, then finish in-flight requests, flush and mark the array clean.
 
+use crate::control;
+use crate::events::Events;
 use crate::size;
 use anyhow::{bail, Context, Result};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -9,7 +11,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
+use std::time::Instant;
 use uraid_engine::{assemble, ArrayOptions, ErrorPolicy, Runtime};
 use uraid_nbd::{Config, Server};
 
@@ -42,6 +46,18 @@ pub struct ServeArgs {
     /// needed (mdadm --assemble --force). Their data may be out of date; logged.
     #[arg(long)]
     pub force: bool,
+    /// Control socket (HTTP/JSON, `uraid status`, `uraid watch`, curl): unix:PATH or none.
+    /// Default: unix:/run/uraid/NAME.sock, or unix:uraid-data/control.sock for the
+    /// embedded default volume.
+    #[arg(long, value_name = "unix:PATH|none")]
+    pub control: Option<String>,
+    /// Also serve Prometheus metrics (GET /metrics only) on TCP, e.g. tcp:127.0.0.1:9469.
+    /// Use a loopback address unless the network is trusted: the metrics carry device paths.
+    #[arg(long, value_name = "tcp:HOST:PORT")]
+    pub metrics: Option<String>,
+    /// Log format on stderr: human or json (one JSON object per line).
+    #[arg(long, value_name = "FORMAT", default_value = "human", value_parser = ["human", "json"])]
+    pub log_format: String,
     /// Member devices or files. None: the embedded default volume under ./uraid-data.
     pub members: Vec<PathBuf>,
 }
@@ -84,7 +100,8 @@ fn uri(l: &Listen, export: &str) -> String {
     }
 }
 
-pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> {
+pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events) -> Result<()> {
+    let started = Instant::now();
     if !(args.io_timeout > 0.0 && args.io_timeout <= 86_400.0) {
         bail!(
             "--io-timeout {}: must be a number of seconds above 0 and at most 86400",
@@ -94,19 +111,32 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     let plan = assemble::plan_with(members, args.force)?;
     for r in &plan.refused {
         eprintln!("uraid: warning: {r}");
+        events.push(tracing::Level::WARN, "uraid::assemble", r.to_string());
     }
     plan.can_start()?;
     let g = plan.sb.geometry;
     let missing = plan.missing();
     if !missing.is_empty() {
-        eprintln!(
-            "uraid: warning: array '{}' is degraded: member(s) {:?} missing or failed ({} of {} tolerated)",
+        let msg = format!(
+            "array '{}' is degraded: member(s) {:?} missing or failed ({} of {} tolerated)",
             plan.sb.name,
             missing,
             missing.len(),
             g.fault_tolerance()
         );
+        eprintln!("uraid: warning: {msg}");
+        events.push(tracing::Level::WARN, "uraid::assemble", msg);
     }
+    // Control endpoints are checked before anything is opened.
+    let control_path = match &args.control {
+        Some(spec) => control::parse_endpoint(spec)?,
+        None => Some(control::default_path(&plan.sb.name, embedded)),
+    };
+    let metrics_listener = args
+        .metrics
+        .as_deref()
+        .map(control::bind_metrics)
+        .transpose()?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -148,7 +178,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             "degraded"
         }
     );
-    let server = Server::new(
+    let server = Arc::new(Server::new(
         array.clone(),
         rt.handle(),
         Config {
@@ -157,7 +187,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             read_only: args.read_only,
             ..Config::default()
         },
-    );
+    ));
     for l in &listeners {
         match l {
             Listen::Tcp(t, _) => server.listen(t.as_raw_fd(), true),
@@ -176,6 +206,32 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     for l in &listeners {
         println!("uraid: listening on {}", uri(l, &export));
     }
+    let state = Arc::new(control::State {
+        volume: array.clone(),
+        server: server.clone(),
+        members: plan.slots.clone(),
+        listen: listeners.iter().map(|l| uri(l, &export)).collect(),
+        events: events.clone(),
+        started,
+    });
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let mut ctl = control::Control::start(state, control_path, metrics_listener)?;
+    if let Some(p) = ctl.path() {
+        println!(
+            "uraid: control socket at {} (uraid status, uraid watch, curl --unix-socket)",
+            p.display()
+        );
+    }
+    if let Some(a) = metrics_addr {
+        println!("uraid: Prometheus metrics at http://{a}/metrics");
+    }
+    tracing::info!(
+        target: "uraid::serve",
+        "serving array '{}' ({} {} members) as export '{export}'",
+        plan.sb.name,
+        g.level,
+        g.members
+    );
     println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -186,6 +242,8 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         _ => "SIGTERM",
     };
     eprintln!("uraid: {name} received: finishing in-flight requests");
+    tracing::info!(target: "uraid::serve", "{name} received: stopping");
+    ctl.stop();
     let r = server.shutdown();
     let st = server.stats();
     let (conns, reqs, errs) = (

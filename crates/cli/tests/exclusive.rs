@@ -38,6 +38,7 @@ impl Srv {
             .arg("serve")
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
+            .args(["--control", "unix:ctl.sock"])
             .args(members)
             .current_dir(dir)
             .stdout(Stdio::piped())

@@ -294,6 +294,7 @@ impl Srv {
             .arg("serve")
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
+            .args(["--control", "unix:ctl.sock"])
             .args(extra)
             .args(members)
             .current_dir(dir)

@@ -37,6 +37,8 @@ impl Srv {
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
             .args(["--listen", "tcp:127.0.0.1:0"])
+            .arg("--control")
+            .arg(format!("unix:{}", dir.join("ctl.sock").display()))
             .args(extra)
             .args(members)
             .stdout(Stdio::piped())

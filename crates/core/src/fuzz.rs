@@ -54,3 +54,21 @@ pub fn map_page(data: &[u8]) {
             .all(|sec| sec[..SECTOR_PAYLOAD].len() == SECTOR_PAYLOAD));
     }
 }
+
+/// Control-socket request heads: never a panic; a parsed head's request line, rebuilt,
+/// parses to the same head.
+pub fn http_head(data: &[u8]) {
+    if let Ok(Some(h)) = crate::http::parse_head(data) {
+        let q = if h.query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", h.query)
+        };
+        let again = format!("{} {}{q} HTTP/1.1\r\n\r\n", h.method, h.path);
+        assert_eq!(
+            crate::http::parse_head(again.as_bytes()),
+            Ok(Some(h)),
+            "rebuilt head parses the same"
+        );
+    }
+}

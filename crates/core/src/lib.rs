@@ -10,6 +10,7 @@ pub mod format;
 pub mod fuzz;
 pub mod geometry;
 pub mod gf;
+pub mod http;
 pub mod members;
 pub mod plan;
 

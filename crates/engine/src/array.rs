@@ -158,6 +158,33 @@ impl<D: BlockDev> Array<D> {
         self.meta.is_dirty()
     }
 
+    /// The superblocks' event count (md's "Events").
+    pub fn events(&self) -> u64 {
+        self.meta.events()
+    }
+
+    /// Array name, uuid and creation time (seconds since the epoch).
+    pub fn identity(&self) -> (&str, [u8; 16], u64) {
+        (&self.meta.name, self.meta.uuid, self.meta.ctime)
+    }
+
+    /// Member `i`'s I/O totals (counts, bytes, errors, sampled latency).
+    pub fn member_io(&self, i: usize) -> crate::members::MemberIoSnapshot {
+        self.members.io(i)
+    }
+
+    /// Media errors on member `i` corrected so far, and its read-error count against the
+    /// `--max-read-errors` budget (decayed) with the budget.
+    pub fn member_errors(&self, i: usize) -> (u64, u32, u32) {
+        let (n, max) = self.members.read_error_budget(i);
+        (self.members.corrected_reads(i), n, max)
+    }
+
+    /// The error policy the array runs with.
+    pub fn policy(&self) -> ErrorPolicy {
+        self.members.policy()
+    }
+
     /// The failed set the superblocks on disk record (may trail `failed()` only while a
     /// superblock round is in progress).
     pub fn durable_failed(&self) -> MemberSet {
@@ -336,16 +363,16 @@ impl<D: BlockDev> Array<D> {
             let m = self.geo.data_member(e.stripe, e.index);
             if f.contains(m) {
                 self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
-                return self.reconstruct(e, MemberSet::EMPTY).await;
+                return Box::pin(self.reconstruct(e, MemberSet::EMPTY)).await;
             }
             let at = self.geo.member_offset(e.stripe, e.chunk_off);
             match self.members.read(m, at, buf::alloc(e.len as usize)).await {
                 (Ok(()), b) => return Ok(b),
                 (Err(err), _) => {
                     let mut excl = MemberSet::EMPTY;
-                    self.read_failed(m, &err, &mut excl).await;
+                    Box::pin(self.read_failed(m, &err, &mut excl)).await;
                     if excl.contains(m) {
-                        return self.reconstruct(e, excl).await;
+                        return Box::pin(self.reconstruct(e, excl)).await;
                     }
                 }
             }
@@ -422,11 +449,11 @@ impl<D: BlockDev> Array<D> {
             {
                 (Ok(()), b) => {
                     if !excl.is_empty() {
-                        self.repair_mirror(e, excl).await;
+                        Box::pin(self.repair_mirror(e, excl)).await;
                     }
                     return Ok(b);
                 }
-                (Err(err), _) => self.read_failed(m, &err, &mut excl).await,
+                (Err(err), _) => Box::pin(self.read_failed(m, &err, &mut excl)).await,
             }
         }
     }

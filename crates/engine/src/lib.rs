@@ -6,6 +6,7 @@
 //! * `stripe`: the stripe lock table, stripe reads and decode, stripe write execution;
 //! * `array`: request execution over all of the above for every level;
 //! * `alloc`, `volume`: the allocation map and the client-facing volume on top of the array;
+//! * `shard`, `metrics`: per-thread counters and latency histograms, summed when read;
 //! * `assemble`: creating arrays, reading superblocks, deciding and opening an assembly.
 
 pub mod alloc;
@@ -15,8 +16,10 @@ pub mod buf;
 pub mod dev;
 pub mod members;
 pub mod metadata;
+pub mod metrics;
 pub mod net;
 pub mod reactor;
+pub mod shard;
 mod stripe;
 pub mod volume;
 

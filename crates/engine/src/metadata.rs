@@ -43,6 +43,12 @@ pub(crate) struct Metadata {
     /// The failed set the superblocks on disk record.
     persisted: AtomicU64,
     dirty: AtomicBool,
+    /// The superblocks' event count after the last round (status).
+    events: AtomicU64,
+    /// Array identity, for status without taking the superblock lock.
+    pub(crate) name: String,
+    pub(crate) uuid: [u8; 16],
+    pub(crate) ctime: u64,
     /// Read-only metadata: never write superblocks (bench on someone's array, tests).
     frozen: bool,
 }
@@ -62,6 +68,10 @@ impl Metadata {
             .collect::<MemberSet>()
             .union(absent);
         Metadata {
+            events: AtomicU64::new(sb.events),
+            name: sb.name.clone(),
+            uuid: sb.array_uuid,
+            ctime: sb.ctime,
             state: futures::lock::Mutex::new(Meta { sb, ids }),
             persisted: AtomicU64::new(persisted.bits()),
             dirty: AtomicBool::new(false),
@@ -77,9 +87,8 @@ impl Metadata {
         self.dirty.load(Ordering::Acquire)
     }
 
-    /// Current superblock (events, states) for status.
-    pub(crate) async fn superblock(&self) -> Superblock {
-        self.state.lock().await.sb.clone()
+    pub(crate) fn events(&self) -> u64 {
+        self.events.load(Ordering::Acquire)
     }
 }
 
@@ -102,8 +111,13 @@ impl<D: BlockDev> Array<D> {
         if f.minus(self.meta.persisted()).is_empty() {
             return;
         }
-        let mut meta = self.meta.state.lock().await;
-        self.persist(&mut meta, false).await;
+        // Boxed: the superblock round is a large future that every write would otherwise
+        // carry (and move) for nothing.
+        Box::pin(async {
+            let mut meta = self.meta.state.lock().await;
+            self.persist(&mut meta, false).await;
+        })
+        .await
     }
 
     /// Writes a superblock round if the failed set changed (or `force`), until one round
@@ -168,6 +182,7 @@ impl<D: BlockDev> Array<D> {
             self.meta
                 .persisted
                 .fetch_or(failed.bits(), Ordering::AcqRel);
+            self.meta.events.store(meta.sb.events, Ordering::Release);
             if !newly {
                 return;
             }
@@ -228,12 +243,15 @@ impl<D: BlockDev> Array<D> {
         if self.meta.dirty.load(Ordering::Acquire) {
             return;
         }
-        let mut meta = self.meta.state.lock().await;
-        if !self.meta.dirty.load(Ordering::Acquire) {
-            meta.sb.clean = false;
-            self.persist(&mut meta, true).await;
-            self.meta.dirty.store(true, Ordering::Release);
-        }
+        Box::pin(async {
+            let mut meta = self.meta.state.lock().await;
+            if !self.meta.dirty.load(Ordering::Acquire) {
+                meta.sb.clean = false;
+                self.persist(&mut meta, true).await;
+                self.meta.dirty.store(true, Ordering::Release);
+            }
+        })
+        .await
     }
 
     /// Flushes every member and, if anything was written since assembly, records a clean
@@ -249,11 +267,6 @@ impl<D: BlockDev> Array<D> {
         }
         drop(meta);
         self.check_serving().map(|_| ())
-    }
-
-    /// Superblock events counter now.
-    pub async fn events(&self) -> u64 {
-        self.meta.superblock().await.events
     }
 }
 

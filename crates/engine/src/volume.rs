@@ -99,12 +99,18 @@ impl<D: BlockDev> Volume<D> {
 
     /// Reads `[off, off + len)`; holes (clear granules) come back as zeros.
     pub async fn read(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
+        // Common case first: a read inside one allocated granule needs no run list.
+        self.array.validate(off, len)?;
+        let gr = self.map.granule;
+        if len > 0 && off / gr == (off + len - 1) / gr && self.map.is_set(off / gr) {
+            return self.array.read(off, len).await;
+        }
         let runs = self.allocation(off, len)?;
         if runs.len() == 1 && runs[0].allocated {
             return self.array.read(off, len).await;
         }
         let mut out = Segments::default();
-        for piece in self.read_sparse(off, len).await? {
+        for piece in Box::pin(self.read_sparse(off, len)).await? {
             match piece {
                 ReadPiece::Data { data, .. } => out.parts.extend(data.parts),
                 ReadPiece::Hole { len, .. } => out.parts.extend(zero_segments(len).parts),
@@ -145,17 +151,22 @@ impl<D: BlockDev> Volume<D> {
         if (g0..=g1).all(|g| self.map.is_set(g)) {
             return self.array.write(off, data).await;
         }
-        let mut claimed = Vec::new();
-        for g in g0..=g1 {
-            if !self.map.is_set(g) && self.map.claim(g).await {
-                claimed.push(g);
+        // First write into a granule (rare once a volume is in use): boxed, so the common
+        // write's future stays small.
+        Box::pin(async move {
+            let mut claimed = Vec::new();
+            for g in g0..=g1 {
+                if !self.map.is_set(g) && self.map.claim(g).await {
+                    claimed.push(g);
+                }
             }
-        }
-        let r = self.fill(off, &data, &claimed).await;
-        for g in claimed {
-            self.map.release(g);
-        }
-        r
+            let r = self.fill(off, &data, &claimed).await;
+            for g in claimed {
+                self.map.release(g);
+            }
+            r
+        })
+        .await
     }
 
     /// Writes with `claimed` granules clear and ours, makes the granules durable, then

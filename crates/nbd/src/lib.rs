@@ -4,4 +4,4 @@
 pub mod proto;
 pub mod server;
 
-pub use server::{Config, Server};
+pub use server::{op_index, Config, Server, ServerStats, OPS};

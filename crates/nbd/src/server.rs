@@ -24,8 +24,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 use uraid_core::geometry::SECTOR;
+use uraid_engine::metrics::OpCounters;
 use uraid_engine::net::{self, OutPart};
 use uraid_engine::reactor;
+use uraid_engine::shard::Sharded;
 use uraid_engine::{ArrayError, BlockDev, ReadPiece, RuntimeHandle, Volume};
 
 /// Largest READ or WRITE payload accepted (and advertised as the maximum block size).
@@ -73,12 +75,45 @@ impl Default for Config {
     }
 }
 
+/// NBD commands with their own counters, in `ServerStats::ops` order.
+pub const OPS: [&str; 7] = [
+    "read",
+    "write",
+    "flush",
+    "trim",
+    "write_zeroes",
+    "block_status",
+    "cache",
+];
+
+/// Index of a command type in `OPS`.
+pub fn op_index(typ: u16) -> Option<usize> {
+    use proto::*;
+    Some(match typ {
+        CMD_READ => 0,
+        CMD_WRITE => 1,
+        CMD_FLUSH => 2,
+        CMD_TRIM => 3,
+        CMD_WRITE_ZEROES => 4,
+        CMD_BLOCK_STATUS => 5,
+        CMD_CACHE => 6,
+        _ => return None,
+    })
+}
+
 /// Counters visible while serving.
 #[derive(Debug, Default)]
 pub struct ServerStats {
+    /// Connections accepted (ever).
     pub connections: AtomicU64,
+    /// Connections that ended on a protocol violation (malformed handshake or request).
+    pub protocol_errors: AtomicU64,
     pub requests: AtomicU64,
+    /// Error replies.
     pub errors: AtomicU64,
+    /// Per command (`OPS`): count, bytes (payload for read and write, the range for the
+    /// others), error replies and latency from request parsed to reply queued, per reactor.
+    pub ops: [Sharded<OpCounters>; OPS.len()],
     /// Most payload bytes (see `Config::max_payload_in_flight`) any one connection has had
     /// in flight.
     pub payload_high_water: AtomicU64,
@@ -135,6 +170,19 @@ impl<D: BlockDev> Server<D> {
 
     pub fn stats(&self) -> &ServerStats {
         &self.inner.stats
+    }
+
+    /// Connections being served now.
+    pub fn open_connections(&self) -> usize {
+        self.inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
     }
 
     /// Starts accepting on a bound, listening socket. `tcp` turns on TCP_NODELAY for its
@@ -268,7 +316,12 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
             reactor::spawn_local(async move {
                 let raw = fd.as_raw_fd();
                 if let Err(e) = connection(inner2.clone(), raw).await {
-                    tracing::debug!("connection closed: {e}");
+                    if e.kind() == io::ErrorKind::InvalidData {
+                        inner2.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("connection closed on a protocol error: {e}");
+                    } else {
+                        tracing::debug!("connection closed: {e}");
+                    }
                 }
                 let mut conns = inner2.conns.lock().unwrap_or_else(|e| e.into_inner());
                 conns.remove(&id);
@@ -773,7 +826,13 @@ async fn transmission<D: BlockDev>(
         conn.inflight.set(conn.inflight.get() + 1);
         let (inner, sess, conn) = (inner.clone(), sess.clone(), conn.clone());
         reactor::spawn_local(async move {
+            let (t0, typ, len) = (Instant::now(), req.typ, req.length);
             handle(&inner, &sess, &conn, req, payload).await;
+            if let Some(i) = op_index(typ) {
+                let c = inner.stats.ops[i].local();
+                c.record(len as u64, true);
+                c.observe(t0.elapsed());
+            }
             conn.inflight.set(conn.inflight.get() - 1);
             release(&conn);
         });
@@ -798,6 +857,12 @@ fn reply_error<D: BlockDev>(
     msg: &str,
 ) {
     inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+    if let Some(i) = op_index(req.typ) {
+        inner.stats.ops[i]
+            .local()
+            .errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
     tracing::debug!(
         "request type {} at {} len {}: {:?} ({msg})",
         req.typ,

@@ -36,3 +36,8 @@ fn map_page_corpus() {
         uraid_engine::alloc::fuzz_map_copies(d);
     });
 }
+
+#[test]
+fn http_head_corpus() {
+    replay("http_head", uraid_core::fuzz::http_head);
+}

@@ -1,0 +1,333 @@
+//! `uraid status`, `uraid detail` and `uraid watch`: ask the running server over its
+//! control socket, or read the superblocks when no server runs.
+
+use crate::control::{self, SCHEMA};
+use crate::size;
+use anyhow::{bail, Result};
+use serde_json::Value;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use uraid_core::format::uuid_string;
+use uraid_engine::assemble::Plan;
+
+/// Where to look for the server of the array formed by `plan`'s members.
+pub fn socket_for(
+    plan: &Plan,
+    control_arg: Option<&str>,
+    embedded: bool,
+) -> Result<Option<PathBuf>> {
+    match control_arg {
+        Some(spec) => control::parse_endpoint(spec),
+        None => Ok(Some(control::default_path(&plan.sb.name, embedded))),
+    }
+}
+
+/// The live status of the array `plan` describes, if its server answers at `sock`. A server
+/// of another array at that path is an error (never shown as this one's status).
+pub fn live_status(plan: &Plan, sock: &Path) -> Result<Option<Value>> {
+    if !sock.exists() {
+        return Ok(None);
+    }
+    let v = match control::get_json(sock, "/status") {
+        Ok(v) => v,
+        Err(e) => {
+            // A stale socket file (server gone) is "not running"; anything else is reported.
+            if std::os::unix::net::UnixStream::connect(sock).is_err() {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+    };
+    if v["schema"].as_u64() != Some(SCHEMA as u64) {
+        bail!(
+            "{}: status schema {} (this uraid understands {SCHEMA})",
+            sock.display(),
+            v["schema"]
+        );
+    }
+    let want = uuid_string(&plan.sb.array_uuid);
+    if v["array_uuid"].as_str() != Some(want.as_str()) {
+        bail!(
+            "{}: the server there serves array {} , not {want} (pass --control unix:PATH)",
+            sock.display(),
+            v["array_uuid"]
+        );
+    }
+    Ok(Some(v))
+}
+
+fn us(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.0}us"))
+}
+
+fn mark(state: &str) -> char {
+    if state == "active" {
+        'U'
+    } else {
+        '_'
+    }
+}
+
+/// `uraid status` from a live server.
+pub fn print_live(v: &Value, sock: &Path, detail: bool) {
+    let slots = v["slots"].as_array().cloned().unwrap_or_default();
+    let marks: String = slots
+        .iter()
+        .map(|s| mark(s["state"].as_str().unwrap_or("")))
+        .collect();
+    let members = v["members"].as_u64().unwrap_or(0);
+    let up = slots.iter().filter(|s| s["state"] == "active").count();
+    println!(
+        "{} : {} {} members, chunk {}, volume {} [{up}/{members}] [{marks}]",
+        v["name"].as_str().unwrap_or("?"),
+        v["level"].as_str().unwrap_or("?"),
+        members,
+        size::human(v["chunk"].as_u64().unwrap_or(0)),
+        size::human(v["volume_size"].as_u64().unwrap_or(0)),
+    );
+    println!(
+        "      uuid {}  events {}  state: {}",
+        v["array_uuid"].as_str().unwrap_or("?"),
+        v["events"],
+        v["state"].as_str().unwrap_or("?")
+    );
+    println!(
+        "      source: running server (pid {}, up {:.0} s, control socket {})",
+        v["pid"],
+        v["uptime_seconds"].as_f64().unwrap_or(0.0),
+        sock.display()
+    );
+    for e in v["exports"].as_array().into_iter().flatten() {
+        for l in e["listen"].as_array().into_iter().flatten() {
+            println!(
+                "      export {} at {}",
+                e["name"].as_str().unwrap_or(""),
+                l.as_str().unwrap_or("")
+            );
+        }
+    }
+    let c = &v["connections"];
+    let r = &v["requests"];
+    println!(
+        "      connections: {} open, {} accepted, {} protocol errors; requests: {}, {} error replies",
+        c["open"], c["accepted"], c["protocol_errors"], r["total"], r["errors"]
+    );
+    let bg = background_lines(v);
+    if bg.is_empty() {
+        println!("      background: none");
+    }
+    for b in &bg {
+        println!("      background: {b}");
+    }
+    for s in &slots {
+        let st = s["state"].as_str().unwrap_or("?");
+        let path = s["path"].as_str().unwrap_or("-");
+        print!(
+            "      [{:>2}] {st:<8} {path}",
+            s["index"].as_u64().unwrap_or(0)
+        );
+        if detail {
+            println!();
+            for op in ["read", "write", "flush"] {
+                let o = &s[op];
+                println!(
+                    "           {op:<5} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
+                    o["count"],
+                    size::human(o["bytes"].as_u64().unwrap_or(0)),
+                    o["errors"],
+                    us(&o["latency_mean_us"]),
+                    us(&o["latency_p99_us"]),
+                );
+            }
+            println!(
+                "           read errors corrected {}, budget {}/{}",
+                s["read_errors_corrected"],
+                s["read_error_budget"]["used"],
+                s["read_error_budget"]["max"]
+            );
+        } else {
+            println!(
+                "  reads {} writes {} errors {}",
+                s["read"]["count"],
+                s["write"]["count"],
+                s["read"]["errors"].as_u64().unwrap_or(0)
+                    + s["write"]["errors"].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    if detail {
+        println!("      requests by command:");
+        if let Some(ops) = v["requests"]["ops"].as_object() {
+            for (name, o) in ops {
+                println!(
+                    "           {name:<12} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
+                    o["count"],
+                    size::human(o["bytes"].as_u64().unwrap_or(0)),
+                    o["errors"],
+                    us(&o["latency_mean_us"]),
+                    us(&o["latency_p99_us"]),
+                );
+            }
+        }
+        println!("      stripe operations: {}", v["stripe_operations"]);
+    }
+}
+
+/// `uraid watch`: polls the server every `interval` and prints rates; progress bars for
+/// background operations on a terminal, plain lines otherwise. `count` stops after that
+/// many updates (0: until interrupted).
+pub fn watch(sock: &Path, plan: &Plan, interval: Duration, count: u64) -> Result<()> {
+    let Some(mut prev) = live_status(plan, sock)? else {
+        bail!(
+            "no running server for array '{}' at {} (uraid watch needs one; uraid status reads superblocks)",
+            plan.sb.name,
+            sock.display()
+        );
+    };
+    let tty = std::io::stderr().is_terminal();
+    let multi = indicatif::MultiProgress::new();
+    if !tty {
+        multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut bars: std::collections::HashMap<String, indicatif::ProgressBar> = Default::default();
+    let mut t_prev = Instant::now();
+    let mut n = 0;
+    loop {
+        std::thread::sleep(interval);
+        let Some(v) = live_status(plan, sock)? else {
+            println!("server at {} has stopped", sock.display());
+            return Ok(());
+        };
+        let dt = t_prev.elapsed().as_secs_f64().max(1e-3);
+        t_prev = Instant::now();
+        let delta = |a: &Value, b: &Value| {
+            (a.as_u64()
+                .unwrap_or(0)
+                .saturating_sub(b.as_u64().unwrap_or(0))) as f64
+                / dt
+        };
+        let ops = |x: &Value, key: &str| -> (f64, f64) {
+            let (mut c, mut b) = (0.0, 0.0);
+            if let (Some(now), Some(was)) = (
+                x["requests"]["ops"].as_object(),
+                prev["requests"]["ops"].as_object(),
+            ) {
+                for k in ["read", "write"]
+                    .iter()
+                    .filter(|k| key.is_empty() || **k == key)
+                {
+                    c += delta(&now[*k]["count"], &was[*k]["count"]);
+                    b += delta(&now[*k]["bytes"], &was[*k]["bytes"]);
+                }
+            }
+            (c, b)
+        };
+        let (ri, rb) = ops(&v, "read");
+        let (wi, wb) = ops(&v, "write");
+        let line = format!(
+            "{}: {}  read {:.0} IOPS {}/s  write {:.0} IOPS {}/s  connections {}",
+            v["name"].as_str().unwrap_or("?"),
+            v["state"].as_str().unwrap_or("?"),
+            ri,
+            size::human(rb as u64),
+            wi,
+            size::human(wb as u64),
+            v["connections"]["open"],
+        );
+        let members: Vec<String> = v["slots"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .zip(prev["slots"].as_array().into_iter().flatten())
+            .map(|(s, p)| {
+                format!(
+                    "[{}] {} r {:.0}/s w {:.0}/s",
+                    s["index"],
+                    s["state"].as_str().unwrap_or("?"),
+                    delta(&s["read"]["count"], &p["read"]["count"]),
+                    delta(&s["write"]["count"], &p["write"]["count"])
+                )
+            })
+            .collect();
+        let members = members.join("  ");
+        // Background operations: a bar each on a terminal, lines otherwise.
+        for b in v["background"].as_array().into_iter().flatten() {
+            let op = b["op"].as_str().unwrap_or("?").to_string();
+            let done = b["progress"].as_f64().unwrap_or(0.0);
+            if tty {
+                let bar = bars.entry(op.clone()).or_insert_with(|| {
+                    let pb = multi.add(indicatif::ProgressBar::new(1000));
+                    pb.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "{prefix} [{bar:40}] {percent}% {msg}",
+                        )
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                    );
+                    pb.set_prefix(op.clone());
+                    pb
+                });
+                bar.set_position((done * 1000.0) as u64);
+                bar.set_message(format!("eta {}", b["eta_seconds"]));
+            }
+        }
+        if !tty {
+            for l in background_lines(&v) {
+                println!("{l}");
+            }
+        }
+        if tty {
+            let _ = multi.println(format!("{line}\n  {members}"));
+        } else {
+            println!("{line}");
+            println!("  {members}");
+        }
+        prev = v;
+        n += 1;
+        if count > 0 && n >= count {
+            return Ok(());
+        }
+    }
+}
+
+/// One plain line per background operation of a status document (`op`, `progress` 0–1,
+/// `rate_bytes_per_second`, `eta_seconds`; docs/control.md).
+pub fn background_lines(v: &Value) -> Vec<String> {
+    v["background"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            let eta = b["eta_seconds"]
+                .as_f64()
+                .map_or("-".to_string(), |s| format!("{s:.0} s"));
+            format!(
+                "{}: {:.1}% done, {}/s, eta {eta}",
+                b["op"].as_str().unwrap_or("?"),
+                b["progress"].as_f64().unwrap_or(0.0) * 100.0,
+                size::human(b["rate_bytes_per_second"].as_f64().unwrap_or(0.0) as u64),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn background_operations_render_as_lines() {
+        let v = serde_json::json!({"background": [
+            {"op": "resync", "progress": 0.25, "rate_bytes_per_second": 2097152.0, "eta_seconds": 30.4},
+            {"op": "scrub", "progress": 1.0, "rate_bytes_per_second": 0.0, "eta_seconds": null},
+        ]});
+        assert_eq!(
+            background_lines(&v),
+            vec![
+                "resync: 25.0% done, 2M/s, eta 30 s".to_string(),
+                "scrub: 100.0% done, 0B/s, eta -".to_string()
+            ]
+        );
+        assert!(background_lines(&serde_json::json!({"background": []})).is_empty());
+    }
+}

@@ -1,0 +1,860 @@
+//! The control socket of a running `uraid serve`: HTTP/1.1 with JSON bodies on a Unix
+//! socket (mode 0600, peer credentials checked), so `curl --unix-socket` works, plus an
+//! optional TCP listener that serves only `/metrics` to Prometheus.
+//!
+//! One accept thread; each connection gets a short-lived thread (at most `MAX_CLIENTS` at
+//! once), with read and write timeouts. Nothing here touches the reactors: status and
+//! metrics are read from atomics the data path updates (`uraid_engine::metrics`).
+//!
+//! Endpoints (all GET; docs/control.md has the schema):
+//! * `/status`: the array, its members, exports, connections, requests (JSON, versioned);
+//! * `/metrics`: Prometheus text format 0.0.4;
+//! * `/events[?since=N]`: the event ring (`events.rs`), JSON.
+
+use crate::events::Events;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uraid_core::format::uuid_string;
+use uraid_core::http::{parse_head, Head, MAX_HEAD};
+use uraid_engine::metrics::{bucket_bounds, OpSnapshot, BUCKETS};
+use uraid_engine::{FileDev, Volume};
+use uraid_nbd::{Server, OPS};
+
+/// Version of the `/status` JSON schema (docs/control.md).
+pub const SCHEMA: u32 = 1;
+/// Control connections served at once; more wait in the listen backlog.
+const MAX_CLIENTS: usize = 8;
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the control socket reports on.
+pub struct State {
+    pub volume: Arc<Volume<FileDev>>,
+    pub server: Arc<Server<FileDev>>,
+    pub members: Vec<Option<PathBuf>>,
+    pub listen: Vec<String>,
+    pub events: Events,
+    pub started: Instant,
+}
+
+/// The running control endpoints; `stop` (or drop) ends them.
+pub struct Control {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    path: Option<PathBuf>,
+}
+
+/// Where `--control` points: a Unix socket path, or nothing.
+pub fn parse_endpoint(spec: &str) -> Result<Option<PathBuf>> {
+    if spec == "none" {
+        return Ok(None);
+    }
+    match spec.strip_prefix("unix:") {
+        Some(p) if !p.is_empty() => Ok(Some(PathBuf::from(p))),
+        _ => bail!("--control {spec}: expected unix:PATH or none"),
+    }
+}
+
+/// The default control socket of an array: `uraid-data/control.sock` for the embedded
+/// default volume, `/run/uraid/NAME.sock` otherwise.
+pub fn default_path(name: &str, embedded: bool) -> PathBuf {
+    if embedded {
+        Path::new(crate::DEFAULT_DIR).join("control.sock")
+    } else {
+        Path::new("/run/uraid").join(format!("{name}.sock"))
+    }
+}
+
+fn bind_unix(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("control socket: cannot create {}", dir.display()))?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            bail!(
+                "control socket {}: another uraid server is listening there (pass --control \
+                 unix:PATH or --control none)",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("control socket {}: cannot remove stale", path.display()))?;
+    }
+    let l = UnixListener::bind(path)
+        .with_context(|| format!("control socket {}: cannot bind", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("control socket {}: cannot chmod 0600", path.display()))?;
+    Ok(l)
+}
+
+/// `--metrics tcp:HOST:PORT`.
+pub fn bind_metrics(spec: &str) -> Result<TcpListener> {
+    let Some(hp) = spec.strip_prefix("tcp:") else {
+        bail!("--metrics {spec}: expected tcp:HOST:PORT (e.g. tcp:127.0.0.1:9469)");
+    };
+    TcpListener::bind(hp).with_context(|| format!("--metrics {spec}: cannot bind"))
+}
+
+impl Control {
+    /// Binds the control socket (if any) and the metrics listener (if any) and starts
+    /// serving them.
+    pub fn start(
+        state: Arc<State>,
+        unix: Option<PathBuf>,
+        metrics: Option<TcpListener>,
+    ) -> Result<Control> {
+        let ul = unix.as_deref().map(bind_unix).transpose()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("uraid-control".into())
+            .spawn(move || accept_loop(state, ul, metrics, s2))
+            .context("starting the control thread")?;
+        Ok(Control {
+            stop,
+            thread: Some(thread),
+            path: unix,
+        })
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(p) = self.path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+enum Conn {
+    Unix(UnixStream),
+    Tcp(std::net::TcpStream),
+}
+
+fn accept_loop(
+    state: Arc<State>,
+    unix: Option<UnixListener>,
+    tcp: Option<TcpListener>,
+    stop: Arc<AtomicBool>,
+) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    for fd in [
+        unix.as_ref().map(|l| l.as_raw_fd()),
+        tcp.as_ref().map(|l| l.as_raw_fd()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    while !stop.load(Ordering::SeqCst) {
+        // SAFETY: `fds` is a live array of pollfd of the stated length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 200) };
+        if n <= 0 {
+            continue;
+        }
+        for p in fds.iter_mut() {
+            if p.revents == 0 {
+                continue;
+            }
+            p.revents = 0;
+            let conn = if unix.as_ref().is_some_and(|l| l.as_raw_fd() == p.fd) {
+                unix.as_ref()
+                    .and_then(|l| l.accept().ok())
+                    .map(|(s, _)| Conn::Unix(s))
+            } else {
+                tcp.as_ref()
+                    .and_then(|l| l.accept().ok())
+                    .map(|(s, _)| Conn::Tcp(s))
+            };
+            let Some(conn) = conn else { continue };
+            while active.load(Ordering::SeqCst) >= MAX_CLIENTS && !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            active.fetch_add(1, Ordering::SeqCst);
+            let (st, act) = (state.clone(), active.clone());
+            let spawned = std::thread::Builder::new()
+                .name("uraid-control-conn".into())
+                .spawn(move || {
+                    serve_conn(&st, conn);
+                    act.fetch_sub(1, Ordering::SeqCst);
+                });
+            if spawned.is_err() {
+                active.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// The uid of the process at the other end of a Unix socket.
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the live `cred`.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// An HTTP response: status, content type, body.
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Response {
+    fn json(status: u16, v: &Value) -> Response {
+        Response {
+            status,
+            content_type: "application/json",
+            body: serde_json::to_string_pretty(v).unwrap_or_default() + "\n",
+        }
+    }
+
+    fn error(status: u16, msg: &str) -> Response {
+        Response::json(status, &json!({ "error": msg }))
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    }
+}
+
+fn serve_conn(state: &State, conn: Conn) {
+    let (mut stream, metrics_only): (Box<dyn ReadWrite>, bool) = match conn {
+        Conn::Unix(s) => {
+            let me = euid();
+            match peer_uid(&s) {
+                Some(uid) if uid == 0 || uid == me => {}
+                other => {
+                    tracing::warn!(
+                        "control socket: refused a client with uid {:?} (only root and uid {me})",
+                        other
+                    );
+                    let mut s = s;
+                    let _ = write_response(
+                        &mut s,
+                        &Response::error(403, "forbidden: only root and the server's user"),
+                    );
+                    return;
+                }
+            }
+            (Box::new(s), false)
+        }
+        Conn::Tcp(s) => (Box::new(s), true),
+    };
+    stream.set_timeouts(IO_TIMEOUT);
+    let resp = match read_head(stream.as_mut()) {
+        Ok(head) => route(state, &head, metrics_only),
+        Err(r) => r,
+    };
+    let _ = write_response(stream.as_mut(), &resp);
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+trait ReadWrite: Read + Write {
+    fn set_timeouts(&mut self, t: Duration);
+}
+
+impl ReadWrite for UnixStream {
+    fn set_timeouts(&mut self, t: Duration) {
+        let _ = self.set_read_timeout(Some(t));
+        let _ = self.set_write_timeout(Some(t));
+    }
+}
+
+impl ReadWrite for std::net::TcpStream {
+    fn set_timeouts(&mut self, t: Duration) {
+        let _ = self.set_read_timeout(Some(t));
+        let _ = self.set_write_timeout(Some(t));
+    }
+}
+
+/// Reads and parses a request head (request line and headers, up to `MAX_HEAD` bytes).
+fn read_head(s: &mut dyn ReadWrite) -> Result<Head, Response> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        match parse_head(&buf) {
+            Ok(Some(h)) => return Ok(h),
+            Ok(None) => {}
+            Err(r) => return Err(Response::error(r.status, &r.message)),
+        }
+        if buf.len() >= MAX_HEAD {
+            return Err(Response::error(431, "request head larger than 16 KiB"));
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return Err(Response::error(400, "connection closed mid-request")),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Response::error(408, "timed out reading the request"))
+            }
+            Err(_) => return Err(Response::error(400, "read error")),
+        }
+    }
+}
+
+fn write_response(s: &mut dyn Write, r: &Response) -> std::io::Result<()> {
+    let head =
+        format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
+        r.status,
+        reason(r.status),
+        r.content_type,
+        r.body.len(),
+        if r.status == 405 { "Allow: GET\r\n" } else { "" }
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(r.body.as_bytes())?;
+    s.flush()
+}
+
+fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
+    if h.method != "GET" {
+        return Response::error(405, "only GET is supported");
+    }
+    if metrics_only && h.path != "/metrics" {
+        return Response::error(
+            404,
+            "this listener serves /metrics only; the rest is on the control socket",
+        );
+    }
+    match h.path.as_str() {
+        "/status" => Response::json(200, &status(state)),
+        "/metrics" => Response {
+            status: 200,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: metrics(state),
+        },
+        "/events" => {
+            let mut since = 0u64;
+            for kv in h.query.split('&').filter(|s| !s.is_empty()) {
+                match kv.split_once('=') {
+                    Some(("since", v)) => match v.parse() {
+                        Ok(n) => since = n,
+                        Err(_) => return Response::error(400, "since: expected a number"),
+                    },
+                    _ => return Response::error(400, &format!("unknown parameter {kv:?}")),
+                }
+            }
+            Response::json(
+                200,
+                &json!({ "schema": SCHEMA, "events": state.events.since(since) }),
+            )
+        }
+        "/" => Response::json(
+            200,
+            &json!({ "endpoints": ["/status", "/metrics", "/events?since=N"] }),
+        ),
+        _ => Response::error(404, "no such endpoint"),
+    }
+}
+
+// ---------------------------------------------------------------- status
+
+/// Stripe counters: full, reconstruct, read-modify-write, merged, degraded reads,
+/// corrected reads.
+fn stripe_stats(a: &uraid_engine::Array<FileDev>) -> [u64; 6] {
+    let s = &a.stats;
+    [
+        s.full_stripe_writes.load(Ordering::Relaxed),
+        s.rcw_writes.load(Ordering::Relaxed),
+        s.rmw_writes.load(Ordering::Relaxed),
+        s.merged_writes.load(Ordering::Relaxed),
+        s.degraded_reads.load(Ordering::Relaxed),
+        s.corrected_reads.load(Ordering::Relaxed),
+    ]
+}
+
+fn op_json(o: &OpSnapshot) -> Value {
+    json!({
+        "count": o.count,
+        "bytes": o.bytes,
+        "errors": o.errors,
+        "latency_mean_us": o.mean_us(),
+        "latency_p99_us": o.quantile_bound(0.99).map(|s| s * 1e6),
+    })
+}
+
+/// Array state words, md style: clean or active (written since assembly), plus degraded
+/// or failed.
+pub fn state_words(dirty: bool, failed: usize, serving: bool) -> String {
+    let mut s = if dirty { "active" } else { "clean" }.to_string();
+    if !serving {
+        s.push_str(", FAILED");
+    } else if failed > 0 {
+        s.push_str(", degraded");
+    }
+    s
+}
+
+/// The `/status` document (schema `SCHEMA`, docs/control.md).
+pub fn status(state: &State) -> Value {
+    let a = state.volume.array();
+    let g = *a.geometry();
+    let (name, uuid, ctime) = a.identity();
+    let failed = a.failed();
+    let st = stripe_stats(a);
+    let server = &state.server;
+    let ss = server.stats();
+    let members: Vec<Value> = (0..g.members)
+        .map(|i| {
+            let io = a.member_io(i);
+            let (corrected, budget_used, budget) = a.member_errors(i);
+            let present = a.member_dev(i).is_some();
+            json!({
+                "index": i,
+                "path": state.members.get(i).cloned().flatten().map(|p| p.display().to_string()),
+                "state": if !present { "missing" } else if failed.contains(i) { "failed" } else { "active" },
+                "read": op_json(&io.read),
+                "write": op_json(&io.write),
+                "flush": op_json(&io.flush),
+                "read_errors_corrected": corrected,
+                "read_error_budget": { "used": budget_used, "max": budget },
+            })
+        })
+        .collect();
+    let ops: serde_json::Map<String, Value> = OPS
+        .iter()
+        .zip(ss.ops.iter())
+        .map(|(n, s)| {
+            (
+                n.to_string(),
+                op_json(&uraid_engine::metrics::OpCounters::sum(s.iter())),
+            )
+        })
+        .collect();
+    json!({
+        "schema": SCHEMA,
+        "source": "server",
+        "pid": std::process::id(),
+        "uptime_seconds": state.started.elapsed().as_secs_f64(),
+        "name": name,
+        "array_uuid": uuid_string(&uuid),
+        "level": g.level.to_string(),
+        "members": g.members,
+        "chunk": g.chunk,
+        "volume_size": g.volume_size(),
+        "ctime": ctime,
+        "events": a.events(),
+        "dirty": a.is_dirty(),
+        "state": state_words(a.is_dirty(), failed.len(), a.is_serving()),
+        "degraded": !failed.is_empty(),
+        "failed": failed.iter().collect::<Vec<_>>(),
+        "fault_tolerance": g.fault_tolerance(),
+        "slots": members,
+        "exports": [{
+            "name": server.config().export,
+            "read_only": server.config().read_only,
+            "listen": state.listen,
+        }],
+        "connections": {
+            "open": server.open_connections(),
+            "accepted": ss.connections.load(Ordering::Relaxed),
+            "protocol_errors": ss.protocol_errors.load(Ordering::Relaxed),
+        },
+        "requests": {
+            "total": ss.requests.load(Ordering::Relaxed),
+            "errors": ss.errors.load(Ordering::Relaxed),
+            "ops": ops,
+        },
+        "stripe_operations": {
+            "full": st[0], "reconstruct": st[1], "read_modify_write": st[2],
+            "merged": st[3], "degraded_reads": st[4], "corrected_reads": st[5],
+        },
+        "background": [],
+    })
+}
+
+// ---------------------------------------------------------------- metrics
+
+/// Prometheus text format 0.0.4, written by hand (ARCHITECTURE.md says why).
+struct Prom {
+    out: String,
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn labels(l: &[(&str, String)]) -> String {
+    if l.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = l
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+impl Prom {
+    fn family(&mut self, name: &str, typ: &str, help: &str) {
+        self.out
+            .push_str(&format!("# HELP {name} {help}\n# TYPE {name} {typ}\n"));
+    }
+
+    fn sample(&mut self, name: &str, l: &[(&str, String)], v: impl std::fmt::Display) {
+        self.out.push_str(&format!("{name}{} {v}\n", labels(l)));
+    }
+
+    fn histogram(&mut self, name: &str, l: &[(&str, String)], o: &OpSnapshot) {
+        let bounds = bucket_bounds();
+        let mut cum = 0;
+        for (i, n) in o.buckets.iter().enumerate() {
+            cum += n;
+            let le = if i < BUCKETS {
+                format!("{}", bounds[i])
+            } else {
+                "+Inf".to_string()
+            };
+            let mut ll = l.to_vec();
+            ll.push(("le", le));
+            self.sample(&format!("{name}_bucket"), &ll, cum);
+        }
+        self.sample(&format!("{name}_sum"), l, o.latency_ns as f64 / 1e9);
+        self.sample(&format!("{name}_count"), l, o.timed);
+    }
+}
+
+/// The `/metrics` document.
+pub fn metrics(state: &State) -> String {
+    let a = state.volume.array();
+    let g = *a.geometry();
+    let (name, uuid, _) = a.identity();
+    let arr = || ("array", name.to_string());
+    let failed = a.failed();
+    let mut p = Prom { out: String::new() };
+
+    p.family("uraid_array_info", "gauge", "Array identity (value 1).");
+    p.sample(
+        "uraid_array_info",
+        &[
+            arr(),
+            ("uuid", uuid_string(&uuid)),
+            ("level", g.level.to_string()),
+        ],
+        1,
+    );
+    p.family(
+        "uraid_array_state",
+        "gauge",
+        "1 for the array's current state (clean: nothing written since assembly; active: written; degraded; failed).",
+    );
+    let serving = a.is_serving();
+    for (s, on) in [
+        ("clean", !a.is_dirty()),
+        ("active", a.is_dirty()),
+        ("degraded", serving && !failed.is_empty()),
+        ("failed", !serving),
+    ] {
+        p.sample(
+            "uraid_array_state",
+            &[arr(), ("state", s.into())],
+            u8::from(on),
+        );
+    }
+    p.family(
+        "uraid_array_members",
+        "gauge",
+        "Members the array is built of.",
+    );
+    p.sample("uraid_array_members", &[arr()], g.members);
+    p.family(
+        "uraid_array_failed_members",
+        "gauge",
+        "Members missing or failed.",
+    );
+    p.sample("uraid_array_failed_members", &[arr()], failed.len());
+    p.family("uraid_array_size_bytes", "gauge", "Volume size.");
+    p.sample("uraid_array_size_bytes", &[arr()], g.volume_size());
+    p.family(
+        "uraid_array_events",
+        "gauge",
+        "Superblock event count (rises with every superblock round).",
+    );
+    p.sample("uraid_array_events", &[arr()], a.events());
+
+    p.family(
+        "uraid_member_state",
+        "gauge",
+        "1 for each member's current state (active, failed, missing).",
+    );
+    let member_labels = |i: usize| {
+        let dev = state
+            .members
+            .get(i)
+            .cloned()
+            .flatten()
+            .map_or("-".to_string(), |p| p.display().to_string());
+        vec![arr(), ("member", i.to_string()), ("device", dev)]
+    };
+    for i in 0..g.members {
+        let present = a.member_dev(i).is_some();
+        for s in ["active", "failed", "missing"] {
+            let now = if !present {
+                "missing"
+            } else if failed.contains(i) {
+                "failed"
+            } else {
+                "active"
+            };
+            let mut l = member_labels(i);
+            l.push(("state", s.into()));
+            p.sample("uraid_member_state", &l, u8::from(now == s));
+        }
+    }
+    let ios: Vec<_> = (0..g.members).map(|i| a.member_io(i)).collect();
+    type Pick = fn(&uraid_engine::members::MemberIoSnapshot) -> &OpSnapshot;
+    let picks: [(&str, Pick); 3] = [
+        ("read", |s| &s.read),
+        ("write", |s| &s.write),
+        ("flush", |s| &s.flush),
+    ];
+    for (fam, help, f) in [
+        (
+            "uraid_member_io_total",
+            "Member I/Os (data and metadata).",
+            (|o: &OpSnapshot| o.count) as fn(&OpSnapshot) -> u64,
+        ),
+        ("uraid_member_io_bytes_total", "Member I/O bytes.", |o| {
+            o.bytes
+        }),
+        (
+            "uraid_member_io_errors_total",
+            "Member I/Os that failed.",
+            |o| o.errors,
+        ),
+    ] {
+        p.family(fam, "counter", help);
+        for (i, io) in ios.iter().enumerate() {
+            for (op, pick) in picks {
+                let mut l = member_labels(i);
+                l.push(("op", op.into()));
+                p.sample(fam, &l, f(pick(io)));
+            }
+        }
+    }
+    p.family(
+        "uraid_member_io_latency_seconds",
+        "histogram",
+        "Member I/O latency, sampled: one in 16 reads and writes per thread is timed, every flush.",
+    );
+    for (i, io) in ios.iter().enumerate() {
+        for (op, pick) in picks {
+            let mut l = member_labels(i);
+            l.push(("op", op.into()));
+            p.histogram("uraid_member_io_latency_seconds", &l, pick(io));
+        }
+    }
+    p.family(
+        "uraid_member_read_errors_corrected_total",
+        "counter",
+        "Media read errors reconstructed from redundancy and rewritten in place.",
+    );
+    for i in 0..g.members {
+        p.sample(
+            "uraid_member_read_errors_corrected_total",
+            &member_labels(i),
+            a.member_errors(i).0,
+        );
+    }
+
+    let st = stripe_stats(a);
+    p.family(
+        "uraid_stripe_operations_total",
+        "counter",
+        "Stripe writes by plan, writes merged into another's stripe operation, degraded reads.",
+    );
+    for (plan, v) in [
+        ("full", st[0]),
+        ("reconstruct", st[1]),
+        ("read_modify_write", st[2]),
+        ("merged", st[3]),
+        ("degraded_read", st[4]),
+    ] {
+        p.sample(
+            "uraid_stripe_operations_total",
+            &[arr(), ("plan", plan.into())],
+            v,
+        );
+    }
+
+    let server = &state.server;
+    let ss = server.stats();
+    let snaps: Vec<OpSnapshot> = ss
+        .ops
+        .iter()
+        .map(|s| uraid_engine::metrics::OpCounters::sum(s.iter()))
+        .collect();
+    for (fam, help, f) in [
+        (
+            "uraid_nbd_requests_total",
+            "NBD requests by command.",
+            (|o: &OpSnapshot| o.count) as fn(&OpSnapshot) -> u64,
+        ),
+        (
+            "uraid_nbd_request_bytes_total",
+            "NBD request bytes by command (payload for read and write, range for the others).",
+            |o| o.bytes,
+        ),
+        (
+            "uraid_nbd_request_errors_total",
+            "NBD error replies by command.",
+            |o| o.errors,
+        ),
+    ] {
+        p.family(fam, "counter", help);
+        for (op, o) in OPS.iter().zip(&snaps) {
+            p.sample(fam, &[arr(), ("op", op.to_string())], f(o));
+        }
+    }
+    p.family(
+        "uraid_nbd_request_latency_seconds",
+        "histogram",
+        "NBD request latency in the server, from request parsed to reply queued.",
+    );
+    for (op, o) in OPS.iter().zip(&snaps) {
+        p.histogram(
+            "uraid_nbd_request_latency_seconds",
+            &[arr(), ("op", op.to_string())],
+            o,
+        );
+    }
+    p.family(
+        "uraid_nbd_connections",
+        "gauge",
+        "NBD connections open now.",
+    );
+    p.sample("uraid_nbd_connections", &[arr()], server.open_connections());
+    p.family(
+        "uraid_nbd_connections_accepted_total",
+        "counter",
+        "NBD connections accepted.",
+    );
+    p.sample(
+        "uraid_nbd_connections_accepted_total",
+        &[arr()],
+        ss.connections.load(Ordering::Relaxed),
+    );
+    p.family(
+        "uraid_nbd_protocol_errors_total",
+        "counter",
+        "NBD connections ended by a protocol violation.",
+    );
+    p.sample(
+        "uraid_nbd_protocol_errors_total",
+        &[arr()],
+        ss.protocol_errors.load(Ordering::Relaxed),
+    );
+    p.out
+}
+
+// ---------------------------------------------------------------- client side
+
+/// GETs `path` from the control socket at `sock`: the status code and body.
+pub fn get(sock: &Path, path: &str) -> Result<(u16, String)> {
+    let mut s = UnixStream::connect(sock)
+        .with_context(|| format!("cannot connect to {}", sock.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: uraid\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let mut headers = [httparse::EMPTY_HEADER; 16];
+    let mut resp = httparse::Response::new(&mut headers);
+    let n = match resp.parse(&buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => bail!("{}: malformed response", sock.display()),
+    };
+    let code = resp.code.unwrap_or(0);
+    Ok((code, String::from_utf8_lossy(&buf[n..]).into_owned()))
+}
+
+/// GETs a JSON document; non-200 is an error carrying the server's message.
+pub fn get_json(sock: &Path, path: &str) -> Result<Value> {
+    let (code, body) = get(sock, path)?;
+    let v: Value = serde_json::from_str(&body)
+        .with_context(|| format!("{}: response is not JSON", sock.display()))?;
+    if code != 200 {
+        bail!(
+            "{}: {path}: HTTP {code}: {}",
+            sock.display(),
+            v["error"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            labels(&[("a", "x\"y\\z\nw".into())]),
+            "{a=\"x\\\"y\\\\z\\nw\"}"
+        );
+    }
+}

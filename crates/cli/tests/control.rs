@@ -1,0 +1,332 @@
+//! The control socket of a running `uraid serve`: status and metrics move as the load says
+//! (driven by qemu-io over NBD, read with curl and with `uraid status` / `uraid watch`),
+//! Prometheus output passes `promtool check metrics`, malformed requests get 4xx without
+//! disturbing the data path, and only root or the server's user may ask.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+mod common;
+use common::*;
+
+struct Srv {
+    child: Child,
+    nbd: PathBuf,
+    ctl: PathBuf,
+    metrics: String,
+}
+
+impl Srv {
+    fn start(dir: &Path, members: &[PathBuf]) -> Srv {
+        let (nbd, ctl) = (dir.join("nbd.sock"), dir.join("ctl.sock"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .arg("serve")
+            .arg(format!("--listen=unix:{}", nbd.display()))
+            .arg(format!("--control=unix:{}", ctl.display()))
+            .arg("--metrics=tcp:127.0.0.1:0")
+            .args(members)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start uraid serve");
+        let mut metrics = String::new();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        for line in out.lines() {
+            let line = line.expect("server stdout");
+            if let Some(u) = line.strip_prefix("uraid: Prometheus metrics at ") {
+                metrics = u.to_string();
+            }
+            if line.contains("stop with") {
+                break;
+            }
+        }
+        assert!(
+            !metrics.is_empty(),
+            "server did not report its metrics address"
+        );
+        Srv {
+            child,
+            nbd,
+            ctl,
+            metrics,
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///vol?socket={}", self.nbd.display())
+    }
+
+    fn stop(mut self) {
+        run(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "uraid serve exited with {st}");
+    }
+}
+
+impl Drop for Srv {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn create(dir: &Path) -> Vec<PathBuf> {
+    let m: Vec<PathBuf> = (0..6).map(|i| dir.join(format!("m{i}"))).collect();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["create", "--level", "6", "-N", "vol", "--size", "32M"])
+        .args(&m));
+    m
+}
+
+fn curl(args: &[&str]) -> String {
+    let o = run(Command::new("curl").arg("-sS").args(args));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// The value of one sample line `name{labels} value` in Prometheus text.
+fn sample(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {name_and_labels}"))
+        .parse()
+        .unwrap()
+}
+
+fn qemu_io(uri: &str, cmds: &[String]) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for x in cmds {
+        c.arg("-c").arg(x);
+    }
+    run(c.arg(uri));
+}
+
+#[test]
+fn status_and_metrics_follow_the_load() {
+    let dir = tmp("load");
+    let m = create(&dir);
+    let srv = Srv::start(&dir, &m);
+    let mode = std::fs::metadata(&srv.ctl).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
+    let unix = format!("{}", srv.ctl.display());
+
+    // Load: 10 writes of 64 KiB, 20 reads of 4 KiB.
+    let mut cmds: Vec<String> = (0..10)
+        .map(|i| format!("write -P {} {} 64k", i + 1, i * 65536))
+        .collect();
+    cmds.extend((0..20).map(|i| format!("read {} 4k", i * 4096)));
+    qemu_io(&srv.uri(), &cmds);
+
+    // Metrics over the control socket and over TCP.
+    let text = curl(&["--unix-socket", &unix, "http://uraid/metrics"]);
+    let w = "{array=\"vol\",op=\"write\"}";
+    let r = "{array=\"vol\",op=\"read\"}";
+    assert_eq!(sample(&text, &format!("uraid_nbd_requests_total{w}")), 10.0);
+    assert_eq!(
+        sample(&text, &format!("uraid_nbd_request_bytes_total{w}")),
+        655_360.0
+    );
+    assert!(sample(&text, &format!("uraid_nbd_requests_total{r}")) >= 20.0);
+    assert!(sample(&text, &format!("uraid_nbd_request_bytes_total{r}")) >= 81_920.0);
+    assert_eq!(
+        sample(
+            &text,
+            &format!("uraid_nbd_request_latency_seconds_count{w}")
+        ),
+        10.0
+    );
+    assert_eq!(
+        sample(&text, "uraid_array_state{array=\"vol\",state=\"active\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "uraid_nbd_connections_accepted_total{array=\"vol\"}"),
+        1.0
+    );
+    // Every member got writes: data or parity of the 640 KiB written.
+    for (i, p) in m.iter().enumerate() {
+        let l = format!(
+            "uraid_member_io_total{{array=\"vol\",member=\"{i}\",device=\"{}\",op=\"write\"}}",
+            p.display()
+        );
+        assert!(sample(&text, &l) > 0.0, "{l}");
+    }
+    let tcp = curl(&[&srv.metrics]);
+    assert!(tcp.contains("uraid_nbd_requests_total"), "{tcp}");
+    // promtool lints the exposition format.
+    let prom = dir.join("metrics.txt");
+    std::fs::write(&prom, &tcp).unwrap();
+    let o = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&prom).unwrap())
+        .output()
+        .expect("promtool (Debian package prometheus; scripts/setup.sh installs it)");
+    assert!(
+        o.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The TCP listener serves metrics only.
+    let st = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &srv.metrics.replace("/metrics", "/status"),
+    ]);
+    assert_eq!(st, "404");
+
+    // uraid status talks to the server and says so.
+    let ctl_arg = format!("--control=unix:{unix}");
+    let mut args = vec!["status", "--json", &ctl_arg];
+    let ms: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
+    args.extend(ms.iter().map(|s| s.as_str()));
+    let j: serde_json::Value = serde_json::from_str(&ok(&uraid(&args, &dir))).unwrap();
+    assert_eq!(j["source"], "server");
+    assert_eq!(j["schema"], 1);
+    assert_eq!(j["requests"]["ops"]["write"]["count"], 10);
+    assert_eq!(j["requests"]["ops"]["write"]["bytes"], 655_360);
+    assert_eq!(j["state"], "active");
+    assert_eq!(j["slots"].as_array().unwrap().len(), 6);
+    assert!(j["slots"][0]["write"]["count"].as_u64().unwrap() > 0);
+    args[1] = "--offline";
+    let off: serde_json::Value = {
+        let mut a = vec!["status", "--json"];
+        a.extend(args[1..].iter().copied());
+        serde_json::from_str(&ok(&uraid(&a, &dir))).unwrap()
+    };
+    assert_eq!(off["source"], "superblocks");
+    let mut a = vec!["detail", &ctl_arg];
+    a.extend(ms.iter().map(|s| s.as_str()));
+    let text = ok(&uraid(&a, &dir));
+    assert!(text.contains("source: running server"), "{text}");
+    assert!(text.contains("requests by command"), "{text}");
+
+    // uraid watch, not on a terminal: plain lines with rates.
+    let mut a = vec!["watch", "--interval", "0.2", "--count", "2", &ctl_arg];
+    a.extend(ms.iter().map(|s| s.as_str()));
+    let text = ok(&uraid(&a, &dir));
+    assert_eq!(
+        text.lines().filter(|l| l.contains("IOPS")).count(),
+        2,
+        "{text}"
+    );
+
+    // The event ring has the server's start.
+    let ev: serde_json::Value =
+        serde_json::from_str(&curl(&["--unix-socket", &unix, "http://uraid/events"])).unwrap();
+    assert!(
+        ev["events"].as_array().unwrap().iter().any(|e| e["message"]
+            .as_str()
+            .unwrap()
+            .contains("serving array 'vol'")),
+        "{ev}"
+    );
+
+    srv.stop();
+    assert!(!Path::new(&unix).exists(), "control socket left behind");
+    let mut a = vec!["status", &ctl_arg];
+    a.extend(ms.iter().map(|s| s.as_str()));
+    let text = ok(&uraid(&a, &dir));
+    assert!(
+        text.contains("source: superblocks (no running server at"),
+        "{text}"
+    );
+}
+
+/// Sends raw bytes, returns the HTTP status code of the reply.
+fn raw(sock: &Path, bytes: &[u8]) -> u16 {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split(' ').nth(1).unwrap_or("0").parse().unwrap_or(0)
+}
+
+#[test]
+fn malformed_requests_get_4xx_and_the_data_path_keeps_serving() {
+    let dir = tmp("malformed");
+    let m = create(&dir);
+    let srv = Srv::start(&dir, &m);
+    let c = &srv.ctl;
+    assert_eq!(raw(c, b"\x16\x03\x01\x02garbage\r\n\r\n"), 400);
+    assert_eq!(raw(c, b"GET /status HTTP/7.0\r\n\r\n"), 400);
+    assert_eq!(
+        raw(c, b"POST /status HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+        405
+    );
+    assert_eq!(raw(c, b"GET /nope HTTP/1.1\r\n\r\n"), 404);
+    assert_eq!(raw(c, b"GET /events?since=x HTTP/1.1\r\n\r\n"), 400);
+    let many: String = (0..64).map(|i| format!("X-{i}: y\r\n")).collect();
+    assert_eq!(
+        raw(c, format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),
+        431
+    );
+    let huge = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(64 << 10));
+    let mut s = UnixStream::connect(c).unwrap();
+    let _ = s.write_all(huge.as_bytes()); // the server may stop reading and answer early
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+    // A client that connects and goes away.
+    drop(UnixStream::connect(c).unwrap());
+    // The server still serves data and status.
+    qemu_io(
+        &srv.uri(),
+        &["write -P 7 0 4k".into(), "read -P 7 0 4k".into()],
+    );
+    assert_eq!(raw(c, b"GET /status HTTP/1.1\r\n\r\n"), 200);
+    srv.stop();
+}
+
+#[test]
+fn another_user_is_refused() {
+    // SAFETY-free check of who runs the tests: setpriv needs root to switch users.
+    let me = String::from_utf8(run(Command::new("id").arg("-u")).stdout).unwrap();
+    if me.trim() != "0" {
+        eprintln!("another_user_is_refused: needs root to run a client as another uid; not run");
+        return;
+    }
+    let dir = tmp("uid");
+    let m = create(&dir);
+    let srv = Srv::start(&dir, &m);
+    let as_nobody = |extra: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "curl",
+                "-sS",
+            ])
+            .args(extra)
+            .arg("--unix-socket")
+            .arg(&srv.ctl)
+            .arg("http://uraid/status")
+            .output()
+            .unwrap()
+    };
+    // Mode 0600: another user cannot even connect (the directory is world-readable).
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = as_nobody(&[]);
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "curl should fail to connect: {o:?}"
+    );
+    // Even with the socket opened up, peer credentials refuse it.
+    std::fs::set_permissions(&srv.ctl, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = as_nobody(&["-w", "\n%{http_code}"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.trim_end().ends_with("403"), "{out}");
+    assert!(out.contains("forbidden"), "{out}");
+    // Root still gets in.
+    assert_eq!(raw(&srv.ctl, b"GET /status HTTP/1.1\r\n\r\n"), 200);
+    srv.stop();
+}

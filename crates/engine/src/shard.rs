@@ -1,0 +1,90 @@
+//! Per-thread shards: state that every reactor updates on every request (waiting-I/O
+//! registries, counters, histogram buckets) is kept once per thread, each copy on its own
+//! cache lines, and summed by whoever reads it (the watchdog, a metrics scrape). Two
+//! reactors never write the same line, so the hot path pays no cross-core traffic.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Shards per sharded value: more than reactors run (threads beyond share a shard, which
+/// stays correct: every update is an atomic read-modify-write).
+pub const SHARDS: usize = 16;
+
+/// This thread's shard: threads are numbered in the order they first ask.
+pub fn index() -> usize {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local!(static SHARD: Cell<usize> = const { Cell::new(usize::MAX) });
+    SHARD.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT.fetch_add(1, Ordering::Relaxed) as usize % SHARDS);
+        }
+        s.get()
+    })
+}
+
+/// One copy of `T` per shard, each on its own cache lines.
+pub struct Sharded<T> {
+    shards: Box<[Padded<T>]>,
+}
+
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T: Default> Default for Sharded<T> {
+    fn default() -> Self {
+        Sharded {
+            shards: (0..SHARDS).map(|_| Padded(T::default())).collect(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Sharded<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sharded<{}>", std::any::type_name::<T>())
+    }
+}
+
+impl<T> Sharded<T> {
+    /// The calling thread's copy.
+    pub fn local(&self) -> &T {
+        &self.shards[index()].0
+    }
+
+    /// The copy of shard `i` (a future that moved threads removes itself where it
+    /// registered).
+    pub fn get(&self, i: usize) -> &T {
+        &self.shards[i].0
+    }
+
+    /// Every copy, for summing.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.shards.iter().map(|p| &p.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_get_their_own_shard_and_sums_see_every_update() {
+        let s: std::sync::Arc<Sharded<AtomicU64>> = Default::default();
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        s.local().fetch_add(1, Ordering::Relaxed);
+                    }
+                    index()
+                })
+            })
+            .collect();
+        let mut idx: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let total: u64 = s.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, 4000);
+        idx.sort();
+        idx.dedup();
+        assert_eq!(idx.len(), 4, "four threads, four shards");
+    }
+}
