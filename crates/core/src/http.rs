@@ -52,6 +52,10 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, Refused> {
     let (Some(method), Some(target)) = (req.method, req.path) else {
         return Err(refuse(400, "malformed request line"));
     };
+    // Origin form only ("/path?query"); the fuzzer found httparse passing an empty target.
+    if !target.starts_with('/') {
+        return Err(refuse(400, "request target must be an absolute path"));
+    }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     Ok(Some(Head {
         method: method.to_string(),
@@ -84,6 +88,7 @@ mod tests {
             b"GET /status HTTP/9.9\r\n\r\n",
             b"GET  HTTP/1.1\r\n\r\n",
             b"GET /x HTTP/1.1\r\nno colon here\r\n\r\n",
+            b"GET http://host/x HTTP/1.1\r\n\r\n",
         ] {
             let r = parse_head(bad);
             assert_eq!(
