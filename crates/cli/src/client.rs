@@ -19,7 +19,18 @@ pub fn socket_for(
 ) -> Result<Option<PathBuf>> {
     match control_arg {
         Some(spec) => control::parse_endpoint(spec),
-        None => Ok(Some(control::default_path(&plan.sb.name, embedded))),
+        None => Ok(control::default_path(&plan.sb.name, embedded)),
+    }
+}
+
+/// Why there is no live status.
+pub fn not_running_reason(sock: &Path) -> String {
+    match std::os::unix::net::UnixStream::connect(sock) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => format!(
+            "a server may be running, but its control socket {} refused this user (permission denied)",
+            sock.display()
+        ),
+        _ => format!("no running server at {}", sock.display()),
     }
 }
 
@@ -32,7 +43,8 @@ pub fn live_status(plan: &Plan, sock: &Path) -> Result<Option<Value>> {
     let v = match control::get_json(sock, "/status") {
         Ok(v) => v,
         Err(e) => {
-            // A stale socket file (server gone) is "not running"; anything else is reported.
+            // Not reachable (a stale socket file, no permission) is "no live status", and
+            // `not_running_reason` says which; anything else is reported.
             if std::os::unix::net::UnixStream::connect(sock).is_err() {
                 return Ok(None);
             }
@@ -180,9 +192,9 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
 pub fn watch(sock: &Path, plan: &Plan, interval: Duration, count: u64) -> Result<()> {
     let Some(mut prev) = live_status(plan, sock)? else {
         bail!(
-            "no running server for array '{}' at {} (uraid watch needs one; uraid status reads superblocks)",
+            "array '{}': {} (uraid watch needs one; uraid status reads superblocks)",
             plan.sb.name,
-            sock.display()
+            not_running_reason(sock)
         );
     };
     let tty = std::io::stderr().is_terminal();
@@ -196,7 +208,7 @@ pub fn watch(sock: &Path, plan: &Plan, interval: Duration, count: u64) -> Result
     loop {
         std::thread::sleep(interval);
         let Some(v) = live_status(plan, sock)? else {
-            println!("server at {} has stopped", sock.display());
+            println!("{}: stopped watching", not_running_reason(sock));
             return Ok(());
         };
         let dt = t_prev.elapsed().as_secs_f64().max(1e-3);
@@ -217,8 +229,10 @@ pub fn watch(sock: &Path, plan: &Plan, interval: Duration, count: u64) -> Result
                     .iter()
                     .filter(|k| key.is_empty() || **k == key)
                 {
-                    c += delta(&now[*k]["count"], &was[*k]["count"]);
-                    b += delta(&now[*k]["bytes"], &was[*k]["bytes"]);
+                    let null = Value::Null;
+                    let (n, w) = (now.get(*k).unwrap_or(&null), was.get(*k).unwrap_or(&null));
+                    c += delta(&n["count"], &w["count"]);
+                    b += delta(&n["bytes"], &w["bytes"]);
                 }
             }
             (c, b)

@@ -31,8 +31,9 @@ use uraid_nbd::{Server, OPS};
 
 /// Version of the `/status` JSON schema (docs/control.md).
 pub const SCHEMA: u32 = 1;
-/// Control connections served at once; more wait in the listen backlog.
+/// Control connections served at once per listener (Unix, TCP); more get 503.
 const MAX_CLIENTS: usize = 8;
+/// Time a client has to send its request and take the reply.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the control socket reports on.
@@ -64,31 +65,51 @@ pub fn parse_endpoint(spec: &str) -> Result<Option<PathBuf>> {
 }
 
 /// The default control socket of an array: `uraid-data/control.sock` for the embedded
-/// default volume, `/run/uraid/NAME.sock` otherwise.
-pub fn default_path(name: &str, embedded: bool) -> PathBuf {
+/// default volume, `/run/uraid/NAME.sock` otherwise. None when the name is not usable in a
+/// file name (superblock names are any UTF-8; only `[A-Za-z0-9._-]`, not starting with a
+/// dot, make a path that stays in /run/uraid).
+pub fn default_path(name: &str, embedded: bool) -> Option<PathBuf> {
     if embedded {
-        Path::new(crate::DEFAULT_DIR).join("control.sock")
-    } else {
-        Path::new("/run/uraid").join(format!("{name}.sock"))
+        return Some(Path::new(crate::DEFAULT_DIR).join("control.sock"));
     }
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    ok.then(|| Path::new("/run/uraid").join(format!("{name}.sock")))
 }
 
-fn bind_unix(path: &Path) -> Result<UnixListener> {
+/// Removes a socket file left by a server that is gone; refuses anything else (a live
+/// server's socket, a regular file such as a member image named by mistake).
+pub fn remove_stale_socket(path: &Path, what: &str) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(md) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !md.file_type().is_socket() {
+        bail!(
+            "{what} {}: exists and is not a socket; refusing to replace it",
+            path.display()
+        );
+    }
+    if UnixStream::connect(path).is_ok() {
+        bail!(
+            "{what} {}: another server is listening there",
+            path.display()
+        );
+    }
+    std::fs::remove_file(path)
+        .with_context(|| format!("{what} {}: cannot remove the stale socket", path.display()))
+}
+
+/// Binds the control socket (mode 0600), replacing a stale one.
+pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("control socket: cannot create {}", dir.display()))?;
     }
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            bail!(
-                "control socket {}: another uraid server is listening there (pass --control \
-                 unix:PATH or --control none)",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("control socket {}: cannot remove stale", path.display()))?;
-    }
+    remove_stale_socket(path, "control socket")?;
     let l = UnixListener::bind(path)
         .with_context(|| format!("control socket {}: cannot bind", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
@@ -105,14 +126,17 @@ pub fn bind_metrics(spec: &str) -> Result<TcpListener> {
 }
 
 impl Control {
-    /// Binds the control socket (if any) and the metrics listener (if any) and starts
-    /// serving them.
+    /// Starts serving a bound control socket (`unix`: listener and path, removed at stop)
+    /// and the metrics listener, if any.
     pub fn start(
         state: Arc<State>,
-        unix: Option<PathBuf>,
+        unix: Option<(UnixListener, PathBuf)>,
         metrics: Option<TcpListener>,
     ) -> Result<Control> {
-        let ul = unix.as_deref().map(bind_unix).transpose()?;
+        let (ul, unix) = match unix {
+            Some((l, p)) => (Some(l), Some(p)),
+            None => (None, None),
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -158,7 +182,8 @@ fn accept_loop(
     tcp: Option<TcpListener>,
     stop: Arc<AtomicBool>,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let active_unix = Arc::new(AtomicUsize::new(0));
+    let active_tcp = Arc::new(AtomicUsize::new(0));
     let mut fds: Vec<libc::pollfd> = Vec::new();
     for fd in [
         unix.as_ref().map(|l| l.as_raw_fd()),
@@ -194,20 +219,50 @@ fn accept_loop(
                     .map(|(s, _)| Conn::Tcp(s))
             };
             let Some(conn) = conn else { continue };
-            while active.load(Ordering::SeqCst) >= MAX_CLIENTS && !stop.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(5));
+            // Unix and TCP clients have separate budgets, so metrics clients (any local user
+            // can reach a loopback port) never lock operators out; a client over budget gets
+            // 503 at once and the accept thread never waits.
+            let counter = match conn {
+                Conn::Unix(_) => &active_unix,
+                Conn::Tcp(_) => &active_tcp,
+            };
+            if counter.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
+                counter.fetch_sub(1, Ordering::SeqCst);
+                refuse_busy(conn);
+                continue;
             }
-            active.fetch_add(1, Ordering::SeqCst);
-            let (st, act) = (state.clone(), active.clone());
-            let spawned = std::thread::Builder::new()
+            let (st, slot) = (state.clone(), Slot(counter.clone()));
+            let _ = std::thread::Builder::new()
                 .name("uraid-control-conn".into())
                 .spawn(move || {
+                    let _slot = slot; // released even if serving panics
                     serve_conn(&st, conn);
-                    act.fetch_sub(1, Ordering::SeqCst);
                 });
-            if spawned.is_err() {
-                active.fetch_sub(1, Ordering::SeqCst);
-            }
+        }
+    }
+}
+
+/// A taken client slot; dropping it gives it back.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Answers 503 without a thread (a short write timeout: a client that does not read loses it).
+fn refuse_busy(conn: Conn) {
+    let r = Response::error(503, "busy: too many control requests in progress");
+    let t = Some(Duration::from_millis(100));
+    match conn {
+        Conn::Unix(mut s) => {
+            let _ = s.set_write_timeout(t);
+            let _ = write_response(&mut s, &r);
+        }
+        Conn::Tcp(mut s) => {
+            let _ = s.set_write_timeout(t);
+            let _ = write_response(&mut s, &r);
         }
     }
 }
@@ -263,6 +318,7 @@ fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     }
 }
@@ -290,11 +346,15 @@ fn serve_conn(state: &State, conn: Conn) {
         }
         Conn::Tcp(s) => (Box::new(s), true),
     };
+    let deadline = Instant::now() + IO_TIMEOUT;
     stream.set_timeouts(IO_TIMEOUT);
-    let resp = match read_head(stream.as_mut()) {
+    let resp = match read_head(stream.as_mut(), deadline) {
         Ok(head) => route(state, &head, metrics_only),
         Err(r) => r,
     };
+    // The reply gets what is left of the deadline (at least a moment, to say 408).
+    let left = deadline.saturating_duration_since(Instant::now());
+    stream.set_timeouts(left.max(Duration::from_millis(100)));
     let _ = write_response(stream.as_mut(), &resp);
 }
 
@@ -321,8 +381,9 @@ impl ReadWrite for std::net::TcpStream {
     }
 }
 
-/// Reads and parses a request head (request line and headers, up to `MAX_HEAD` bytes).
-fn read_head(s: &mut dyn ReadWrite) -> Result<Head, Response> {
+/// Reads and parses a request head (request line and headers, up to `MAX_HEAD` bytes),
+/// all of it before `deadline` (a client trickling bytes does not hold a slot longer).
+fn read_head(s: &mut dyn ReadWrite, deadline: Instant) -> Result<Head, Response> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
@@ -334,6 +395,11 @@ fn read_head(s: &mut dyn ReadWrite) -> Result<Head, Response> {
         if buf.len() >= MAX_HEAD {
             return Err(Response::error(431, "request head larger than 16 KiB"));
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Response::error(408, "timed out reading the request"));
+        }
+        s.set_timeouts(left);
         match s.read(&mut chunk) {
             Ok(0) => return Err(Response::error(400, "connection closed mid-request")),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),

@@ -176,8 +176,12 @@ fn status_cmd(a: &StatusArgs, detail: bool) -> Result<()> {
         None => {
             let why = match (&sock, a.offline) {
                 (_, true) => "--offline".to_string(),
-                (Some(p), _) => format!("no running server at {}", p.display()),
-                (None, _) => "--control none".to_string(),
+                (Some(p), _) => client::not_running_reason(p),
+                (None, _) if a.target.control.is_some() => "--control none".to_string(),
+                (None, _) => format!(
+                    "array name {:?} names no control socket; pass --control unix:PATH",
+                    plan.sb.name
+                ),
             };
             if a.json {
                 let mut v = status_json(&plan);

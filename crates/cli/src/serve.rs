@@ -74,14 +74,9 @@ fn bind(addr: &str) -> Result<Listen> {
         Ok(Listen::Tcp(l, local))
     } else if let Some(p) = addr.strip_prefix("unix:") {
         let path = PathBuf::from(p);
-        if path.exists() {
-            // A socket left by a previous run is replaced; a live server there is not.
-            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
-                bail!("--listen {addr}: another server is listening on {p}");
-            }
-            std::fs::remove_file(&path)
-                .with_context(|| format!("--listen {addr}: cannot remove stale {p}"))?;
-        }
+        // A socket left by a previous run is replaced; a live server's socket, or a file
+        // that is not a socket, is not.
+        control::remove_stale_socket(&path, &format!("--listen {addr}:"))?;
         let l =
             UnixListener::bind(&path).with_context(|| format!("--listen {addr}: cannot bind"))?;
         Ok(Listen::Unix(l, path))
@@ -127,10 +122,21 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         eprintln!("uraid: warning: {msg}");
         events.push(tracing::Level::WARN, "uraid::assemble", msg);
     }
-    // Control endpoints are checked before anything is opened.
+    // The control spec and the metrics port are checked before anything is opened.
+    let explicit_control = args.control.is_some();
     let control_path = match &args.control {
         Some(spec) => control::parse_endpoint(spec)?,
-        None => Some(control::default_path(&plan.sb.name, embedded)),
+        None => {
+            let p = control::default_path(&plan.sb.name, embedded);
+            if p.is_none() {
+                eprintln!(
+                    "uraid: warning: array name {:?} cannot name a control socket; none started \
+                     (pass --control unix:PATH)",
+                    plan.sb.name
+                );
+            }
+            p
+        }
     };
     let metrics_listener = args
         .metrics
@@ -158,6 +164,20 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     };
     // Members first: a member another process holds is refused before any socket is bound.
     let array = assemble::open_volume(&plan, Some(rt.handle()), opts)?;
+    // Then the control socket, before any NBD socket: nothing has been served if it fails.
+    // The default one is optional (a non-root user cannot create /run/uraid; another array
+    // of the same name may hold it): without it the server runs and says so.
+    let control_listener = match control_path {
+        None => None,
+        Some(p) => match control::bind_unix(&p) {
+            Ok(l) => Some((l, p)),
+            Err(e) if !explicit_control => {
+                eprintln!("uraid: warning: no control socket: {e:#} (pass --control unix:PATH)");
+                None
+            }
+            Err(e) => return Err(e),
+        },
+    };
     let mut addrs = args.listen.clone();
     if addrs.is_empty() {
         addrs.push(DEFAULT_LISTEN.to_string());
@@ -215,7 +235,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         started,
     });
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
-    let mut ctl = control::Control::start(state, control_path, metrics_listener)?;
+    let mut ctl = control::Control::start(state, control_listener, metrics_listener)?;
     if let Some(p) = ctl.path() {
         println!(
             "uraid: control socket at {} (uraid status, uraid watch, curl --unix-socket)",

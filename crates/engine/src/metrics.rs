@@ -1,10 +1,11 @@
 //! Operation counters and latency histograms, sharded per thread (`shard.rs`): the thread
-//! doing the I/O updates its own copy with relaxed atomics, a status request or metrics
+//! doing the I/O updates its own copy (`shard::add`: a plain load and store), a status request or metrics
 //! scrape sums the copies (`OpCounters::sum`).
 //!
 //! Latency buckets are powers of two in microseconds, 8 µs to 8.4 s (`bucket_bounds`), plus
 //! one for anything slower; Prometheus histograms are cumulative, so the encoder adds them up.
 
+use crate::shard::add;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -18,7 +19,8 @@ pub fn bucket_bounds() -> [f64; BUCKETS] {
 
 /// The bucket a latency falls into.
 pub fn bucket_of(d: Duration) -> usize {
-    let us = d.as_micros().min(u64::MAX as u128) as u64;
+    // Whole microseconds rounded up: a bucket's bound is an upper bound (Prometheus `le`).
+    let us = d.as_nanos().div_ceil(1000).min(u64::MAX as u128) as u64;
     if us <= 8 {
         return 0;
     }
@@ -43,20 +45,19 @@ impl OpCounters {
     /// One operation of `bytes`, failed or not.
     #[inline]
     pub fn record(&self, bytes: u64, ok: bool) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        add(&self.count, 1);
+        add(&self.bytes, bytes);
         if !ok {
-            self.errors.fetch_add(1, Ordering::Relaxed);
+            add(&self.errors, 1);
         }
     }
 
     /// One operation's latency.
     #[inline]
     pub fn observe(&self, d: Duration) {
-        self.timed.fetch_add(1, Ordering::Relaxed);
-        self.latency_ns
-            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
-        self.buckets[bucket_of(d)].fetch_add(1, Ordering::Relaxed);
+        add(&self.timed, 1);
+        add(&self.latency_ns, d.as_nanos().min(u64::MAX as u128) as u64);
+        add(&self.buckets[bucket_of(d)], 1);
     }
 
     /// The sum of several copies (every thread's: `OpCounters::sum(sharded.iter())`).
@@ -93,8 +94,8 @@ impl OpSnapshot {
         (self.timed > 0).then(|| self.latency_ns as f64 / self.timed as f64 / 1e3)
     }
 
-    /// Upper bound (seconds) of the bucket holding quantile `q` (None: nothing timed, or
-    /// beyond the last finite bucket).
+    /// Upper bound (seconds) of the bucket holding quantile `q`; beyond the last finite
+    /// bucket, that bucket's bound (the quantile is at least that). None: nothing timed.
     pub fn quantile_bound(&self, q: f64) -> Option<f64> {
         if self.timed == 0 {
             return None;
@@ -105,10 +106,10 @@ impl OpSnapshot {
         for (i, n) in self.buckets.iter().enumerate() {
             seen += n;
             if seen >= want {
-                return bounds.get(i).copied();
+                return Some(bounds[i.min(BUCKETS - 1)]);
             }
         }
-        None
+        Some(bounds[BUCKETS - 1])
     }
 }
 
@@ -123,6 +124,11 @@ mod tests {
         assert_eq!(bucket_of(Duration::ZERO), 0);
         assert_eq!(bucket_of(us(8)), 0);
         assert_eq!(bucket_of(us(9)), 1);
+        assert_eq!(
+            bucket_of(Duration::from_nanos(8_001)),
+            1,
+            "rounded up, never under"
+        );
         assert_eq!(bucket_of(us(16)), 1);
         assert_eq!(bucket_of(us(17)), 2);
         let b = bucket_bounds();
@@ -149,6 +155,9 @@ mod tests {
         );
         assert_eq!(t.quantile_bound(0.5), Some(16e-6));
         assert_eq!(t.quantile_bound(0.99), Some(1024e-6));
+        s.local().observe(Duration::from_secs(100));
+        let t2 = OpCounters::sum(s.iter());
+        assert_eq!(t2.quantile_bound(1.0), Some(bucket_bounds()[BUCKETS - 1]));
         let mean = t.mean_us().unwrap();
         assert!((mean - 109.0).abs() < 1e-9, "{mean}");
     }

@@ -27,7 +27,7 @@ use uraid_core::geometry::SECTOR;
 use uraid_engine::metrics::OpCounters;
 use uraid_engine::net::{self, OutPart};
 use uraid_engine::reactor;
-use uraid_engine::shard::Sharded;
+use uraid_engine::shard::{self, Sharded};
 use uraid_engine::{ArrayError, BlockDev, ReadPiece, RuntimeHandle, Volume};
 
 /// Largest READ or WRITE payload accepted (and advertised as the maximum block size).
@@ -317,8 +317,10 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                 let raw = fd.as_raw_fd();
                 if let Err(e) = connection(inner2.clone(), raw).await {
                     if e.kind() == io::ErrorKind::InvalidData {
+                        // Counted, logged at debug: a flood of bad clients must not push
+                        // member failures out of the event ring.
                         inner2.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!("connection closed on a protocol error: {e}");
+                        tracing::debug!("connection closed on a protocol error: {e}");
                     } else {
                         tracing::debug!("connection closed: {e}");
                     }
@@ -800,6 +802,12 @@ async fn transmission<D: BlockDev>(
             if req.length > MAX_PAYLOAD {
                 // Drain it in bounded pieces and refuse.
                 rd.skip(req.length as usize).await?;
+                if let Some(i) = op_index(req.typ) {
+                    inner.stats.ops[i]
+                        .local()
+                        .count
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 reply_error(
                     inner,
                     sess,
@@ -827,10 +835,14 @@ async fn transmission<D: BlockDev>(
         let (inner, sess, conn) = (inner.clone(), sess.clone(), conn.clone());
         reactor::spawn_local(async move {
             let (t0, typ, len) = (Instant::now(), req.typ, req.length);
-            handle(&inner, &sess, &conn, req, payload).await;
+            let ok = handle(&inner, &sess, &conn, req, payload).await;
             if let Some(i) = op_index(typ) {
+                // Error replies were counted by reply_error; bytes only for served requests.
                 let c = inner.stats.ops[i].local();
-                c.record(len as u64, true);
+                shard::add(&c.count, 1);
+                if ok {
+                    shard::add(&c.bytes, len as u64);
+                }
                 c.observe(t0.elapsed());
             }
             conn.inflight.set(conn.inflight.get() - 1);
@@ -895,7 +907,7 @@ async fn handle<D: BlockDev>(
     conn: &Rc<Conn>,
     req: Request,
     payload: Option<Vec<u8>>,
-) {
+) -> bool {
     use proto::*;
     let array = &inner.array;
     let size = array.size();
@@ -910,7 +922,10 @@ async fn handle<D: BlockDev>(
         CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
         _ => 0,
     };
-    let err = |e: Errno, m: &str| reply_error(inner, sess, conn, &req, e, m);
+    let err = |e: Errno, m: &str| {
+        reply_error(inner, sess, conn, &req, e, m);
+        false
+    };
     if !matches!(
         req.typ,
         CMD_READ
@@ -1024,7 +1039,7 @@ async fn handle<D: BlockDev>(
                 META_ID,
                 &ext,
             ))]);
-            return;
+            return true;
         }
         _ => return err(Errno::Inval, "unknown command"),
     };
@@ -1033,30 +1048,42 @@ async fn handle<D: BlockDev>(
         r => r,
     };
     match result {
-        Ok(()) => reply_ok(conn, &req),
+        Ok(()) => {
+            reply_ok(conn, &req);
+            true
+        }
         Err(e) => err(errno_of(&e), &e.to_string()),
     }
 }
 
-async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, req: &Request) {
+/// Answers a READ; false if it got an error reply.
+async fn read<D: BlockDev>(
+    inner: &Inner<D>,
+    sess: &Session,
+    conn: &Rc<Conn>,
+    req: &Request,
+) -> bool {
     use proto::*;
     let array = &inner.array;
     let (off, len) = (req.offset, req.length as u64);
     if !sess.structured {
-        match array.read(off, len).await {
+        return match array.read(off, len).await {
             Ok(seg) => {
                 let mut parts = Vec::with_capacity(seg.parts.len() + 1);
                 parts.push(OutPart::Bytes(simple_reply(0, req.handle).to_vec()));
                 parts.extend(seg.parts.into_iter().map(|(b, r)| OutPart::Shared(b, r)));
                 conn.send(parts);
+                true
             }
-            Err(e) => reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string()),
-        }
-        return;
+            Err(e) => {
+                reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string());
+                false
+            }
+        };
     }
     if len == 0 {
         conn.send(vec![OutPart::Bytes(done_chunk(req.handle).to_vec())]);
-        return;
+        return true;
     }
     let df = req.flags & CMD_FLAG_DF != 0;
     let pieces = if df {
@@ -1069,7 +1096,10 @@ async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, re
     };
     let pieces = match pieces {
         Ok(p) => p,
-        Err(e) => return reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string()),
+        Err(e) => {
+            reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string());
+            return false;
+        }
     };
     let n = pieces.len();
     let mut parts = Vec::new();
@@ -1093,6 +1123,7 @@ async fn read<D: BlockDev>(inner: &Inner<D>, sess: &Session, conn: &Rc<Conn>, re
         }
     }
     conn.send(parts);
+    true
 }
 
 #[cfg(test)]
