@@ -85,6 +85,18 @@ fn bind(addr: &str) -> Result<Listen> {
     }
 }
 
+/// An assembly warning: a plain `uraid: warning:` line on stderr (a JSON line with
+/// `--log-format json`), and an event in the ring either way.
+fn warn(args: &ServeArgs, events: &Events, msg: String) {
+    if args.log_format == "json" {
+        // Through tracing: the JSON layer prints it and the ring layer keeps it.
+        tracing::warn!(target: "uraid::assemble", "{msg}");
+    } else {
+        eprintln!("uraid: warning: {msg}");
+        events.push(tracing::Level::WARN, "uraid::assemble", msg);
+    }
+}
+
 fn uri(l: &Listen, export: &str) -> String {
     match l {
         Listen::Tcp(_, a) => format!("nbd://{a}/{export}"),
@@ -105,8 +117,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     }
     let plan = assemble::plan_with(members, args.force)?;
     for r in &plan.refused {
-        eprintln!("uraid: warning: {r}");
-        events.push(tracing::Level::WARN, "uraid::assemble", r.to_string());
+        warn(args, &events, r.to_string());
     }
     plan.can_start()?;
     let g = plan.sb.geometry;
@@ -119,8 +130,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             missing.len(),
             g.fault_tolerance()
         );
-        eprintln!("uraid: warning: {msg}");
-        events.push(tracing::Level::WARN, "uraid::assemble", msg);
+        warn(args, &events, msg);
     }
     // The control spec and the metrics port are checked before anything is opened.
     let explicit_control = args.control.is_some();
@@ -129,10 +139,14 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         None => {
             let p = control::default_path(&plan.sb.name, embedded);
             if p.is_none() {
-                eprintln!(
-                    "uraid: warning: array name {:?} cannot name a control socket; none started \
-                     (pass --control unix:PATH)",
-                    plan.sb.name
+                warn(
+                    args,
+                    &events,
+                    format!(
+                        "array name {:?} cannot name a control socket; none started (pass \
+                         --control unix:PATH)",
+                        plan.sb.name
+                    ),
                 );
             }
             p
@@ -172,7 +186,11 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         Some(p) => match control::bind_unix(&p) {
             Ok(l) => Some((l, p)),
             Err(e) if !explicit_control => {
-                eprintln!("uraid: warning: no control socket: {e:#} (pass --control unix:PATH)");
+                warn(
+                    args,
+                    &events,
+                    format!("no control socket: {e:#} (pass --control unix:PATH)"),
+                );
                 None
             }
             Err(e) => return Err(e),
