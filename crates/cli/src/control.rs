@@ -584,8 +584,26 @@ pub fn status(state: &State) -> Value {
             "full": st[0], "reconstruct": st[1], "read_modify_write": st[2],
             "merged": st[3], "degraded_reads": st[4], "corrected_reads": st[5],
         },
-        "background": [],
+        "background": background(a),
     })
+}
+
+/// Background operations for status: the resync while it runs (or stopped unfinished).
+fn background(a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
+    let v = a.recovery_progress();
+    if !v.running && !a.needs_resync() {
+        return Vec::new();
+    }
+    vec![json!({
+        "op": v.op,
+        "state": if v.running { "running" } else { "stopped" },
+        "progress": v.fraction,
+        "done": v.done,
+        "total": v.total,
+        "repaired": v.repaired,
+        "rate_bytes_per_second": v.bytes_per_second,
+        "eta_seconds": v.eta_seconds,
+    })]
 }
 
 // ---------------------------------------------------------------- metrics
@@ -803,6 +821,30 @@ pub fn metrics(state: &State) -> String {
             v,
         );
     }
+
+    p.family(
+        "uraid_background_progress_ratio",
+        "gauge",
+        "Progress (0 to 1) of a background operation that is due or running.",
+    );
+    let rv = a.recovery_progress();
+    if rv.running || a.needs_resync() {
+        p.sample(
+            "uraid_background_progress_ratio",
+            &[arr(), ("op", rv.op.to_string())],
+            rv.fraction,
+        );
+    }
+    p.family(
+        "uraid_background_repaired_total",
+        "counter",
+        "Stripes whose redundancy a background operation rewrote.",
+    );
+    p.sample(
+        "uraid_background_repaired_total",
+        &[arr(), ("op", rv.op.to_string())],
+        rv.repaired,
+    );
 
     let server = &state.server;
     let ss = server.stats();

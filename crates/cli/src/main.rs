@@ -415,7 +415,15 @@ fn health(plan: &Plan) -> String {
             "FAILED ({missing} of {} members unavailable)",
             plan.slots.len()
         ),
+        (Ok(()), 0) if !plan.sb.clean => {
+            "healthy; not stopped cleanly: serve resyncs it first thing".into()
+        }
         (Ok(()), 0) => "healthy".into(),
+        (Ok(()), n) if plan.check_dirty_degraded(false).is_err() => format!(
+            "degraded ({n} of {} members unavailable) and not stopped cleanly: serve refuses \
+             it without --start-dirty-degraded (give every member to resync)",
+            plan.slots.len()
+        ),
         (Ok(()), n) => format!("degraded ({n} of {} members unavailable)", plan.slots.len()),
     }
 }

@@ -10,11 +10,12 @@ use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
-use uraid_engine::{assemble, ArrayOptions, ErrorPolicy, Runtime};
+use uraid_engine::{assemble, ArrayOptions, ErrorPolicy, ResyncLimits, Runtime};
 use uraid_nbd::{Config, Server};
 
 pub const DEFAULT_LISTEN: &str = "tcp:127.0.0.1:10809";
@@ -46,6 +47,17 @@ pub struct ServeArgs {
     /// needed (mdadm --assemble --force). Their data may be out of date; logged.
     #[arg(long)]
     pub force: bool,
+    /// Start a parity array that was not stopped cleanly although members are missing or
+    /// failed (refused otherwise: stripes being written at the stop may rebuild wrong data
+    /// for the missing members). md's start_dirty_degraded.
+    #[arg(long)]
+    pub start_dirty_degraded: bool,
+    /// Resync rate while clients are active, MB/s (md's sync_speed_min).
+    #[arg(long, value_name = "MB/S", default_value_t = 50)]
+    pub resync_min: u64,
+    /// Resync rate while clients are idle, MB/s; 0: unlimited (md's sync_speed_max).
+    #[arg(long, value_name = "MB/S", default_value_t = 0)]
+    pub resync_max: u64,
     /// Control socket (HTTP/JSON, `uraid status`, `uraid watch`, curl): unix:PATH or none.
     /// Default: unix:/run/uraid/NAME.sock, or unix:uraid-data/control.sock for the
     /// embedded default volume.
@@ -120,7 +132,20 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         warn(args, &events, r.to_string());
     }
     plan.can_start()?;
+    plan.check_dirty_degraded(args.start_dirty_degraded)?;
     let g = plan.sb.geometry;
+    if plan.check_dirty_degraded(false).is_err() {
+        warn(
+            args,
+            &events,
+            format!(
+                "array '{}' was not stopped cleanly and is degraded; started anyway \
+                 (--start-dirty-degraded): data rebuilt for the missing member(s) in stripes \
+                 that were being written may be wrong",
+                plan.sb.name
+            ),
+        );
+    }
     let missing = plan.missing();
     if !missing.is_empty() {
         let msg = format!(
@@ -270,6 +295,39 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         g.level,
         g.members
     );
+    // Resync after an unclean stop, in the background on its own thread (recovery/resync.rs).
+    let resync_stop = Arc::new(AtomicBool::new(false));
+    let resync = if array.array().needs_resync() {
+        if array.array().failed().is_empty() {
+            let (vol, stop) = (array.clone(), resync_stop.clone());
+            let limits = ResyncLimits {
+                min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
+                max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
+            };
+            println!(
+                "uraid: '{}' was not stopped cleanly: resyncing parity in the background \
+                 (uraid status shows progress)",
+                plan.sb.name
+            );
+            Some(
+                std::thread::Builder::new()
+                    .name("uraid-resync".into())
+                    .spawn(move || {
+                        let _ = futures::executor::block_on(vol.array().resync(limits, &stop));
+                    })
+                    .context("starting the resync thread")?,
+            )
+        } else {
+            warn(
+                args,
+                &events,
+                "no resync: it needs every member, and the array is degraded".to_string(),
+            );
+            None
+        }
+    } else {
+        None
+    };
     println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -282,6 +340,10 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     eprintln!("uraid: {name} received: finishing in-flight requests");
     tracing::info!(target: "uraid::serve", "{name} received: stopping");
     ctl.stop();
+    resync_stop.store(true, Ordering::Release);
+    if let Some(t) = resync {
+        let _ = t.join();
+    }
     let r = server.shutdown();
     let st = server.stats();
     let (conns, reqs, errs) = (

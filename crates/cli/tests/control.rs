@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 mod common;
 use common::*;
@@ -21,12 +22,17 @@ struct Srv {
 
 impl Srv {
     fn start(dir: &Path, members: &[PathBuf]) -> Srv {
+        Srv::start_with(dir, members, &[])
+    }
+
+    fn start_with(dir: &Path, members: &[PathBuf], extra: &[&str]) -> Srv {
         let (nbd, ctl) = (dir.join("nbd.sock"), dir.join("ctl.sock"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
             .arg("serve")
             .arg(format!("--listen=unix:{}", nbd.display()))
             .arg(format!("--control=unix:{}", ctl.display()))
             .arg("--metrics=tcp:127.0.0.1:0")
+            .args(extra)
             .args(members)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -329,4 +335,87 @@ fn another_user_is_refused() {
     // Root still gets in.
     assert_eq!(raw(&srv.ctl, b"GET /status HTTP/1.1\r\n\r\n"), 200);
     srv.stop();
+}
+
+fn examine_clean(member: &Path) -> bool {
+    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["examine", "--json"])
+        .arg(member));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    j["clean"].as_bool().unwrap()
+}
+
+fn status_json(srv: &Srv) -> serde_json::Value {
+    serde_json::from_str(&curl(&[
+        "--unix-socket",
+        &srv.ctl.display().to_string(),
+        "http://uraid/status",
+    ]))
+    .unwrap()
+}
+
+/// An unclean stop (SIGKILL) leaves the array dirty: started degraded it is refused (the
+/// write hole) unless --start-dirty-degraded; started whole it resyncs in the background,
+/// shown in status and metrics, and a clean stop afterwards records "clean".
+#[test]
+fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
+    let dir = tmp("resync");
+    let m = create(&dir);
+    let mut srv = Srv::start(&dir, &m);
+    qemu_io(&srv.uri(), &["write -P 0x5a 0 1M".into()]);
+    srv.child.kill().unwrap(); // power-cut-like: no clean stop
+    srv.child.wait().unwrap();
+    drop(srv);
+    assert!(!examine_clean(&m[0]), "killed server left the array dirty");
+
+    // Dirty and degraded: refused, with the reason and the way out.
+    let ms: Vec<String> = m[..5].iter().map(|p| p.display().to_string()).collect();
+    let mut a = vec!["serve", "--control", "none", "--listen"];
+    let sock = format!("unix:{}", dir.join("x.sock").display());
+    a.push(&sock);
+    a.extend(ms.iter().map(|s| s.as_str()));
+    let e = one_line_error(&uraid(&a, &dir));
+    assert!(e.contains("not stopped cleanly and is degraded"), "{e}");
+    assert!(e.contains("--start-dirty-degraded"), "{e}");
+    // Asked for, it starts (and cannot resync without every member).
+    let srv = Srv::start_with(&dir, &m[..5], &["--start-dirty-degraded"]);
+    qemu_io(&srv.uri(), &["read -P 0x5a 0 1M".into()]);
+    srv.stop();
+    assert!(!examine_clean(&m[0]), "no resync ran: still not clean");
+
+    // Whole: resync runs in the background, throttled to 1 MB/s while clients are active
+    // and unlimited when idle; status shows it until it is done.
+    let srv = Srv::start_with(&dir, &m, &["--resync-min", "1"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = status_json(&srv);
+        let bg = j["background"].as_array().unwrap().clone();
+        if bg.is_empty() {
+            break;
+        }
+        assert_eq!(bg[0]["op"], "resync");
+        assert!(Instant::now() < deadline, "resync did not finish: {j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = curl(&[
+        "--unix-socket",
+        &srv.ctl.display().to_string(),
+        "http://uraid/metrics",
+    ]);
+    let ev = curl(&[
+        "--unix-socket",
+        &srv.ctl.display().to_string(),
+        "http://uraid/events",
+    ]);
+    assert!(
+        ev.contains("resync started") && ev.contains("resync finished"),
+        "{ev}"
+    );
+    assert!(text.contains("uraid_background_repaired_total{array=\"vol\",op=\"resync\"}"));
+    qemu_io(&srv.uri(), &["read -P 0x5a 0 1M".into()]);
+    srv.stop();
+    assert!(
+        examine_clean(&m[0]),
+        "clean stop after a finished resync records clean"
+    );
 }

@@ -86,6 +86,8 @@ pub struct Array<D: BlockDev> {
     pub(crate) meta: Metadata,
     pub(crate) locks: StripeLocks,
     pub stats: Stats,
+    pub(crate) resync: crate::recovery::ResyncState,
+    pub(crate) recovery: crate::recovery::Progress,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -115,6 +117,16 @@ impl<D: BlockDev> Array<D> {
         let recorded: MemberSet = (0..geo.members).filter(|&i| sb.is_failed(i)).collect();
         let absent: MemberSet = (0..geo.members).filter(|&i| devs[i].is_none()).collect();
         let shards = rt.as_ref().map_or(1, |r| r.reactors() * 8);
+        // Resync units: stripes on parity levels, chunk rows on mirrors; due after an
+        // unclean stop on any level with redundancy (recovery/resync.rs).
+        let (units, unit_bytes) = match geo.level {
+            Level::Raid1 | Level::Raid10 => (
+                geo.volume_size() / geo.chunk,
+                geo.mirror_copies(0).len() as u64 * geo.chunk,
+            ),
+            _ => (geo.rows(), geo.members as u64 * geo.chunk),
+        };
+        let pending = !sb.clean && geo.fault_tolerance() > 0;
         let a = Arc::new(Array {
             geo,
             codec,
@@ -122,6 +134,8 @@ impl<D: BlockDev> Array<D> {
             meta: Metadata::new(sb, ids, opts.frozen_metadata, absent),
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
+            resync: crate::recovery::ResyncState::new(pending, units),
+            recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
         });
         spawn_watchdog(&a);
         a
@@ -524,6 +538,10 @@ impl<D: BlockDev> Array<D> {
         };
         if mirror {
             self.locks.lock(e.stripe).await;
+            if let Err(err) = self.resync_if_unsynced(e.stripe).await {
+                self.locks.unlock(e.stripe, false);
+                return Err(err);
+            }
         }
         let r = match self.check_serving() {
             Ok(f) => {

@@ -39,6 +39,18 @@ pub enum AssembleError {
     TooSmall { path: String, size: u64, need: u64 },
     #[error("no usable members: {0}")]
     NoMembers(String),
+    #[error(
+        "cannot start {level} array '{name}': it was not stopped cleanly and is degraded \
+         (member(s) {missing:?} missing or failed): the parity of stripes being written when it \
+         stopped may not match their data, so data rebuilt for the missing member(s) there could \
+         be wrong. Start it with every member (it resyncs), or pass --start-dirty-degraded to \
+         serve it anyway (md's start_dirty_degraded)"
+    )]
+    DirtyDegraded {
+        level: Level,
+        name: String,
+        missing: Vec<usize>,
+    },
     #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
     TooManyMissing {
         level: Level,
@@ -244,6 +256,21 @@ impl Plan {
         (0..self.slots.len())
             .filter(|&i| self.slots[i].is_none() || self.sb.is_failed(i))
             .collect()
+    }
+
+    /// md's rule for parity levels: an array that was not stopped cleanly and is degraded
+    /// cannot be trusted where writes were in flight (the write hole), and nothing says
+    /// where that was without a write-intent bitmap: refused unless `allow`.
+    pub fn check_dirty_degraded(&self, allow: bool) -> Result<(), AssembleError> {
+        let missing = self.missing();
+        if allow || self.sb.clean || !self.sb.geometry.level.is_parity() || missing.is_empty() {
+            return Ok(());
+        }
+        Err(AssembleError::DirtyDegraded {
+            level: self.sb.geometry.level,
+            name: self.sb.name.clone(),
+            missing,
+        })
     }
 
     pub fn can_start(&self) -> Result<(), AssembleError> {

@@ -5,6 +5,7 @@
 //! * `metadata`: superblock rounds, dirty/clean, the failure barrier;
 //! * `stripe`: the stripe lock table, stripe reads and decode, stripe write execution;
 //! * `array`: request execution over all of the above for every level;
+//! * `recovery`: background work under the stripe locks (resync);
 //! * `alloc`, `volume`: the allocation map and the client-facing volume on top of the array;
 //! * `shard`, `metrics`: per-thread counters and latency histograms, summed when read;
 //! * `assemble`: creating arrays, reading superblocks, deciding and opening an assembly.
@@ -19,6 +20,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod net;
 pub mod reactor;
+pub mod recovery;
 pub mod shard;
 mod stripe;
 pub mod volume;
@@ -30,4 +32,5 @@ pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use members::ErrorPolicy;
 pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
+pub use recovery::{ResyncLimits, ResyncReport};
 pub use volume::{Run, Volume};

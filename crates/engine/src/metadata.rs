@@ -254,13 +254,14 @@ impl<D: BlockDev> Array<D> {
         .await
     }
 
-    /// Flushes every member and, if anything was written since assembly, records a clean
-    /// shutdown in the superblocks. A session that only read leaves them untouched: members
+    /// Flushes every member and, if anything was written since assembly and no resync is
+    /// still due, records a clean shutdown in the superblocks. A session that only read leaves them untouched: members
     /// that were merely absent are not marked failed, since their data is still current.
     pub async fn close(&self) -> Result<(), crate::ArrayError> {
         self.flush().await?;
         let mut meta = self.meta.state.lock().await;
-        if self.meta.dirty.load(Ordering::Acquire) {
+        // An unfinished resync keeps the array "not clean": the next start resyncs again.
+        if self.meta.dirty.load(Ordering::Acquire) && !self.needs_resync() {
             meta.sb.clean = true;
             self.persist(&mut meta, true).await;
             self.meta.dirty.store(false, Ordering::Release);

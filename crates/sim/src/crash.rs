@@ -190,6 +190,10 @@ pub struct TrialConfig {
     /// After the power cut, lose this many members (chosen by the seed) before reassembly:
     /// the RAID write hole case (issue 10 closes it).
     pub lose_after: usize,
+    /// Before losing members, reassemble with all of them and run resync to completion
+    /// (what `uraid serve` does after an unclean stop): the write hole must then be closed,
+    /// so no sector is exempted.
+    pub resync: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -215,6 +219,9 @@ pub struct TrialReport {
     pub crash_at: u64,
     pub acked_writes: usize,
     pub acked_flushes: usize,
+    /// With members lost after the cut (and no resync first): whether the product refuses
+    /// that start without `--start-dirty-degraded`.
+    pub dirty_degraded_refused: Option<bool>,
 }
 
 struct Run {
@@ -408,6 +415,60 @@ pub fn reassemble_with(
     Ok(Volume::new(array, Some(words)))
 }
 
+/// Reassembles every member, runs resync to completion and returns the member images
+/// after it (index = image index), with the resync's report.
+pub fn resync_images(
+    images: &[Vec<u8>],
+) -> Result<(Vec<Vec<u8>>, uraid_engine::ResyncReport), String> {
+    let present = vec![true; images.len()];
+    let vol = reassemble(images, &present).map_err(|e| format!("does not assemble: {e}"))?;
+    let a = vol.array();
+    if !a.needs_resync() {
+        // Cut before the first superblock round marked the array dirty: nothing was
+        // written to the data area, so there is nothing to resync.
+        return Ok((images.to_vec(), Default::default()));
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let unlimited = uraid_engine::ResyncLimits {
+        min_bytes_per_second: 0,
+        max_bytes_per_second: 0,
+    };
+    let report = block_on(a.resync(unlimited, &stop)).map_err(|e| format!("resync: {e}"))?;
+    if a.needs_resync() {
+        return Err("resync finished but the array still asks for it".into());
+    }
+    let mut out = images.to_vec();
+    for slot in 0..a.geometry().members {
+        if let (Some(d), Some(name)) = (a.member_dev(slot), a.member_name(slot)) {
+            let i: usize = name[3..]
+                .parse()
+                .map_err(|_| format!("member name {name}"))?;
+            out[i] = d.snapshot();
+        }
+    }
+    Ok((out, report))
+}
+
+/// Whether the product refuses to start from these members without
+/// `--start-dirty-degraded` (`Plan::check_dirty_degraded`).
+pub fn dirty_degraded_refused(images: &[Vec<u8>], present: &[bool]) -> bool {
+    let mut found = Vec::new();
+    for (i, img) in images.iter().enumerate() {
+        if present[i] {
+            if let Ok((sb, slot)) =
+                pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
+            {
+                found.push(Found {
+                    path: format!("mem{i}").into(),
+                    sb,
+                    slot,
+                });
+            }
+        }
+    }
+    decide(found, Vec::new(), false).is_ok_and(|p| p.check_dirty_degraded(false).is_err())
+}
+
 /// A write that may be current in a sector: (bytes, volume offset, issued, acknowledged).
 type Cand<'a> = (&'a Arc<Vec<u8>>, u64, u64, Option<u64>);
 
@@ -541,6 +602,19 @@ fn verify(
     lost: &[usize],
     expect_whole: bool,
 ) -> Result<(Vec<u8>, u64), String> {
+    verify_with(cfg, events, images, base, lost, expect_whole, true)
+}
+
+/// `verify`; `allow_hole` false: no sector is exempted (after a resync).
+fn verify_with(
+    cfg: &TrialConfig,
+    events: &[Ev],
+    images: &[Vec<u8>],
+    base: &[u8],
+    lost: &[usize],
+    expect_whole: bool,
+    allow_hole: bool,
+) -> Result<(Vec<u8>, u64), String> {
     let present: Vec<bool> = (0..cfg.members).map(|i| !lost.contains(&i)).collect();
     let vol = reassemble(images, &present).map_err(|e| format!("does not assemble: {e}"))?;
     if expect_whole && !vol.array().failed().is_empty() {
@@ -556,7 +630,7 @@ fn verify(
     let g = *vol.geometry();
     let absent = vol.array().failed();
     let mut exposed = std::collections::HashSet::new();
-    if g.level.is_parity() && !absent.is_empty() {
+    if allow_hole && g.level.is_parity() && !absent.is_empty() {
         let durable_acks: Vec<u64> = events
             .iter()
             .filter_map(|e| match e {
@@ -613,7 +687,17 @@ pub fn run_trial(cfg: &TrialConfig, crash_at: Option<u64>) -> Result<TrialReport
     let size = images_volume_size(cfg);
     let zeros = vec![0u8; size as usize];
     let whole = cfg.lose_after == 0 && !cfg.fail_members;
-    let (_, mut hole) = verify(cfg, &events, &images, &zeros, &lost, whole).map_err(ctx)?;
+    let images = if cfg.resync {
+        resync_images(&images).map_err(ctx)?.0
+    } else {
+        images
+    };
+    let refused = (!lost.is_empty() && !cfg.resync).then(|| {
+        let present: Vec<bool> = (0..cfg.members).map(|i| !lost.contains(&i)).collect();
+        dirty_degraded_refused(&images, &present)
+    });
+    let (_, mut hole) =
+        verify_with(cfg, &events, &images, &zeros, &lost, whole, !cfg.resync).map_err(ctx)?;
     if whole && cfg.level.is_parity() {
         for m in 0..cfg.members {
             let (_, h) = verify(cfg, &events, &images, &zeros, &[m], false)
@@ -621,7 +705,9 @@ pub fn run_trial(cfg: &TrialConfig, crash_at: Option<u64>) -> Result<TrialReport
             hole += h;
         }
     }
-    Ok(report(&events, ops_total, crash_at, hole))
+    let mut r = report(&events, ops_total, crash_at, hole);
+    r.dirty_degraded_refused = refused;
+    Ok(r)
 }
 
 fn images_volume_size(cfg: &TrialConfig) -> u64 {
@@ -643,6 +729,7 @@ fn report(events: &[Ev], ops_total: u64, crash_at: u64, hole_sectors: u64) -> Tr
             .iter()
             .filter(|e| matches!(e, Ev::Flush { ack: Some(_), .. }))
             .count(),
+        dirty_degraded_refused: None,
     }
 }
 

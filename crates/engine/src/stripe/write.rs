@@ -76,6 +76,8 @@ impl<D: BlockDev> Array<D> {
 
     /// One stripe operation covering every queued write in `batch`. Caller holds the stripe.
     async fn stripe_write(&self, stripe: u64, batch: &[PendingWrite]) -> Result<(), ArrayError> {
+        // No parity is built on an unsynced stripe (recovery/resync.rs).
+        self.resync_if_unsynced(stripe).await?;
         let g = self.geo;
         let k = g.data_chunks();
         let m = g.parity();

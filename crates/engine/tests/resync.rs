@@ -1,0 +1,187 @@
+//! Resync after an unclean stop (recovery/resync.rs): parity (and mirror copies) that
+//! disagree with the data are rewritten; a client write into an unsynced stripe resyncs it
+//! first; the throttle paces it; a stopped resync leaves the array "not clean" so the next
+//! start resyncs again. The crash-model version (power cut, resync, member lost) is in
+//! crash.rs.
+
+use futures::executor::block_on;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+use uraid_core::format::{pick_superblock_slot, DATA_OFFSET, SB_SIZE};
+use uraid_core::Level;
+use uraid_engine::{ResyncLimits, Volume};
+use uraid_sim::crash::reassemble;
+use uraid_sim::{mem_array, member_bytes, payload, MemDev};
+
+const CHUNK: u64 = 4096;
+const UNLIMITED: ResyncLimits = ResyncLimits {
+    min_bytes_per_second: 0,
+    max_bytes_per_second: 0,
+};
+
+/// A volume written end to end and stopped cleanly, as member images, and its contents.
+fn written(level: Level, members: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let (vol, _) = mem_array(level, members, CHUNK, 16 * CHUNK, None);
+    let data = payload(7, vol.size() as usize);
+    block_on(vol.write(0, data.clone())).unwrap();
+    block_on(vol.close()).unwrap();
+    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    (images, data.to_vec())
+}
+
+/// Marks every member's superblocks "not clean" (what a power cut leaves).
+fn make_dirty(images: &mut [Vec<u8>]) {
+    for img in images.iter_mut() {
+        let (mut sb, _) =
+            pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]).unwrap();
+        sb.clean = false;
+        for slot in 0..2 {
+            img[slot * SB_SIZE..(slot + 1) * SB_SIZE].copy_from_slice(&sb.encode());
+        }
+    }
+}
+
+fn clean_flag(img: &[u8]) -> bool {
+    pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
+        .unwrap()
+        .0
+        .clean
+}
+
+/// Overwrites `len` bytes of member `m`'s data area at `at` with garbage.
+fn corrupt(images: &mut [Vec<u8>], m: usize, at: u64, len: u64) {
+    let s = (DATA_OFFSET + at) as usize;
+    let junk = payload(0xbad + at, len as usize);
+    images[m][s..s + len as usize].copy_from_slice(&junk);
+}
+
+fn snapshot(vol: &Volume<MemDev>, members: usize) -> Vec<Vec<u8>> {
+    (0..members).map(|m| member_bytes(vol, m)).collect()
+}
+
+/// Every member left out in turn: the whole volume reads back as `want`.
+fn check_each_member_lost(images: &[Vec<u8>], want: &[u8]) {
+    for lost in 0..images.len() {
+        let present: Vec<bool> = (0..images.len()).map(|i| i != lost).collect();
+        let vol = reassemble(images, &present).unwrap();
+        let got = block_on(vol.read(0, vol.size())).unwrap().to_vec();
+        let bad = got.iter().zip(want).position(|(a, b)| a != b);
+        assert_eq!(bad, None, "member {lost} lost: first wrong byte");
+    }
+}
+
+#[test]
+fn resync_rewrites_inconsistent_parity_and_writes_resync_their_stripe_first() {
+    for (level, members) in [(Level::Raid5, 4), (Level::Raid6, 6)] {
+        let (mut images, mut want) = written(level, members);
+        let vol = reassemble(&images, &vec![true; members]).unwrap();
+        let g = *vol.geometry();
+        drop(vol);
+        // Torn stripe updates: parity of stripes 3 and 7 no longer matches their data.
+        for stripe in [3u64, 7] {
+            corrupt(
+                &mut images,
+                g.parity_member(stripe, 0),
+                stripe * CHUNK,
+                CHUNK,
+            );
+        }
+        make_dirty(&mut images);
+        let vol = reassemble(&images, &vec![true; members]).unwrap();
+        let a = vol.array().clone();
+        assert!(a.needs_resync(), "{level}: dirty array must ask for resync");
+        assert!(a.stripe_unsynced(3) && a.stripe_unsynced(7));
+        // A client write into stripe 3 (one data chunk, read-modify-write sized): it must
+        // resync the stripe first, or the new parity would carry the old inconsistency.
+        let off = 3 * g.stripe_data_bytes();
+        let w = payload(99, 512);
+        block_on(vol.write(off, w.clone())).unwrap();
+        want[off as usize..off as usize + 512].copy_from_slice(&w);
+        assert!(
+            !a.stripe_unsynced(3),
+            "{level}: the write resynced its stripe"
+        );
+        assert!(a.stripe_unsynced(7));
+        let stop = AtomicBool::new(false);
+        let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+        assert_eq!(
+            r.repaired, 1,
+            "{level}: stripe 7 only (3 was resynced by the write)"
+        );
+        assert_eq!(r.skipped, 1, "{level}");
+        assert_eq!(r.stripes, g.rows() - 1);
+        assert!(!a.needs_resync());
+        assert_eq!(
+            a.recovery_progress().repaired,
+            2,
+            "{level}: the write's repair counts too"
+        );
+        block_on(vol.close()).unwrap();
+        let after = snapshot(&vol, members);
+        assert!(
+            after.iter().all(|i| clean_flag(i)),
+            "{level}: clean after a finished resync"
+        );
+        check_each_member_lost(&after, &want);
+    }
+}
+
+#[test]
+fn mirror_resync_makes_every_copy_equal() {
+    for (level, members) in [(Level::Raid1, 3), (Level::Raid10, 4)] {
+        let (mut images, want) = written(level, members);
+        let vol = reassemble(&images, &vec![true; members]).unwrap();
+        let g = *vol.geometry();
+        drop(vol);
+        let (m, base) = g.mirror_copies(5)[1];
+        corrupt(&mut images, m, base, CHUNK);
+        make_dirty(&mut images);
+        let vol = reassemble(&images, &vec![true; members]).unwrap();
+        let stop = AtomicBool::new(false);
+        let r = block_on(vol.array().resync(UNLIMITED, &stop)).unwrap();
+        assert_eq!(r.repaired, 1, "{level}");
+        check_each_member_lost(&snapshot(&vol, members), &want);
+    }
+}
+
+#[test]
+fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
+    let members = 4;
+    let (mut images, _) = written(Level::Raid5, members);
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let a = vol.array().clone();
+    let p = a.recovery_progress();
+    // 16 stripes of 4 x 4 KiB = 256 KiB of reads at 1 MiB/s: about 0.25 s.
+    let total = p.total * 4 * CHUNK;
+    assert_eq!(total, 256 << 10);
+    let slow = ResyncLimits {
+        min_bytes_per_second: 1 << 20,
+        max_bytes_per_second: 1 << 20,
+    };
+    let t0 = Instant::now();
+    let stop = AtomicBool::new(false);
+    block_on(a.resync(slow, &stop)).unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(200),
+        "throttled resync took {took:?}"
+    );
+    let v = a.recovery_progress();
+    assert_eq!((v.done, v.running, v.fraction), (v.total, false, 1.0));
+
+    // Stopped at once: still due, and a clean stop does not record "clean".
+    let mut images = snapshot(&vol, members);
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let a = vol.array().clone();
+    let stop = AtomicBool::new(true);
+    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    assert_eq!(r.stripes, 0);
+    assert!(a.needs_resync());
+    block_on(vol.close()).unwrap();
+    assert!(
+        snapshot(&vol, members).iter().all(|i| !clean_flag(i)),
+        "an unfinished resync must leave the superblocks not clean"
+    );
+}
