@@ -185,3 +185,27 @@ fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
         "an unfinished resync must leave the superblocks not clean"
     );
 }
+
+/// A chunk resync cannot read (media error): that stripe stays unsynced and reported, the
+/// rest is resynced, and the array stays "not clean" so the next start tries again.
+#[test]
+fn unreadable_chunk_leaves_its_stripe_unsynced_and_the_array_not_clean() {
+    let members = 4;
+    let (mut images, _) = written(Level::Raid5, members);
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let a = vol.array().clone();
+    let g = *vol.geometry();
+    let m = g.data_member(5, 0);
+    let at = DATA_OFFSET + g.member_offset(5, 0);
+    a.member_dev(m).unwrap().faults.bad_range(at, at + 512);
+    let stop = AtomicBool::new(false);
+    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    assert_eq!(r.unreadable, 1);
+    assert_eq!(r.stripes, g.rows() - 1);
+    assert!(a.stripe_unsynced(5) && !a.stripe_unsynced(4));
+    assert!(a.needs_resync());
+    assert!(!a.is_failed(m), "one media error does not fail the member");
+    block_on(vol.close()).unwrap();
+    assert!(snapshot(&vol, members).iter().all(|i| !clean_flag(i)));
+}

@@ -12,7 +12,9 @@
 //! * Without a write-intent bitmap every stripe is walked (issue 10 adds the bitmap that
 //!   narrows it to dirty regions) and progress is not persisted: a restart resyncs again.
 //! * Resync needs every member: a member that fails during resync stops it (the unsynced
-//!   stripes' parity is then not trustworthy for reconstruction; logged as an error).
+//!   stripes' parity is then not trustworthy for reconstruction; logged as an error). A
+//!   chunk that cannot be read (media error) leaves its stripe unsynced, logged; the walk
+//!   goes on, and the array stays "not clean".
 //! * Throttle: while clients did I/O since the last stripe, resync runs at most at
 //!   `min_bytes_per_second`; otherwise at `max_bytes_per_second` (0 = unlimited), md's
 //!   sync_speed_min/max. It runs on its own thread, so sleeping is the throttle.
@@ -52,6 +54,8 @@ pub struct ResyncReport {
     pub repaired: u64,
     /// Stripes that client writes had already resynced.
     pub skipped: u64,
+    /// Stripes left unsynced because a chunk could not be read (media errors).
+    pub unreadable: u64,
 }
 
 /// Per-array resync state: which stripes are synced (one bit each), while resync is due.
@@ -109,27 +113,37 @@ impl<D: BlockDev> Array<D> {
     /// resync) the stripe cannot be resynced and the write goes ahead as it is.
     pub(crate) async fn resync_if_unsynced(&self, unit: u64) -> Result<(), ArrayError> {
         if self.resync.unsynced(unit) && self.members.failed().is_empty() {
-            let repaired = self.resync_unit(unit).await?;
-            if repaired {
-                self.recovery.repaired.fetch_add(1, Ordering::Relaxed);
+            // None (a media error): the stripe stays unsynced (the walk reports it) and the
+            // write goes ahead as on a degraded stripe.
+            if let Some(repaired) = self.resync_unit(unit).await? {
+                if repaired {
+                    self.recovery.repaired.fetch_add(1, Ordering::Relaxed);
+                }
+                self.resync.mark(unit);
             }
-            self.resync.mark(unit);
         }
         Ok(())
     }
 
     /// Makes one stripe consistent: parity from data, or every mirror copy equal to the
-    /// first live one. True if anything was rewritten. Caller holds the stripe lock.
-    async fn resync_unit(&self, unit: u64) -> Result<bool, ArrayError> {
+    /// first live one. `Some(true)` if anything was rewritten; `None` if a chunk could not be
+    /// read (a media error: no trustworthy source to resync from, the stripe stays unsynced).
+    /// `Err` when the array lost a member (resync needs all of them). Caller holds the lock.
+    async fn resync_unit(&self, unit: u64) -> Result<Option<bool>, ArrayError> {
         let g = self.geo;
         let len = g.chunk;
         let mut excl = MemberSet::EMPTY;
         for _ in 0..3 {
             let failed = self.check_serving()?;
-            if !failed.is_empty() || !excl.is_empty() {
-                return Err(ArrayError::Unreadable {
-                    members: failed.union(excl),
-                });
+            if !failed.is_empty() {
+                return Err(ArrayError::Unreadable { members: failed });
+            }
+            if !excl.is_empty() {
+                tracing::error!(
+                    target: "uraid_engine::recovery",
+                    "resync: stripe {unit}: read error on member(s) {excl}; left unsynced"
+                );
+                return Ok(None);
             }
             if !g.level.is_parity() {
                 let copies = g.mirror_copies(unit);
@@ -147,7 +161,7 @@ impl<D: BlockDev> Array<D> {
                     .collect();
                 let repaired = !writes.is_empty();
                 self.write_members(writes).await;
-                return Ok(repaired);
+                return Ok(Some(repaired));
             }
             let k = g.data_chunks();
             let at = g.member_offset(unit, 0);
@@ -173,9 +187,9 @@ impl<D: BlockDev> Array<D> {
                 .collect();
             let repaired = !writes.is_empty();
             self.write_members(writes).await;
-            return Ok(repaired);
+            return Ok(Some(repaired));
         }
-        Err(ArrayError::Unreadable { members: excl })
+        Ok(None)
     }
 
     /// Walks every stripe not yet synced, under its stripe lock, with the throttle of
@@ -217,7 +231,7 @@ impl<D: BlockDev> Array<D> {
                 self.locks.lock(unit).await;
                 let r = if self.resync.unsynced(unit) {
                     let r = self.resync_unit(unit).await;
-                    if r.is_ok() {
+                    if let Ok(Some(_)) = r {
                         self.resync.mark(unit);
                     }
                     Some(r)
@@ -226,13 +240,14 @@ impl<D: BlockDev> Array<D> {
                 };
                 self.locks.unlock(unit, false);
                 match r {
-                    Some(Ok(repaired)) => {
+                    Some(Ok(Some(repaired))) => {
                         report.stripes += 1;
                         if repaired {
                             report.repaired += 1;
                             p.repaired.fetch_add(1, Ordering::Relaxed);
                         }
                     }
+                    Some(Ok(None)) => report.unreadable += 1,
                     Some(Err(e)) => {
                         p.running.store(false, Ordering::Release);
                         tracing::error!(
@@ -268,8 +283,19 @@ impl<D: BlockDev> Array<D> {
                 paced = t0.elapsed();
             }
         }
-        self.resync.finish();
         p.running.store(false, Ordering::Release);
+        if report.unreadable > 0 {
+            // Still due: the superblocks stay "not clean" and the next start tries again.
+            tracing::error!(
+                target: "uraid_engine::recovery",
+                "array '{name}': resync walked every stripe in {:.1} s but {} could not be read \
+                 (media errors) and stay unsynced: losing a member would rebuild wrong data there",
+                t0.elapsed().as_secs_f64(),
+                report.unreadable
+            );
+            return Ok(report);
+        }
+        self.resync.finish();
         tracing::info!(
             target: "uraid_engine::recovery",
             "array '{name}': resync finished in {:.1} s: {} stripes checked, {} repaired, {} \
