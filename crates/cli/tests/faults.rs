@@ -63,22 +63,40 @@ impl FaultyMember {
     /// Creates `dir/backing` (sparse, `size` bytes) and exposes it as `dir/mnt/member`.
     /// `delay` is the delay filter's per-request delay for reads and writes ("0ms", "2ms").
     fn start(dir: &Path, size: u64, delay: &str) -> FaultyMember {
+        FaultyMember::start_with(dir, size, delay, false, true)
+    }
+
+    /// `start`; `cache`: nbdkit's cache filter in writeback mode innermost (a volatile
+    /// write cache: writes reach the backing file only on flush, and killing nbdkit loses
+    /// the rest — a power cut); `fresh`: create the backing file (else reuse it as it is).
+    fn start_with(dir: &Path, size: u64, delay: &str, cache: bool, fresh: bool) -> FaultyMember {
         std::fs::create_dir_all(dir).unwrap();
         let backing = dir.join("backing");
-        std::fs::File::create(&backing)
-            .unwrap()
-            .set_len(size)
-            .unwrap();
+        if fresh {
+            std::fs::File::create(&backing)
+                .unwrap()
+                .set_len(size)
+                .unwrap();
+        }
         let sock = dir.join("nbdkit.sock");
+        let _ = std::fs::remove_file(&sock);
         let (r, w) = (dir.join("fail-reads"), dir.join("fail-writes"));
         let _ = std::fs::remove_file(&r);
         let _ = std::fs::remove_file(&w);
         let log = std::fs::File::create(dir.join("nbdkit.log")).unwrap();
+        let cache_args: &[&str] = if cache {
+            &["--filter=cache", "cache=writeback"]
+        } else {
+            &[]
+        };
         let nbdkit = Command::new("nbdkit")
             .args(["--exit-with-parent", "-f", "-U"])
             .arg(&sock)
-            .args(["--filter=error", "--filter=delay", "file"])
+            .args(["--filter=error", "--filter=delay"])
+            .args(&cache_args[..cache_args.len().min(1)])
+            .arg("file")
             .arg(&backing)
+            .args(&cache_args[cache_args.len().min(1)..])
             .arg("error-pread-rate=1")
             .arg(format!("error-pread-file={}", r.display()))
             .arg("error-pwrite-rate=1")
@@ -152,6 +170,12 @@ impl FaultyMember {
     /// From now on every write, zero and trim fails with EIO (until `fail_writes(false)`).
     fn fail_writes(&self, on: bool) {
         self.trigger("fail-writes", on);
+    }
+
+    /// A power cut for this member: nbdkit is killed, losing what its cache held.
+    fn power_cut(&mut self) {
+        let _ = self.nbdkit.kill();
+        let _ = self.nbdkit.wait();
     }
 
     /// nbdkit's stderr: it logs every injected error ("injecting EIO error into pwrite").
@@ -615,4 +639,145 @@ fn hung_member_is_timed_out_and_reads_complete() {
     s.stop();
     drop(faulty);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 10's real-process trial: a RAID6 4+2 whose members sit behind volatile write
+/// caches (nbdkit's cache filter in writeback mode, through nbdfuse). A base pattern is
+/// written and flushed; then random 4 KiB writes run with a FLUSH every 8, and the server
+/// and every nbdkit are killed (a power cut: what the caches held is lost, and members
+/// differ in which of the last writes they kept). Restarted on the backing files (no cache):
+/// started with a member missing it is refused (dirty and degraded); with every member it
+/// resyncs; after that, with a member missing, every block the unflushed writes did not
+/// touch reads back as the flushed base pattern (the write hole is closed).
+#[test]
+fn power_cut_behind_volatile_caches_then_resync_then_member_lost() {
+    let dir = tmp("powercut");
+    const SIZE: u64 = 16 << 20;
+    const N: usize = 6;
+    let mut mems: Vec<FaultyMember> = (0..N)
+        .map(|i| FaultyMember::start_with(&dir.join(format!("c{i}")), SIZE, "5ms", true, true))
+        .collect();
+    let paths: Vec<PathBuf> = mems.iter().map(|m| m.path().to_path_buf()).collect();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["create", "--level", "6", "--chunk", "16K", "-N", "pc"])
+        .args(&paths));
+    let (sock, log) = (dir.join("nbd.sock"), dir.join("serve.log"));
+    let uri = format!("nbd+unix:///pc?socket={}", sock.display());
+    let vol_len: usize = 4 << 20;
+    let mut base = vec![0u8; vol_len];
+    random_into(&mut base, 0, vol_len, 11);
+    let mut srv = Srv::start(&dir, &sock, &log, &paths);
+    write_ranges(&dir, &uri, &base, &[(0, vol_len)], "base");
+    // nbdcopy does not flush unless asked: an explicit NBD FLUSH makes the base durable.
+    run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "flush"])
+        .arg(&uri));
+    // Unflushed random 4 KiB writes, one qemu-io process, cut while it runs.
+    let mut x = 0x9e37_79b9_u64;
+    let mut touched = std::collections::BTreeSet::new();
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw", "-t", "none"]);
+    for i in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let blk = (x % (vol_len as u64 / 4096)) as usize;
+        touched.insert(blk);
+        cmd.arg("-c")
+            .arg(format!("aio_write -P 0xc3 {} 4k", blk * 4096));
+        // A FLUSH now and then: each member's cache writes back at its own moment, so a
+        // cut lands with some members holding a stripe's new chunks and others not.
+        if i % 8 == 7 {
+            cmd.arg("-c").arg("flush");
+        }
+    }
+    // Stay connected (closing would flush everything).
+    cmd.arg("-c").arg("sleep 100000");
+    let mut writer = cmd
+        .arg(&uri)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    // The server first (SIGKILL: it must not see its members vanish one by one and record
+    // failures, which a real power cut gives it no time for), then every cache.
+    let _ = srv.child.kill();
+    let _ = srv.child.wait();
+    for m in &mut mems {
+        m.power_cut();
+    }
+    let _ = writer.kill();
+    let _ = writer.wait();
+    drop(srv);
+    drop(mems); // unmounts nbdfuse
+                // Power back: the backing files as they are, no cache.
+    let mems: Vec<FaultyMember> = (0..N)
+        .map(|i| FaultyMember::start_with(&dir.join(format!("c{i}")), SIZE, "0ms", false, false))
+        .collect();
+    let paths: Vec<PathBuf> = mems.iter().map(|m| m.path().to_path_buf()).collect();
+    let status = status_of(&paths);
+    assert!(status.contains("not stopped cleanly"), "{status}");
+    // Degraded at once: refused.
+    let o = Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .arg("serve")
+        .arg(format!("--listen=unix:{}", dir.join("x.sock").display()))
+        .args(["--control", "none"])
+        .args(&paths[1..])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("not stopped cleanly and is degraded"), "{e}");
+    // Whole: resync, then a clean stop.
+    let srv = Srv::start(&dir, &sock, &log, &paths);
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("resync finished"))
+                || !status_live_resyncing(&dir)
+        }),
+        "resync did not finish"
+    );
+    srv.stop();
+    let status = status_of(&paths);
+    assert!(!status.contains("not stopped cleanly"), "{status}");
+    // Degraded after the resync: every member left out in turn, the untouched blocks read
+    // the flushed base.
+    for lost in 0..N {
+        let some: Vec<PathBuf> = (0..N)
+            .filter(|&i| i != lost)
+            .map(|i| paths[i].clone())
+            .collect();
+        let srv = Srv::start_with(&dir, &sock, &log, &some, &["--read-only"]);
+        let got = read_volume(&dir, &uri);
+        srv.stop();
+        for blk in 0..vol_len / 4096 {
+            if touched.contains(&blk) {
+                continue;
+            }
+            let r = blk * 4096..(blk + 1) * 4096;
+            assert!(
+                got[r.clone()] == base[r],
+                "member {lost} lost: block {blk} (flushed, never rewritten) reads wrong"
+            );
+        }
+    }
+    drop(mems);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether the server in `dir` (control socket ctl.sock) still reports a resync.
+fn status_live_resyncing(dir: &Path) -> bool {
+    let o = Command::new("curl")
+        .args(["-s", "--unix-socket"])
+        .arg(dir.join("ctl.sock"))
+        .arg("http://uraid/status")
+        .output();
+    match o {
+        Ok(o) => serde_json::from_slice::<serde_json::Value>(&o.stdout)
+            .map(|v| v["background"].as_array().is_some_and(|b| !b.is_empty()))
+            .unwrap_or(true),
+        Err(_) => true,
+    }
 }
