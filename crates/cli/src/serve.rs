@@ -298,7 +298,16 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     // Resync after an unclean stop, in the background on its own thread (recovery/resync.rs).
     let resync_stop = Arc::new(AtomicBool::new(false));
     let resync = if array.array().needs_resync() {
-        if array.array().failed().is_empty() {
+        if args.read_only {
+            // md defers resync on read-only arrays: nothing is written, and the array stays
+            // "not clean" for the next read-write start.
+            warn(
+                args,
+                &events,
+                "not stopped cleanly: resync deferred while serving read-only".to_string(),
+            );
+            None
+        } else if array.array().failed().is_empty() {
             let (vol, stop) = (array.clone(), resync_stop.clone());
             let limits = ResyncLimits {
                 min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
@@ -357,12 +366,18 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         }
     }
     drop(listeners);
+    let resync_due = array.array().needs_resync();
     r.context("flushing the array at shutdown")?;
     drop(server);
     drop(array);
     rt.shutdown();
     eprintln!(
-        "uraid: stopped after {conns} connection(s), {reqs} request(s), {errs} error reply(ies); array flushed and marked clean"
+        "uraid: stopped after {conns} connection(s), {reqs} request(s), {errs} error reply(ies); array flushed{}",
+        if resync_due {
+            " (resync unfinished: left marked not clean)"
+        } else {
+            " and marked clean"
+        }
     );
     Ok(())
 }

@@ -445,10 +445,16 @@ impl<D: BlockDev> Array<D> {
         loop {
             let f = self.check_serving()?;
             let copies = self.geo.mirror_copies(e.stripe);
-            // Spread reads over the copies: chunk number picks the first choice.
+            // Spread reads over the copies: chunk number picks the first choice. A row not
+            // yet resynced reads its first copy, the one resync will keep.
             let n = copies.len();
+            let first = if self.resync.unsynced(e.stripe) {
+                0
+            } else {
+                e.stripe as usize
+            };
             let pick = (0..n)
-                .map(|i| copies[(e.stripe as usize + i) % n])
+                .map(|i| copies[(first + i) % n])
                 .find(|(m, _)| !f.contains(*m) && !excl.contains(*m));
             let Some((m, base)) = pick else {
                 return Err(self

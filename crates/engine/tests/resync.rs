@@ -133,14 +133,33 @@ fn mirror_resync_makes_every_copy_equal() {
         let vol = reassemble(&images, &vec![true; members]).unwrap();
         let g = *vol.geometry();
         drop(vol);
-        let (m, base) = g.mirror_copies(5)[1];
+        let copies = g.mirror_copies(5);
+        let (m, base) = copies[1];
         corrupt(&mut images, m, base, CHUNK);
         make_dirty(&mut images);
         let vol = reassemble(&images, &vec![true; members]).unwrap();
+        // Before resync an unsynced row reads its first copy (the one resync keeps), so a
+        // read does not change when resync runs.
+        let off = 5 * CHUNK;
+        let before = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+        assert_eq!(
+            &before[..],
+            &want[off as usize..(off + CHUNK) as usize],
+            "{level}"
+        );
         let stop = AtomicBool::new(false);
         let r = block_on(vol.array().resync(UNLIMITED, &stop)).unwrap();
         assert_eq!(r.repaired, 1, "{level}");
-        check_each_member_lost(&snapshot(&vol, members), &want);
+        let imgs = snapshot(&vol, members);
+        let copy = |&(m, base): &(usize, u64)| {
+            let s = (DATA_OFFSET + base) as usize;
+            imgs[m][s..s + CHUNK as usize].to_vec()
+        };
+        assert!(
+            copies.iter().all(|c| copy(c) == copy(&copies[0])),
+            "{level}: copies differ"
+        );
+        check_each_member_lost(&imgs, &want);
     }
 }
 
@@ -208,4 +227,63 @@ fn unreadable_chunk_leaves_its_stripe_unsynced_and_the_array_not_clean() {
     assert!(!a.is_failed(m), "one media error does not fail the member");
     block_on(vol.close()).unwrap();
     assert!(snapshot(&vol, members).iter().all(|i| !clean_flag(i)));
+}
+
+/// A media error on a parity chunk does not stop resync: parity is recomputed from the data
+/// and written over it (which repairs the sector).
+#[test]
+fn bad_parity_sector_is_rewritten_by_resync() {
+    let members = 4;
+    let (mut images, want) = written(Level::Raid5, members);
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let a = vol.array().clone();
+    let g = *vol.geometry();
+    let p = g.parity_member(5, 0);
+    let at = DATA_OFFSET + g.member_offset(5, 0);
+    a.member_dev(p).unwrap().faults.bad_range(at, at + 512);
+    let stop = AtomicBool::new(false);
+    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    assert_eq!((r.unreadable, r.repaired), (0, 1));
+    assert!(!a.needs_resync() && !a.is_failed(p));
+    block_on(vol.close()).unwrap();
+    check_each_member_lost(&snapshot(&vol, members), &want);
+}
+
+/// Writes into a stripe resync cannot read (a data chunk with a media error) succeed, and
+/// do not retry the resync every time (which would spend the member's read-error budget
+/// and fail it).
+#[test]
+fn writes_into_an_unreadable_unsynced_stripe_succeed_without_failing_the_member() {
+    let members = 4;
+    let (mut images, _) = written(Level::Raid5, members);
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let a = vol.array().clone();
+    let g = *vol.geometry();
+    let m = g.data_member(5, 1);
+    let at = DATA_OFFSET + g.member_offset(5, 0);
+    a.member_dev(m).unwrap().faults.bad_range(at, at + 512);
+    let off = 5 * g.stripe_data_bytes() + 2 * CHUNK; // data chunk 2: not the bad one
+    for i in 0..30 {
+        block_on(vol.write(off, payload(i, 512))).unwrap();
+    }
+    assert!(!a.is_failed(m), "30 writes spent the read-error budget");
+    assert!(a.stripe_unsynced(5));
+}
+
+/// A member dying while a write resyncs its stripe: the write still succeeds (as it would
+/// on a degraded stripe), it is not an I/O error.
+#[test]
+fn member_failing_during_a_writes_resync_does_not_fail_the_write() {
+    let members = 4;
+    let (mut images, _) = written(Level::Raid5, members);
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let a = vol.array().clone();
+    let g = *vol.geometry();
+    let victim = g.parity_member(5, 0);
+    a.member_dev(victim).unwrap().faults.kill();
+    block_on(vol.write(5 * g.stripe_data_bytes(), payload(3, 512))).unwrap();
+    assert!(a.is_failed(victim));
 }

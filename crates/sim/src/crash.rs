@@ -437,6 +437,24 @@ pub fn resync_images(
     if a.needs_resync() {
         return Err("resync finished but the array still asks for it".into());
     }
+    let g = *a.geometry();
+    if matches!(g.level, uraid_core::Level::Raid1 | uraid_core::Level::Raid10) {
+        // Every copy of every row equal (by slot: slot i is member device i here).
+        let snap: Vec<Vec<u8>> = (0..g.members)
+            .map(|i| a.member_dev(i).map(|d| d.snapshot()).unwrap_or_default())
+            .collect();
+        let off = a.member_dev(0).map_or(0, |_| uraid_core::format::DATA_OFFSET);
+        for row in 0..g.volume_size() / g.chunk {
+            let copies = g.mirror_copies(row);
+            let bytes = |&(m, base): &(usize, u64)| {
+                let s = (off + base) as usize;
+                snap[m][s..s + g.chunk as usize].to_vec()
+            };
+            if copies.iter().any(|c| bytes(c) != bytes(&copies[0])) {
+                return Err(format!("after resync the copies of row {row} differ"));
+            }
+        }
+    }
     let mut out = images.to_vec();
     for slot in 0..a.geometry().members {
         if let (Some(d), Some(name)) = (a.member_dev(slot), a.member_name(slot)) {

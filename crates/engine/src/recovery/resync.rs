@@ -16,8 +16,11 @@
 //!   chunk that cannot be read (media error) leaves its stripe unsynced, logged; the walk
 //!   goes on, and the array stays "not clean".
 //! * Throttle: while clients did I/O since the last stripe, resync runs at most at
-//!   `min_bytes_per_second`; otherwise at `max_bytes_per_second` (0 = unlimited), md's
-//!   sync_speed_min/max. It runs on its own thread, so sleeping is the throttle.
+//!   `min_bytes_per_second`; otherwise at `max_bytes_per_second` (0 = unlimited for either),
+//!   md's sync_speed_min/max, with at most 200 ms of unused credit. It runs on its own
+//!   thread, so sleeping is the throttle.
+//! * Mirror rows not yet resynced are read from their first copy (the one resync copies
+//!   over the others), so a read never changes without a write (md's choose_first).
 
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
@@ -62,6 +65,8 @@ pub struct ResyncReport {
 pub(crate) struct ResyncState {
     pending: AtomicBool,
     synced: Vec<AtomicU64>,
+    /// Stripes writes found unreadable (media error on a data chunk): not retried by writes.
+    given_up: std::sync::Mutex<std::collections::HashSet<u64>>,
     pub(crate) units: u64,
 }
 
@@ -71,6 +76,7 @@ impl ResyncState {
         ResyncState {
             pending: AtomicBool::new(pending),
             synced: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            given_up: Default::default(),
             units,
         }
     }
@@ -91,6 +97,20 @@ impl ResyncState {
         }
     }
 
+    fn given_up(&self, unit: u64) -> bool {
+        self.given_up
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&unit)
+    }
+
+    fn give_up(&self, unit: u64) {
+        self.given_up
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(unit);
+    }
+
     fn finish(&self) {
         self.pending.store(false, Ordering::Release);
     }
@@ -108,83 +128,114 @@ impl<D: BlockDev> Array<D> {
         self.resync.units
     }
 
-    /// Resyncs `unit` if it is still unsynced. Caller holds its stripe lock.
-    /// On a degraded array (started dirty and degraded on purpose, or a member failed during
-    /// resync) the stripe cannot be resynced and the write goes ahead as it is.
+    /// Resyncs `unit` if it is still unsynced. Caller holds its stripe lock (a client write
+    /// about to update the stripe). Whenever the stripe cannot be resynced — the array is
+    /// degraded (started dirty and degraded on purpose, or a member failed, also during this
+    /// call), or a data chunk has a media error — the write goes ahead as it would on a
+    /// degraded stripe: never an error the write would not have had otherwise. A stripe with
+    /// an unreadable data chunk is not retried by writes (each retry would spend the member's
+    /// read-error budget); the walk reports it.
     pub(crate) async fn resync_if_unsynced(&self, unit: u64) -> Result<(), ArrayError> {
-        if self.resync.unsynced(unit) && self.members.failed().is_empty() {
-            // None (a media error): the stripe stays unsynced (the walk reports it) and the
-            // write goes ahead as on a degraded stripe.
-            if let Some(repaired) = self.resync_unit(unit).await? {
+        if !self.resync.unsynced(unit)
+            || !self.members.failed().is_empty()
+            || self.resync.given_up(unit)
+        {
+            return Ok(());
+        }
+        match self.resync_unit(unit).await {
+            Ok(Some(repaired)) => {
                 if repaired {
                     self.recovery.repaired.fetch_add(1, Ordering::Relaxed);
                 }
                 self.resync.mark(unit);
             }
+            Ok(None) => self.resync.give_up(unit),
+            Err(_) => {}
         }
         Ok(())
     }
 
-    /// Makes one stripe consistent: parity from data, or every mirror copy equal to the
-    /// first live one. `Some(true)` if anything was rewritten; `None` if a chunk could not be
-    /// read (a media error: no trustworthy source to resync from, the stripe stays unsynced).
-    /// `Err` when the array lost a member (resync needs all of them). Caller holds the lock.
+    /// Makes one stripe consistent: parity computed from the data, or every mirror copy
+    /// equal to the first readable one. A parity chunk or mirror copy with a media error is
+    /// simply rewritten (which repairs the sector). `Some(true)` if anything was rewritten;
+    /// `None` if no trustworthy source could be read (a data chunk, or every copy, has a
+    /// media error: the stripe stays unsynced). `Err` when the array lost a member (resync
+    /// needs all of them). Caller holds the lock.
     async fn resync_unit(&self, unit: u64) -> Result<Option<bool>, ArrayError> {
         let g = self.geo;
         let len = g.chunk;
         let mut excl = MemberSet::EMPTY;
-        for _ in 0..3 {
+        for _ in 0..8 {
             let failed = self.check_serving()?;
             if !failed.is_empty() {
                 return Err(ArrayError::Unreadable { members: failed });
             }
-            if !excl.is_empty() {
+            let unreadable = |why: &str| {
                 tracing::error!(
                     target: "uraid_engine::recovery",
-                    "resync: stripe {unit}: read error on member(s) {excl}; left unsynced"
+                    "resync: stripe {unit}: media error on member(s) {excl} ({why}); left unsynced"
                 );
-                return Ok(None);
+                Ok(None)
+            };
+            // Members to read: every one but those with a media error in this stripe.
+            let (members, at): (Vec<(usize, u64)>, u64) = if g.level.is_parity() {
+                let at = g.member_offset(unit, 0);
+                let k = g.data_chunks();
+                if (0..k).any(|i| excl.contains(g.data_member(unit, i))) {
+                    return unreadable("a data chunk");
+                }
+                let mut v: Vec<(usize, u64)> =
+                    (0..k).map(|i| (g.data_member(unit, i), at)).collect();
+                v.extend((0..g.parity()).map(|j| (g.parity_member(unit, j), at)));
+                (v, at)
+            } else {
+                (g.mirror_copies(unit), 0)
+            };
+            let reqs: Vec<_> = members
+                .iter()
+                .filter(|(m, _)| !excl.contains(*m))
+                .map(|&(m, base)| (m, base, len))
+                .collect();
+            if reqs.is_empty() {
+                return unreadable("every copy");
             }
-            if !g.level.is_parity() {
-                let copies = g.mirror_copies(unit);
-                let reqs: Vec<_> = copies.iter().map(|&(m, base)| (m, base, len)).collect();
-                let bufs = match self.read_members(&reqs, &mut excl).await {
-                    Attempt::Done(b) => b,
-                    Attempt::Retry => continue,
-                };
-                let writes: Vec<(usize, u64, IoBuf)> = copies
-                    .iter()
-                    .zip(&bufs)
-                    .skip(1)
-                    .filter(|(_, b)| b[..] != bufs[0][..])
-                    .map(|(&(m, base), _)| (m, base, buf::copy_of(&bufs[0])))
-                    .collect();
-                let repaired = !writes.is_empty();
-                self.write_members(writes).await;
-                return Ok(Some(repaired));
-            }
-            let k = g.data_chunks();
-            let at = g.member_offset(unit, 0);
-            let mut reqs: Vec<_> = (0..k).map(|i| (g.data_member(unit, i), at, len)).collect();
-            reqs.extend((0..g.parity()).map(|j| (g.parity_member(unit, j), at, len)));
-            let bufs = match self.read_members(&reqs, &mut excl).await {
-                Attempt::Done(b) => b,
+            let mut bufs = match self.read_members(&reqs, &mut excl).await {
+                Attempt::Done(b) => b.into_iter(),
                 Attempt::Retry => continue,
             };
-            let mut parity: Vec<IoBuf> =
-                (0..g.parity()).map(|_| buf::alloc(len as usize)).collect();
-            {
-                let data: Vec<&[u8]> = bufs[..k].iter().map(|b| &b[..]).collect();
-                let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-                let codec = self.codec.as_ref().expect("parity level has a codec");
-                codec.encode(&data, &mut out);
-            }
-            let writes: Vec<(usize, u64, IoBuf)> = parity
-                .into_iter()
-                .enumerate()
-                .filter(|(j, p)| p[..] != bufs[k + j][..])
-                .map(|(j, p)| (g.parity_member(unit, j), at, p))
+            // Per member in `members`: what it holds, None if it has a media error.
+            let held: Vec<Option<IoBuf>> = members
+                .iter()
+                .map(|(m, _)| if excl.contains(*m) { None } else { bufs.next() })
                 .collect();
+            let writes: Vec<(usize, u64, IoBuf)> = if g.level.is_parity() {
+                let k = g.data_chunks();
+                let mut parity: Vec<IoBuf> =
+                    (0..g.parity()).map(|_| buf::alloc(len as usize)).collect();
+                {
+                    let data: Vec<&[u8]> = held[..k]
+                        .iter()
+                        .map(|b| &b.as_ref().expect("data chunks were read")[..])
+                        .collect();
+                    let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+                    let codec = self.codec.as_ref().expect("parity level has a codec");
+                    codec.encode(&data, &mut out);
+                }
+                parity
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(j, p)| held[k + j].as_ref().is_none_or(|h| h[..] != p[..]))
+                    .map(|(j, p)| (g.parity_member(unit, j), at, p))
+                    .collect()
+            } else {
+                let src = held.iter().flatten().next().expect("a copy was read");
+                members
+                    .iter()
+                    .zip(&held)
+                    .filter(|(_, h)| h.as_ref().is_none_or(|h| h[..] != src[..]))
+                    .map(|(&(m, base), _)| (m, base, buf::copy_of(src)))
+                    .collect()
+            };
             let repaired = !writes.is_empty();
             self.write_members(writes).await;
             return Ok(Some(repaired));
@@ -274,10 +325,16 @@ impl<D: BlockDev> Array<D> {
                 limits.max_bytes_per_second
             };
             if rate > 0 {
+                // No more than 200 ms of unused credit (no burst after a stall or an idle
+                // spell), and the full sleep it owes, in slices that notice `stop`.
+                paced = paced.max(t0.elapsed().saturating_sub(Duration::from_millis(200)));
                 paced += Duration::from_secs_f64(unit_bytes as f64 / rate as f64);
-                let ahead = paced.saturating_sub(t0.elapsed());
-                if !ahead.is_zero() {
-                    std::thread::sleep(ahead.min(Duration::from_millis(100)));
+                loop {
+                    let ahead = paced.saturating_sub(t0.elapsed());
+                    if ahead.is_zero() || stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    std::thread::sleep(ahead.min(Duration::from_millis(50)));
                 }
             } else {
                 paced = t0.elapsed();

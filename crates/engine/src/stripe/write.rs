@@ -163,9 +163,14 @@ impl<D: BlockDev> Array<D> {
                         &self.stats.rcw_writes
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
+                    // Written: the touched chunks, and fetched ones that had a media error
+                    // (decoded from the stripe: writing them back repairs the sector, as a
+                    // read would; otherwise every later write here would hit it again).
                     let mut data: Vec<Option<IoBuf>> = data.into_iter().map(Some).collect();
-                    for i in (0..k).filter(|&i| touched[i]) {
-                        data_out.push((i, data[i].take().expect("touched chunk present")));
+                    for i in
+                        (0..k).filter(|&i| touched[i] || excl.contains(g.data_member(stripe, i)))
+                    {
+                        data_out.push((i, data[i].take().expect("chunk present")));
                     }
                 }
                 WritePlan::ReadModifyWrite {
@@ -200,6 +205,23 @@ impl<D: BlockDev> Array<D> {
                         data_out.push((i, new));
                     }
                     self.stats.rmw_writes.fetch_add(1, Ordering::Relaxed);
+                    // Untouched chunks whose read failed with a media error on an earlier
+                    // attempt (which turned it into this plan): decoded from the stripe
+                    // as it is on disk and written back, which repairs the sector.
+                    let bad: Vec<usize> = (0..k)
+                        .filter(|&i| !touched[i] && excl.contains(g.data_member(stripe, i)))
+                        .collect();
+                    if !bad.is_empty() {
+                        if let Attempt::Done(v) =
+                            self.fetch_data(stripe, lo, span, &bad, &mut excl).await?
+                        {
+                            for (i, b) in bad.into_iter().zip(v) {
+                                if let Some(b) = b {
+                                    data_out.push((i, b));
+                                }
+                            }
+                        }
+                    }
                 }
             }
             // Write new data and parity to every live member (unreadable ones included: the
