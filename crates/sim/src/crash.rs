@@ -438,12 +438,15 @@ pub fn resync_images(
         return Err("resync finished but the array still asks for it".into());
     }
     let g = *a.geometry();
-    if matches!(g.level, uraid_core::Level::Raid1 | uraid_core::Level::Raid10) {
-        // Every copy of every row equal (by slot: slot i is member device i here).
+    if matches!(
+        g.level,
+        uraid_core::Level::Raid1 | uraid_core::Level::Raid10
+    ) {
+        // Every copy of every row equal (snapshots by slot, as mirror_copies counts).
         let snap: Vec<Vec<u8>> = (0..g.members)
             .map(|i| a.member_dev(i).map(|d| d.snapshot()).unwrap_or_default())
             .collect();
-        let off = a.member_dev(0).map_or(0, |_| uraid_core::format::DATA_OFFSET);
+        let off = uraid_core::format::DATA_OFFSET;
         for row in 0..g.volume_size() / g.chunk {
             let copies = g.mirror_copies(row);
             let bytes = |&(m, base): &(usize, u64)| {
