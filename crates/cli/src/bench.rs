@@ -229,7 +229,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         }
     }
 
-    let before = snapshot(&array);
+    let before = array.array().stats.snapshot();
     let deadline = Instant::now() + Duration::from_secs_f64(args.runtime);
     let start = Instant::now();
     let blocks = size / args.bs;
@@ -310,8 +310,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         total.hist.add(&o.hist)?;
     }
     let secs = start.elapsed().as_secs_f64();
-    let after = snapshot(&array);
-    let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let d = array.array().stats.snapshot().since(&before);
     let a2 = array.clone();
     handle.block_on(0, move || async move { a2.close().await })?;
     drop(array);
@@ -341,7 +340,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             "read_pct": args.read_pct, "seconds": secs, "ops": total.ops, "errors": total.errors,
             "iops": iops, "mb_per_s": mbps, "lat_avg_us": avg, "lat_p99_us": p99, "lat_p999_us": p999, "lat_max_us": max,
             "degraded_members": args.fail,
-            "planner": { "full_stripe_writes": delta[2], "rcw_writes": delta[3], "rmw_writes": delta[4], "merged_writes": delta[5], "degraded_reads": delta[1] },
+            "planner": { "full_stripe_writes": d.full_stripe_writes, "rcw_writes": d.rcw_writes, "rmw_writes": d.rmw_writes, "merged_writes": d.merged_writes, "degraded_reads": d.degraded_reads },
         });
         println!("{v}");
     } else {
@@ -358,23 +357,11 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         println!("  IOPS {iops:.0}   MB/s {mbps:.1}   lat avg {avg:.1}us  p99 {p99:.1}us  p99.9 {p999:.1}us  max {max:.1}us");
         println!(
             "  planner: full-stripe {}, reconstruct-write {}, read-modify-write {}, merged {}, degraded reads {}; errors {}",
-            delta[2], delta[3], delta[4], delta[5], delta[1], total.errors
+            d.full_stripe_writes, d.rcw_writes, d.rmw_writes, d.merged_writes, d.degraded_reads, total.errors
         );
     }
     if total.errors > 0 {
         bail!("{} requests failed", total.errors);
     }
     Ok(())
-}
-
-fn snapshot(a: &Volume<FileDev>) -> [u64; 6] {
-    let s = &a.array().stats;
-    [
-        s.reads.load(Ordering::Relaxed) + s.writes.load(Ordering::Relaxed),
-        s.degraded_reads.load(Ordering::Relaxed),
-        s.full_stripe_writes.load(Ordering::Relaxed),
-        s.rcw_writes.load(Ordering::Relaxed),
-        s.rmw_writes.load(Ordering::Relaxed),
-        s.merged_writes.load(Ordering::Relaxed),
-    ]
 }

@@ -176,6 +176,15 @@ enum Conn {
     Tcp(std::net::TcpStream),
 }
 
+impl Conn {
+    fn into_stream(self) -> Box<dyn ReadWrite> {
+        match self {
+            Conn::Unix(s) => Box::new(s),
+            Conn::Tcp(s) => Box::new(s),
+        }
+    }
+}
+
 fn accept_loop(
     state: Arc<State>,
     unix: Option<UnixListener>,
@@ -254,17 +263,9 @@ impl Drop for Slot {
 /// Answers 503 without a thread (a short write timeout: a client that does not read loses it).
 fn refuse_busy(conn: Conn) {
     let r = Response::error(503, "busy: too many control requests in progress");
-    let t = Some(Duration::from_millis(100));
-    match conn {
-        Conn::Unix(mut s) => {
-            let _ = s.set_write_timeout(t);
-            let _ = write_response(&mut s, &r);
-        }
-        Conn::Tcp(mut s) => {
-            let _ = s.set_write_timeout(t);
-            let _ = write_response(&mut s, &r);
-        }
-    }
+    let mut s = conn.into_stream();
+    s.set_timeouts(Duration::from_millis(100));
+    let _ = write_response(s.as_mut(), &r);
 }
 
 /// The uid of the process at the other end of a Unix socket.
@@ -324,28 +325,24 @@ fn reason(status: u16) -> &'static str {
 }
 
 fn serve_conn(state: &State, conn: Conn) {
-    let (mut stream, metrics_only): (Box<dyn ReadWrite>, bool) = match conn {
-        Conn::Unix(s) => {
-            let me = euid();
-            match peer_uid(&s) {
-                Some(uid) if uid == 0 || uid == me => {}
-                other => {
-                    tracing::warn!(
-                        "control socket: refused a client with uid {:?} (only root and uid {me})",
-                        other
-                    );
-                    let mut s = s;
-                    let _ = write_response(
-                        &mut s,
-                        &Response::error(403, "forbidden: only root and the server's user"),
-                    );
-                    return;
-                }
-            }
-            (Box::new(s), false)
+    let metrics_only = matches!(conn, Conn::Tcp(_));
+    if let Conn::Unix(s) = &conn {
+        let me = euid();
+        let uid = peer_uid(s);
+        if !matches!(uid, Some(u) if u == 0 || u == me) {
+            tracing::warn!(
+                "control socket: refused a client with uid {uid:?} (only root and uid {me})"
+            );
+            let mut s = conn.into_stream();
+            s.set_timeouts(IO_TIMEOUT);
+            let _ = write_response(
+                s.as_mut(),
+                &Response::error(403, "forbidden: only root and the server's user"),
+            );
+            return;
         }
-        Conn::Tcp(s) => (Box::new(s), true),
-    };
+    }
+    let mut stream = conn.into_stream();
     let deadline = Instant::now() + IO_TIMEOUT;
     stream.set_timeouts(IO_TIMEOUT);
     let resp = match read_head(stream.as_mut(), deadline) {
@@ -474,20 +471,6 @@ fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
 
 // ---------------------------------------------------------------- status
 
-/// Stripe counters: full, reconstruct, read-modify-write, merged, degraded reads,
-/// corrected reads.
-fn stripe_stats(a: &uraid_engine::Array<FileDev>) -> [u64; 6] {
-    let s = &a.stats;
-    [
-        s.full_stripe_writes.load(Ordering::Relaxed),
-        s.rcw_writes.load(Ordering::Relaxed),
-        s.rmw_writes.load(Ordering::Relaxed),
-        s.merged_writes.load(Ordering::Relaxed),
-        s.degraded_reads.load(Ordering::Relaxed),
-        s.corrected_reads.load(Ordering::Relaxed),
-    ]
-}
-
 fn op_json(o: &OpSnapshot) -> Value {
     json!({
         "count": o.count,
@@ -516,7 +499,7 @@ pub fn status(state: &State) -> Value {
     let g = *a.geometry();
     let (name, uuid, ctime) = a.identity();
     let failed = a.failed();
-    let st = stripe_stats(a);
+    let st = a.stats.snapshot();
     let server = &state.server;
     let ss = server.stats();
     let members: Vec<Value> = (0..g.members)
@@ -581,8 +564,9 @@ pub fn status(state: &State) -> Value {
             "ops": ops,
         },
         "stripe_operations": {
-            "full": st[0], "reconstruct": st[1], "read_modify_write": st[2],
-            "merged": st[3], "degraded_reads": st[4], "corrected_reads": st[5],
+            "full": st.full_stripe_writes, "reconstruct": st.rcw_writes,
+            "read_modify_write": st.rmw_writes, "merged": st.merged_writes,
+            "degraded_reads": st.degraded_reads, "corrected_reads": st.corrected_reads,
         },
         "background": background(a),
     })
@@ -802,18 +786,18 @@ pub fn metrics(state: &State) -> String {
         );
     }
 
-    let st = stripe_stats(a);
+    let st = a.stats.snapshot();
     p.family(
         "uraid_stripe_operations_total",
         "counter",
         "Stripe writes by plan, writes merged into another's stripe operation, degraded reads.",
     );
     for (plan, v) in [
-        ("full", st[0]),
-        ("reconstruct", st[1]),
-        ("read_modify_write", st[2]),
-        ("merged", st[3]),
-        ("degraded_read", st[4]),
+        ("full", st.full_stripe_writes),
+        ("reconstruct", st.rcw_writes),
+        ("read_modify_write", st.rmw_writes),
+        ("merged", st.merged_writes),
+        ("degraded_read", st.degraded_reads),
     ] {
         p.sample(
             "uraid_stripe_operations_total",

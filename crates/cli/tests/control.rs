@@ -74,10 +74,7 @@ impl Srv {
 
 impl Drop for Srv {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        kill_if_running(&mut self.child);
     }
 }
 
@@ -335,14 +332,6 @@ fn another_user_is_refused() {
     // Root still gets in.
     assert_eq!(raw(&srv.ctl, b"GET /status HTTP/1.1\r\n\r\n"), 200);
     srv.stop();
-}
-
-fn examine_clean(member: &Path) -> bool {
-    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
-        .args(["examine", "--json"])
-        .arg(member));
-    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    j["clean"].as_bool().unwrap()
 }
 
 fn status_json(srv: &Srv) -> serde_json::Value {

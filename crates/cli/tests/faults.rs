@@ -364,10 +364,7 @@ impl Srv {
 
 impl Drop for Srv {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        kill_if_running(&mut self.child);
     }
 }
 

@@ -96,24 +96,10 @@ impl Srv {
     }
 }
 
-/// The clean flag of a member's superblock, as `uraid examine --json` reports it.
-fn examine_clean(member: &Path) -> bool {
-    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
-        .args(["examine", "--json"])
-        .arg(member));
-    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    j["clean"]
-        .as_bool()
-        .expect("examine reports the clean flag")
-}
-
 impl Drop for Srv {
     /// A failing test must not leave its server behind.
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        kill_if_running(&mut self.child);
     }
 }
 

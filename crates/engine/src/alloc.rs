@@ -52,6 +52,11 @@ impl AllocMap {
         }
     }
 
+    /// `is_set` for any granule number: false beyond the map.
+    pub(crate) fn is_set_in_range(&self, g: u64) -> bool {
+        g < self.count && self.is_set(g)
+    }
+
     pub(crate) fn is_set(&self, g: u64) -> bool {
         self.words[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0
     }

@@ -71,6 +71,51 @@ pub struct Stats {
     pub corrected_reads: AtomicU64,
 }
 
+/// A point-in-time copy of `Stats` (bench deltas, status, metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub reads: u64,
+    pub writes: u64,
+    pub degraded_reads: u64,
+    pub full_stripe_writes: u64,
+    pub rcw_writes: u64,
+    pub rmw_writes: u64,
+    pub merged_writes: u64,
+    pub corrected_reads: u64,
+}
+
+impl Stats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            reads: l(&self.reads),
+            writes: l(&self.writes),
+            degraded_reads: l(&self.degraded_reads),
+            full_stripe_writes: l(&self.full_stripe_writes),
+            rcw_writes: l(&self.rcw_writes),
+            rmw_writes: l(&self.rmw_writes),
+            merged_writes: l(&self.merged_writes),
+            corrected_reads: l(&self.corrected_reads),
+        }
+    }
+}
+
+impl StatsSnapshot {
+    /// What happened between `before` and this snapshot.
+    pub fn since(&self, before: &StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            reads: self.reads - before.reads,
+            writes: self.writes - before.writes,
+            degraded_reads: self.degraded_reads - before.degraded_reads,
+            full_stripe_writes: self.full_stripe_writes - before.full_stripe_writes,
+            rcw_writes: self.rcw_writes - before.rcw_writes,
+            rmw_writes: self.rmw_writes - before.rmw_writes,
+            merged_writes: self.merged_writes - before.merged_writes,
+            corrected_reads: self.corrected_reads - before.corrected_reads,
+        }
+    }
+}
+
 /// How an array is opened.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ArrayOptions {

@@ -26,7 +26,7 @@ mod stripe;
 pub mod volume;
 
 pub use alloc::ReadPiece;
-pub use array::{Array, ArrayError, ArrayOptions, WriteBuf};
+pub use array::{Array, ArrayError, ArrayOptions, StatsSnapshot, WriteBuf};
 pub use buf::{IoBuf, Segments};
 pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use members::ErrorPolicy;

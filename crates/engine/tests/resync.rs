@@ -41,6 +41,13 @@ fn make_dirty(images: &mut [Vec<u8>]) {
     }
 }
 
+/// A RAID5 of four, written end to end, then left "not clean" and reassembled: resync due.
+fn dirty_raid5() -> (std::sync::Arc<Volume<MemDev>>, Vec<u8>) {
+    let (mut images, want) = written(Level::Raid5, 4);
+    make_dirty(&mut images);
+    (reassemble(&images, &[true; 4]).unwrap(), want)
+}
+
 fn clean_flag(img: &[u8]) -> bool {
     pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
         .unwrap()
@@ -166,9 +173,7 @@ fn mirror_resync_makes_every_copy_equal() {
 #[test]
 fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
     let members = 4;
-    let (mut images, _) = written(Level::Raid5, members);
-    make_dirty(&mut images);
-    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let (vol, _) = dirty_raid5();
     let a = vol.array().clone();
     let p = a.recovery_progress();
     // 16 stripes of 4 x 4 KiB = 256 KiB of reads at 1 MiB/s: about 0.25 s.
@@ -210,9 +215,7 @@ fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
 #[test]
 fn unreadable_chunk_leaves_its_stripe_unsynced_and_the_array_not_clean() {
     let members = 4;
-    let (mut images, _) = written(Level::Raid5, members);
-    make_dirty(&mut images);
-    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let (vol, _) = dirty_raid5();
     let a = vol.array().clone();
     let g = *vol.geometry();
     let m = g.data_member(5, 0);
@@ -234,9 +237,7 @@ fn unreadable_chunk_leaves_its_stripe_unsynced_and_the_array_not_clean() {
 #[test]
 fn bad_parity_sector_is_rewritten_by_resync() {
     let members = 4;
-    let (mut images, want) = written(Level::Raid5, members);
-    make_dirty(&mut images);
-    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let (vol, want) = dirty_raid5();
     let a = vol.array().clone();
     let g = *vol.geometry();
     let p = g.parity_member(5, 0);
@@ -255,10 +256,7 @@ fn bad_parity_sector_is_rewritten_by_resync() {
 /// and fail it).
 #[test]
 fn writes_into_an_unreadable_unsynced_stripe_succeed_without_failing_the_member() {
-    let members = 4;
-    let (mut images, _) = written(Level::Raid5, members);
-    make_dirty(&mut images);
-    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let (vol, _) = dirty_raid5();
     let a = vol.array().clone();
     let g = *vol.geometry();
     let m = g.data_member(5, 1);
@@ -276,10 +274,7 @@ fn writes_into_an_unreadable_unsynced_stripe_succeed_without_failing_the_member(
 /// on a degraded stripe), it is not an I/O error.
 #[test]
 fn member_failing_during_a_writes_resync_does_not_fail_the_write() {
-    let members = 4;
-    let (mut images, _) = written(Level::Raid5, members);
-    make_dirty(&mut images);
-    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let (vol, _) = dirty_raid5();
     let a = vol.array().clone();
     let g = *vol.geometry();
     let victim = g.parity_member(5, 0);

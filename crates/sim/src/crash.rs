@@ -377,22 +377,7 @@ pub fn reassemble_with(
     present: &[bool],
     make_dev: impl Fn(usize, Vec<u8>) -> MemDev,
 ) -> Result<Arc<Volume<MemDev>>, String> {
-    let mut found = Vec::new();
-    let mut refused = Vec::new();
-    for (i, img) in images.iter().enumerate() {
-        if !present[i] {
-            continue;
-        }
-        match pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]) {
-            Ok((sb, slot)) => found.push(Found {
-                path: format!("mem{i}").into(),
-                sb,
-                slot,
-            }),
-            Err(e) => refused.push(format!("mem{i}: {e}")),
-        }
-    }
-    let plan = decide(found, refused, false).map_err(|e| e.to_string())?;
+    let plan = plan_from(images, present)?;
     plan.can_start()
         .map_err(|e| format!("{e}; refused: {:?}", plan.refused))?;
     let g = plan.sb.geometry;
@@ -473,21 +458,28 @@ pub fn resync_images(
 /// Whether the product refuses to start from these members without
 /// `--start-dirty-degraded` (`Plan::check_dirty_degraded`).
 pub fn dirty_degraded_refused(images: &[Vec<u8>], present: &[bool]) -> bool {
+    plan_from(images, present).is_ok_and(|p| p.check_dirty_degraded(false).is_err())
+}
+
+/// The product's assembly decision (`assemble::decide`, no --force) for the member images
+/// given (`present[i]`), named memN.
+fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assemble::Plan, String> {
     let mut found = Vec::new();
+    let mut refused = Vec::new();
     for (i, img) in images.iter().enumerate() {
-        if present[i] {
-            if let Ok((sb, slot)) =
-                pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
-            {
-                found.push(Found {
-                    path: format!("mem{i}").into(),
-                    sb,
-                    slot,
-                });
-            }
+        if !present[i] {
+            continue;
+        }
+        match pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]) {
+            Ok((sb, slot)) => found.push(Found {
+                path: format!("mem{i}").into(),
+                sb,
+                slot,
+            }),
+            Err(e) => refused.push(format!("mem{i}: {e}")),
         }
     }
-    decide(found, Vec::new(), false).is_ok_and(|p| p.check_dirty_degraded(false).is_err())
+    decide(found, refused, false).map_err(|e| e.to_string())
 }
 
 /// A write that may be current in a sector: (bytes, volume offset, issued, acknowledged).

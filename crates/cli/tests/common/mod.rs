@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 /// Runs the `uraid` binary with `args` in `cwd`.
 pub fn uraid(args: &[&str], cwd: &Path) -> Output {
@@ -62,4 +62,23 @@ pub fn run(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&o.stderr)
     );
     o
+}
+
+/// Kills and reaps a child that is still running (test servers, from their Drop).
+pub fn kill_if_running(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// The clean flag of a member's superblock, as `uraid examine --json` reports it.
+pub fn examine_clean(member: &Path) -> bool {
+    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["examine", "--json"])
+        .arg(member));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    j["clean"]
+        .as_bool()
+        .expect("examine reports the clean flag")
 }
