@@ -93,7 +93,13 @@ pub fn remove_stale_socket(path: &Path, what: &str) -> Result<()> {
             path.display()
         );
     }
-    if UnixStream::connect(path).is_ok() {
+    // A server that just died may still accept for a moment: io_uring tears down a dead
+    // process's pending accept asynchronously, and until then the socket listens. The
+    // listener's credentials (taken at listen) name its process: gone means stale.
+    let live = UnixStream::connect(path)
+        .ok()
+        .is_some_and(|s| peer_cred(&s).is_none_or(|c| process_exists(c.pid)));
+    if live {
         bail!(
             "{what} {}: another server is listening there",
             path.display()
@@ -270,6 +276,19 @@ fn refuse_busy(conn: Conn) {
 
 /// The uid of the process at the other end of a Unix socket.
 fn peer_uid(s: &UnixStream) -> Option<u32> {
+    peer_cred(s).map(|c| c.uid)
+}
+
+/// Whether process `pid` exists (a zombie counts).
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The credentials of the process at the other end of a Unix socket (for a listening
+/// socket's peer: the process that called listen).
+fn peer_cred(s: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -286,7 +305,7 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.uid)
+    (r == 0).then_some(cred)
 }
 
 /// An HTTP response: status, content type, body.
