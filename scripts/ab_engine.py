@@ -9,6 +9,12 @@ alternately A, B, A, B... and the medians, the ratio B/A and each side's spread
 
     scripts/ab_engine.py --a OLD/uraid --b target/release/uraid [--runs 5] [--runtime 3]
                          [--size 256M] [--threads 2] [--out FILE]
+
+The same binary twice with different `uraid create` options compares array settings, e.g.
+the write-intent bitmap's cost:
+
+    scripts/ab_engine.py --a target/release/uraid --b target/release/uraid \
+        --create-a="--bitmap-chunk none" --only "raid6"
 """
 import argparse, json, os, shutil, statistics, subprocess, sys
 
@@ -49,6 +55,8 @@ def main():
     ap.add_argument("--dir", default="/dev/shm/uraid-ab")
     ap.add_argument("--out", default="-")
     ap.add_argument("--only", help="substring filter on 'array workload' (a quick subset)")
+    ap.add_argument("--create-a", default="", help="extra `uraid create` options for A's arrays")
+    ap.add_argument("--create-b", default="", help="extra `uraid create` options for B's arrays")
     a = ap.parse_args()
     rows = []
     for aname, level, n in ARRAYS:
@@ -60,7 +68,9 @@ def main():
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
             members[side] = [os.path.join(d, f"m{i}") for i in range(n)]
-            run([binary, "create", "--level", level, "--size", a.size, "--chunk", "64K", "--force"] + members[side])
+            extra = (a.create_a if side == "a" else a.create_b).split()
+            run([binary, "create", "--level", level, "--size", a.size, "--chunk", "64K", "--force"] + extra
+                + members[side])
             run([binary, "bench", "--precondition", "--runtime", "0.1", "--threads", str(a.threads)]
                 + write_flag(binary) + members[side])
         for wname, wargs, metric in WORKLOADS:
@@ -81,9 +91,10 @@ def main():
         for side in ("a", "b"):
             shutil.rmtree(f"{a.dir}-{side}", ignore_errors=True)
     unit = {"iops": "IOPS", "mbps": "MB/s"}
+    opts = "".join(f" {side}: create {o!r}." for side, o in (("A", a.create_a), ("B", a.create_b)) if o)
     out = [f"{a.runs} alternating runs of {a.runtime:g} s per cell and binary, medians; {a.threads} reactor "
            f"threads; members: {a.size} files on /dev/shm, chunk 64K, preconditioned. Spread = (max - min) / "
-           f"median of one side's runs.\n",
+           f"median of one side's runs.{opts}\n",
            "| array | workload | A (baseline) | B (candidate) | B / A | spread A | spread B |",
            "|---|---|---:|---:|---:|---:|---:|"]
     spread = lambda v: (max(v) - min(v)) / statistics.median(v)

@@ -502,12 +502,23 @@ fn op_json(o: &OpSnapshot) -> Value {
 
 /// Array state words, md style: clean or active (written since assembly), plus degraded
 /// or failed.
-pub fn state_words(dirty: bool, failed: usize, serving: bool) -> String {
-    let mut s = if dirty { "active" } else { "clean" }.to_string();
+/// md-style state: "clean"/"active" (written since start, or not clean on disk), then
+/// ", degraded" or ", FAILED", then the resync's state while one is due.
+pub fn state_words(dirty: bool, failed: usize, serving: bool, resync: Option<&str>) -> String {
+    let mut s = if dirty || resync.is_some() {
+        "active"
+    } else {
+        "clean"
+    }
+    .to_string();
     if !serving {
         s.push_str(", FAILED");
     } else if failed > 0 {
         s.push_str(", degraded");
+    }
+    if let Some(r) = resync {
+        s.push_str(", ");
+        s.push_str(r);
     }
     s
 }
@@ -548,6 +559,7 @@ pub fn status(state: &State) -> Value {
             )
         })
         .collect();
+    let (bc, regions, dirty) = a.bitmap_state();
     json!({
         "schema": SCHEMA,
         "source": "server",
@@ -562,7 +574,16 @@ pub fn status(state: &State) -> Value {
         "ctime": ctime,
         "events": a.events(),
         "dirty": a.is_dirty(),
-        "state": state_words(a.is_dirty(), failed.len(), a.is_serving()),
+        "state": state_words(
+            a.is_dirty(),
+            failed.len(),
+            a.is_serving(),
+            match (a.recovery_progress().running, a.needs_resync()) {
+                (true, _) => Some("resyncing"),
+                (false, true) => Some("resync pending"),
+                _ => None,
+            }
+        ),
         "degraded": !failed.is_empty(),
         "failed": failed.iter().collect::<Vec<_>>(),
         "fault_tolerance": g.fault_tolerance(),
@@ -588,6 +609,10 @@ pub fn status(state: &State) -> Value {
             "degraded_reads": st.degraded_reads, "corrected_reads": st.corrected_reads,
         },
         "background": background(a),
+        "bitmap": {
+            "chunk": bc, "regions": regions, "dirty_regions": dirty,
+        },
+        "unsynced_stripes_refused": a.unsynced_stripes_refused(),
     })
 }
 
@@ -837,6 +862,15 @@ pub fn metrics(state: &State) -> String {
             &[arr(), ("op", rv.op.to_string())],
             rv.fraction,
         );
+    }
+    let (bc, _, dirty) = a.bitmap_state();
+    if bc > 0 {
+        p.family(
+            "uraid_bitmap_dirty_regions",
+            "gauge",
+            "Write-intent bitmap regions set (writes in them recently; resynced after a crash).",
+        );
+        p.sample("uraid_bitmap_dirty_regions", &[arr()], dirty);
     }
     p.family(
         "uraid_background_repaired_total",

@@ -54,6 +54,11 @@ enum Cmd {
         /// Create missing member files of this size first (sparse).
         #[arg(long, value_parser = size::parse)]
         size: Option<u64>,
+        /// Write-intent bitmap region size (bytes of each member), a power of two of at
+        /// least one chunk, or "none". Default 64M (larger when the members are so big that
+        /// 455,168 regions do not cover them); none on RAID0.
+        #[arg(long, value_parser = parse_bitmap_chunk)]
+        bitmap_chunk: Option<u64>,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -207,6 +212,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             name,
             force,
             size,
+            bitmap_chunk,
             members,
         } => {
             let level = Level::parse(&level, parity)?;
@@ -226,6 +232,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                     chunk,
                     name,
                     force,
+                    bitmap_chunk,
                 },
             )?;
             let g = sb.geometry;
@@ -317,6 +324,7 @@ pub fn default_volume() -> Result<Vec<PathBuf>> {
             chunk: CHUNK_DEFAULT,
             name: "default".into(),
             force: false,
+            bitmap_chunk: None,
         },
     )?;
     eprintln!(
@@ -325,6 +333,26 @@ pub fn default_volume() -> Result<Vec<PathBuf>> {
         dir.display()
     );
     Ok(members)
+}
+
+/// `--bitmap-chunk`: a size, or "none" (0).
+fn parse_bitmap_chunk(s: &str) -> Result<u64, String> {
+    if s.eq_ignore_ascii_case("none") {
+        Ok(0)
+    } else {
+        size::parse(s)
+    }
+}
+
+fn bitmap_word(sb: &Superblock) -> String {
+    match sb.bitmap_chunk {
+        0 => "none (no write-intent bitmap: an unclean stop resyncs everything)".into(),
+        c => format!(
+            "{} ({} regions)",
+            size::human(c),
+            uraid_core::bitmap::regions(&sb.geometry, c)
+        ),
+    }
 }
 
 fn state_word(sb: &Superblock) -> &'static str {
@@ -359,6 +387,7 @@ fn print_examine(path: &Path, sb: &Superblock) {
     println!("    Device UUID : {}", uuid_string(&sb.device_uuid));
     println!("   Device Index : {}", sb.index);
     println!("         Events : {}", sb.events);
+    println!("   Bitmap Chunk : {}", bitmap_word(sb));
     println!("          State : {}", state_word(sb));
     let states: String = (0..g.members)
         .map(|i| if sb.is_failed(i) { 'F' } else { 'A' })
@@ -384,6 +413,7 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
         "index": sb.index,
         "events": sb.events,
         "clean": sb.clean,
+        "bitmap_chunk": sb.bitmap_chunk,
         "ctime": sb.ctime,
         "utime": sb.utime,
         "member_states": (0..g.members).map(|i| if sb.is_failed(i) { "failed" } else { "active" }).collect::<Vec<_>>(),
@@ -415,9 +445,15 @@ fn health(plan: &Plan) -> String {
             "FAILED ({missing} of {} members unavailable)",
             plan.slots.len()
         ),
-        (Ok(()), 0) if !plan.sb.clean => {
-            "healthy; not stopped cleanly: serve resyncs it first thing".into()
-        }
+        (Ok(()), 0) if !plan.sb.clean => match plan.dirty_ranges() {
+            Some(r) => format!(
+                "healthy; not stopped cleanly: serve resyncs {} bytes ({} dirty range(s) in the \
+                 write-intent bitmap) first thing",
+                r.iter().map(|x| x.end - x.start).sum::<u64>(),
+                r.len()
+            ),
+            None => "healthy; not stopped cleanly: serve resyncs all of it first thing".into(),
+        },
         (Ok(()), 0) => "healthy".into(),
         (Ok(()), n) if plan.check_dirty_degraded(false).is_err() => format!(
             "degraded ({n} of {} members unavailable) and not stopped cleanly: serve refuses \

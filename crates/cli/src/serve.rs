@@ -140,9 +140,13 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             &events,
             format!(
                 "array '{}' was not stopped cleanly and is degraded; started anyway \
-                 (--start-dirty-degraded): data rebuilt for the missing member(s) in stripes \
-                 that were being written may be wrong",
-                plan.sb.name
+                 (--start-dirty-degraded): stripes that were being written ({}) are not \
+                 trusted: reads that would rebuild data there fail with EIO and are logged",
+                plan.sb.name,
+                match plan.dirty_ranges() {
+                    Some(r) => assemble::describe_ranges(&r),
+                    None => "anywhere: no write-intent bitmap".into(),
+                }
             ),
         );
     }
@@ -337,6 +341,28 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     } else {
         None
     };
+    // The write-intent bitmap daemon: clears the bits of regions idle for a tick.
+    let bitmap_daemon = if array.array().bitmap_state().0 > 0 && !args.read_only {
+        let (vol, stop) = (array.clone(), resync_stop.clone());
+        Some(
+            std::thread::Builder::new()
+                .name("uraid-bitmap".into())
+                .spawn(move || {
+                    let mut slept = Duration::ZERO;
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(100));
+                        slept += Duration::from_millis(100);
+                        if slept >= uraid_engine::bitmap::BITMAP_TICK {
+                            slept = Duration::ZERO;
+                            futures::executor::block_on(vol.array().bitmap_tick());
+                        }
+                    }
+                })
+                .context("starting the bitmap thread")?,
+        )
+    } else {
+        None
+    };
     println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -350,7 +376,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     tracing::info!(target: "uraid::serve", "{name} received: stopping");
     ctl.stop();
     resync_stop.store(true, Ordering::Release);
-    if let Some(t) = resync {
+    for t in [resync, bitmap_daemon].into_iter().flatten() {
         let _ = t.join();
     }
     let r = server.shutdown();

@@ -45,14 +45,14 @@ fn superblock_matches_docs() {
             }
         }
     }
-    assert_eq!(fields.len(), 20, "docs table rows: {fields:?}");
+    assert_eq!(fields.len(), 21, "docs table rows: {fields:?}");
     let get = |name: &str| -> &[u8] {
         let (o, s) = fields[name];
         &sb[o..o + s]
     };
     let le = |b: &[u8]| b.iter().rev().fold(0u64, |a, &x| a << 8 | x as u64);
     assert_eq!(get("magic"), b"uraid-sb");
-    assert_eq!(le(get("version")), 3);
+    assert_eq!(le(get("version")), 4);
     assert_eq!(le(get("sb_size")), 4096);
     assert_eq!(&get("name")[..6], b"docvol");
     assert_eq!(le(get("level")), 6);
@@ -67,6 +67,7 @@ fn superblock_matches_docs() {
     assert_eq!(le(get("volume_size")), 4 * member_data);
     assert_eq!(le(get("events")), 1);
     assert_eq!(get("member_states")[..6], [0; 6]);
+    assert_eq!(le(get("bitmap_chunk")), 64 << 20, "the default region");
     assert_eq!(le(get("crc32c")) as u32, crc32c_of(&sb[..4092]));
     // The allocation map as docs/format.md describes it: a fresh array has every page sealed
     // with no bit set; 47 MiB members of a 4+2 raid6 with 64K chunks -> 752 granules, 1 page.
@@ -79,6 +80,26 @@ fn superblock_matches_docs() {
         sealed.extend_from_slice(&sec[..508]);
         assert_eq!(le(&sec[508..]) as u32, crc32c_of(&sealed), "sector {s}");
     }
+    // The write-intent bitmap: 47 MiB members in 64 MiB regions -> 1 region, 1 page at
+    // 8 KiB, sealed like the map's sectors but with the CRC over the ASCII prefix
+    // "uraid-write-intent-bitmap" first.
+    let page = &sb[8192..8192 + 4096];
+    for (s, sec) in page.chunks(512).enumerate() {
+        assert!(sec[..508].iter().all(|&b| b == 0));
+        let mut sealed = b"uraid-write-intent-bitmap".to_vec();
+        sealed.extend_from_slice(&0u32.to_le_bytes());
+        sealed.extend_from_slice(&(s as u32).to_le_bytes());
+        sealed.extend_from_slice(&sec[..508]);
+        assert_eq!(
+            le(&sec[508..]) as u32,
+            crc32c_of(&sealed),
+            "bitmap sector {s}"
+        );
+    }
+    assert!(
+        sb[8192 + 4096..65536].iter().all(|&b| b == 0),
+        "one bitmap page"
+    );
     // Superblock slot 1 holds the same superblock at creation.
     assert_eq!(&sb[4096..8192 - 4], &sb[..4096 - 4]);
     assert!(

@@ -366,9 +366,41 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
     let e = one_line_error(&uraid(&a, &dir));
     assert!(e.contains("not stopped cleanly and is degraded"), "{e}");
     assert!(e.contains("--start-dirty-degraded"), "{e}");
-    // Asked for, it starts (and cannot resync without every member).
+    assert!(
+        e.contains("write-intent bitmap: 1 dirty range(s)"),
+        "the refusal names where: {e}"
+    );
+    // Asked for, it starts (and cannot resync without every member). Chunks on present
+    // members read back; chunks that would be rebuilt from the dirty region's untrusted
+    // parity fail with EIO instead of returning whatever the parity gives.
     let srv = Srv::start_with(&dir, &m[..5], &["--start-dirty-degraded"]);
-    qemu_io(&srv.uri(), &["read -P 0x5a 0 1M".into()]);
+    let (mut served, mut refused) = (0, 0);
+    for c in 0..16u64 {
+        let o = Command::new("qemu-io")
+            .args(["-f", "raw", "-c"])
+            .arg(format!("read -P 0x5a {} 64k", c << 16))
+            .arg(srv.uri())
+            .output()
+            .unwrap();
+        let out =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        if o.status.success() && !out.contains("failed") {
+            served += 1;
+        } else {
+            assert!(out.contains("Input/output error"), "chunk {c}: {out}");
+            refused += 1;
+        }
+    }
+    assert!(
+        served > 0 && refused > 0,
+        "served {served}, refused {refused}"
+    );
+    let j = status_json(&srv);
+    assert_eq!(
+        j["unsynced_stripes_refused"], refused,
+        "one stripe per refused chunk: {j}"
+    );
+    assert_eq!(j["state"], "active, degraded, resync pending", "{j}");
     srv.stop();
     assert!(!examine_clean(&m[0]), "no resync ran: still not clean");
 

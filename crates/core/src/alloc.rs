@@ -48,8 +48,11 @@ pub fn pages(g: &Geometry) -> usize {
     granules(g).div_ceil(BITS_PER_PAGE) as usize
 }
 
-fn sector_crc(page: usize, sector: usize, payload: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&(page as u32).to_le_bytes());
+/// CRC of sector `sector` of page `page` whose payload is `payload`, starting from `seed`
+/// (0 for the allocation map; the write-intent bitmap, which uses the same sector layout,
+/// starts from its own seed so that one area's sector is never valid in the other).
+pub(crate) fn sector_crc(seed: u32, page: usize, sector: usize, payload: &[u8]) -> u32 {
+    let c = crc32c::crc32c_append(seed, &(page as u32).to_le_bytes());
     let c = crc32c::crc32c_append(c, &(sector as u32).to_le_bytes());
     crc32c::crc32c_append(c, payload)
 }
@@ -63,21 +66,29 @@ pub fn bit_position(i: u64) -> (usize, u8) {
 
 /// Seals every sector of page `index` whose payloads are already in `page`.
 pub fn seal_page(index: usize, page: &mut [u8]) {
+    seal_page_seeded(0, index, page)
+}
+
+pub(crate) fn seal_page_seeded(seed: u32, index: usize, page: &mut [u8]) {
     assert_eq!(page.len(), PAGE);
     for (s, sec) in page.chunks_mut(MAP_SECTOR).enumerate() {
-        let crc = sector_crc(index, s, &sec[..SECTOR_PAYLOAD]);
+        let crc = sector_crc(seed, index, s, &sec[..SECTOR_PAYLOAD]);
         sec[SECTOR_PAYLOAD..].copy_from_slice(&crc.to_le_bytes());
     }
 }
 
 /// Whether `sector` (read from disk: untrusted) is a valid copy of sector `s` of page `index`.
 pub fn sector_valid(index: usize, s: usize, sector: &[u8]) -> bool {
+    sector_valid_seeded(0, index, s, sector)
+}
+
+pub(crate) fn sector_valid_seeded(seed: u32, index: usize, s: usize, sector: &[u8]) -> bool {
     sector.len() == MAP_SECTOR
         && u32::from_le_bytes(
             sector[SECTOR_PAYLOAD..]
                 .try_into()
                 .expect("4-byte slice of a 512-byte sector"),
-        ) == sector_crc(index, s, &sector[..SECTOR_PAYLOAD])
+        ) == sector_crc(seed, index, s, &sector[..SECTOR_PAYLOAD])
 }
 
 /// Whether `page` (read from disk: untrusted) is a valid copy of page `index`: every sector.
@@ -87,6 +98,43 @@ pub fn page_valid(index: usize, page: &[u8]) -> bool {
             .chunks(MAP_SECTOR)
             .enumerate()
             .all(|(s, sec)| sector_valid(index, s, sec))
+}
+
+/// Merges copies of a sector-sealed bit area (the allocation map, seed 0; the write-intent
+/// bitmap, its own seed) read from several members, sector by sector: the union of every
+/// valid copy of each sector. A sector with no valid copy sets all its bits (both areas'
+/// safe assumption). `count` bits from page 0; copies shorter than a sector's end count as
+/// not having it. Returns the words (bit b of word b/64) and the sectors with no valid copy.
+pub fn merge_sector_copies(seed: u32, count: u64, copies: &[Vec<u8>]) -> (Vec<u64>, usize) {
+    let mut words = vec![0u64; count.div_ceil(64) as usize];
+    let mut bad = 0;
+    for p in 0..count.div_ceil(BITS_PER_PAGE) as usize {
+        let first = p as u64 * BITS_PER_PAGE;
+        for s in 0..SECTORS_PER_PAGE {
+            let lo = first + s as u64 * BITS_PER_SECTOR;
+            let hi = (lo + BITS_PER_SECTOR).min(count);
+            if lo >= hi {
+                break;
+            }
+            let at = p * PAGE + s * MAP_SECTOR;
+            let valid: Vec<&[u8]> = copies
+                .iter()
+                .filter_map(|c| c.get(at..at + MAP_SECTOR))
+                .filter(|sec| sector_valid_seeded(seed, p, s, sec))
+                .collect();
+            if valid.is_empty() {
+                bad += 1;
+            }
+            for b in lo..hi {
+                let (byte, bit) = bit_position(b - first);
+                let byte = byte - s * MAP_SECTOR;
+                if valid.is_empty() || valid.iter().any(|sec| sec[byte] & (1 << bit) != 0) {
+                    words[(b / 64) as usize] |= 1 << (b % 64);
+                }
+            }
+        }
+    }
+    (words, bad)
 }
 
 /// Granule range `[first, last]` of the granules `[off, off+len)` touches, and of those the

@@ -9,12 +9,15 @@ use crate::geometry::{Geometry, GeometryError, Level};
 
 pub const SB_SIZE: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"uraid-sb";
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
+/// Version 3 (before the write-intent bitmap) is read as version 4 with no bitmap; the next
+/// superblock round writes version 4.
+pub const VERSION_NO_BITMAP: u32 = 3;
 /// Superblock slots: rounds alternate between the copy at offset 0 and the one at 4096
 /// (slot = events % 2), so a torn round leaves the previous superblock intact.
 pub const SB_SLOTS: usize = 2;
 /// Start of the data area on every member. Between the superblock slots and the allocation
-/// map (crate::alloc, from 64 KiB) the space is reserved for a write-intent bitmap and journal.
+/// map (crate::alloc, from 64 KiB) lies the write-intent bitmap (crate::bitmap).
 pub const DATA_OFFSET: u64 = 1 << 20;
 pub const NAME_LEN: usize = 32;
 
@@ -38,6 +41,7 @@ pub mod off {
     pub const CTIME: usize = 120;
     pub const UTIME: usize = 128;
     pub const DEVICE_UUID: usize = 136;
+    pub const BITMAP_CHUNK: usize = 152;
     pub const STATES: usize = 256;
     pub const CRC: usize = 4092;
 }
@@ -63,13 +67,15 @@ pub struct Superblock {
     pub utime: u64,
     pub device_uuid: [u8; 16],
     pub states: Vec<MemberState>,
+    /// Write-intent bitmap region size in member data-area bytes; 0: no bitmap.
+    pub bitmap_chunk: u64,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FormatError {
     #[error("no uraid superblock (bad magic)")]
     BadMagic,
-    #[error("unsupported superblock version {0} (this uraid reads version {VERSION})")]
+    #[error("unsupported superblock version {0} (this uraid reads versions {VERSION_NO_BITMAP} and {VERSION})")]
     Version(u32),
     #[error("superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
     Checksum { stored: u32, computed: u32 },
@@ -127,6 +133,7 @@ impl Superblock {
         put64(&mut b, off::EVENTS, self.events);
         put64(&mut b, off::CTIME, self.ctime);
         put64(&mut b, off::UTIME, self.utime);
+        put64(&mut b, off::BITMAP_CHUNK, self.bitmap_chunk);
         b[off::DEVICE_UUID..off::DEVICE_UUID + 16].copy_from_slice(&self.device_uuid);
         for (i, s) in self.states.iter().enumerate() {
             b[off::STATES + i] = *s as u8;
@@ -145,7 +152,7 @@ impl Superblock {
             return Err(FormatError::BadMagic);
         }
         let version = u32_at(b, off::VERSION);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_NO_BITMAP {
             return Err(FormatError::Version(version));
         }
         let stored = u32_at(b, off::CRC);
@@ -225,6 +232,13 @@ impl Superblock {
                 s => return Err(field("member_states", format!("member {i} has state {s}"))),
             });
         }
+        let bitmap_chunk = if version == VERSION_NO_BITMAP {
+            0
+        } else {
+            u64_at(b, off::BITMAP_CHUNK)
+        };
+        crate::bitmap::check_chunk(&geometry, bitmap_chunk)
+            .map_err(|e| field("bitmap_chunk", e))?;
         let mut array_uuid = [0u8; 16];
         array_uuid.copy_from_slice(&b[off::ARRAY_UUID..off::ARRAY_UUID + 16]);
         let mut device_uuid = [0u8; 16];
@@ -241,6 +255,7 @@ impl Superblock {
             utime: u64_at(b, off::UTIME),
             device_uuid,
             states,
+            bitmap_chunk,
         })
     }
 }
@@ -295,6 +310,7 @@ mod tests {
             utime: 1_700_000_001,
             device_uuid: [9; 16],
             states: vec![MemberState::Active; 10],
+            bitmap_chunk: 64 << 20,
         }
     }
 
@@ -378,6 +394,19 @@ mod tests {
                 ..
             })
         ));
+        let mut b = good;
+        b[off::BITMAP_CHUNK..off::BITMAP_CHUNK + 8].copy_from_slice(&(3u64 << 20).to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field {
+                field: "bitmap_chunk",
+                ..
+            })
+        ));
+        // Version 3 superblocks (no bitmap) are read with the bitmap off.
+        let mut b = good;
+        b[off::VERSION] = 3;
+        assert_eq!(Superblock::decode(&reseal(b)).unwrap().bitmap_chunk, 0);
         let mut b = good;
         b[off::NAME] = 0xff;
         assert!(matches!(

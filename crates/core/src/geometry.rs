@@ -266,6 +266,36 @@ impl Geometry {
         self.data_chunks() as u64 * self.chunk
     }
 
+    /// Units of redundancy that resync and the write-intent bitmap track: stripes on parity
+    /// levels, volume chunks (mirror rows, `mirror_copies`) on RAID1/10, chunk rows on RAID0.
+    /// Unit u covers volume bytes `u * stripe_data_bytes() ..`, as `map` numbers `stripe`.
+    pub fn units(&self) -> u64 {
+        self.volume_size() / self.stripe_data_bytes()
+    }
+
+    /// Offset in each member's data area where unit `u` starts (non-decreasing in u).
+    pub fn unit_member_offset(&self, u: u64) -> u64 {
+        match self.level {
+            Level::Raid10 => 2 * u / self.members as u64 * self.chunk,
+            _ => u * self.chunk,
+        }
+    }
+
+    /// The units whose member offset lies in `[lo, hi)` (member data-area bytes, multiples
+    /// of the chunk): the inverse of `unit_member_offset` over a range.
+    pub fn units_in(&self, lo: u64, hi: u64) -> std::ops::Range<u64> {
+        let (a, b) = (lo / self.chunk, hi.div_ceil(self.chunk));
+        let r = match self.level {
+            // floor(2u / n) in [a, b)  <=>  u in [ceil(a n / 2), ceil(b n / 2)).
+            Level::Raid10 => {
+                let n = self.members as u64;
+                (a * n).div_ceil(2)..(b * n).div_ceil(2)
+            }
+            _ => a..b,
+        };
+        r.start.min(self.units())..r.end.min(self.units())
+    }
+
     /// Splits `[off, off + len)` into per-chunk extents. The range must lie inside the volume.
     pub fn map(&self, off: u64, len: u64) -> impl Iterator<Item = Extent> + '_ {
         debug_assert!(off

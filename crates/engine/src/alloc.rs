@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Poll, Waker};
-use uraid_core::alloc::{self as fmt, BITS_PER_PAGE, BITS_PER_SECTOR, MAP_SECTOR, PAGE};
+use uraid_core::alloc::{self as fmt, BITS_PER_PAGE, PAGE};
 use uraid_core::Geometry;
 
 pub(crate) struct AllocMap {
@@ -156,37 +156,7 @@ pub(crate) fn zero_segments(len: u64) -> Segments {
 /// its granules allocated (reads go to the members; nothing is hidden).
 /// Returns the words and the number of sectors that had no valid copy.
 pub fn merge_map_copies(g: &Geometry, copies: &[Vec<u8>]) -> (Vec<u64>, usize) {
-    let count = fmt::granules(g);
-    let mut words = vec![0u64; count.div_ceil(64) as usize];
-    let mut bad = 0;
-    for p in 0..fmt::pages(g) {
-        let first = p as u64 * BITS_PER_PAGE;
-        for s in 0..fmt::SECTORS_PER_PAGE {
-            let lo = first + s as u64 * BITS_PER_SECTOR;
-            let hi = (lo + BITS_PER_SECTOR).min(count);
-            if lo >= hi {
-                break;
-            }
-            let at = p * PAGE + s * MAP_SECTOR;
-            let valid: Vec<&[u8]> = copies
-                .iter()
-                .filter_map(|c| c.get(at..at + MAP_SECTOR))
-                .filter(|sec| fmt::sector_valid(p, s, sec))
-                .collect();
-            if valid.is_empty() {
-                bad += 1;
-            }
-            for gi in lo..hi {
-                let (byte, bit) = fmt::bit_position(gi - first);
-                let byte = byte - s * MAP_SECTOR;
-                let set = valid.is_empty() || valid.iter().any(|sec| sec[byte] & (1 << bit) != 0);
-                if set {
-                    words[(gi / 64) as usize] |= 1 << (gi % 64);
-                }
-            }
-        }
-    }
-    (words, bad)
+    fmt::merge_sector_copies(0, fmt::granules(g), copies)
 }
 
 /// Fuzz entry point (`fuzz/`, and the corpus replay test): map copies as read from members

@@ -133,6 +133,7 @@ pub struct Array<D: BlockDev> {
     pub stats: Stats,
     pub(crate) resync: crate::recovery::ResyncState,
     pub(crate) recovery: crate::recovery::Progress,
+    pub(crate) intent: crate::bitmap::WriteIntent,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -144,13 +145,29 @@ impl<D: BlockDev> HasMembers<D> for Array<D> {
 impl<D: BlockDev> Array<D> {
     /// Builds an array over assembled members. `devs[i]` is None for a missing member;
     /// `sb` is the freshest superblock (index and device uuid are rewritten per member when
-    /// superblocks are written); `ids[i]` member i's uuid and freshest superblock slot. `rt` sizes the stripe lock table (8 shards per reactor).
+    /// superblocks are written); `ids[i]` member i's uuid and freshest superblock slot. `rt`
+    /// sizes the stripe lock table (8 shards per reactor). The write-intent bitmap is taken
+    /// as unknown: after an unclean stop every region is resynced (`new_with_bitmap`).
     pub fn new(
         sb: Superblock,
         ids: Vec<MemberId>,
         devs: Vec<Option<D>>,
         rt: Option<RuntimeHandle>,
         opts: ArrayOptions,
+    ) -> Arc<Self> {
+        Self::new_with_bitmap(sb, ids, devs, rt, opts, None)
+    }
+
+    /// `new` with the write-intent bitmap as read from the members (`bitmap::merge_copies`:
+    /// bit r of word r/64 set = region r dirty); None: unknown (every region dirty after an
+    /// unclean stop). After an unclean stop, resync walks exactly the dirty regions.
+    pub fn new_with_bitmap(
+        sb: Superblock,
+        ids: Vec<MemberId>,
+        devs: Vec<Option<D>>,
+        rt: Option<RuntimeHandle>,
+        opts: ArrayOptions,
+        bitmap: Option<Vec<u64>>,
     ) -> Arc<Self> {
         let geo = sb.geometry;
         assert_eq!(devs.len(), geo.members);
@@ -163,15 +180,19 @@ impl<D: BlockDev> Array<D> {
         let absent: MemberSet = (0..geo.members).filter(|&i| devs[i].is_none()).collect();
         let shards = rt.as_ref().map_or(1, |r| r.reactors() * 8);
         // Resync units: stripes on parity levels, chunk rows on mirrors; due after an
-        // unclean stop on any level with redundancy (recovery/resync.rs).
-        let (units, unit_bytes) = match geo.level {
-            Level::Raid1 | Level::Raid10 => (
-                geo.volume_size() / geo.chunk,
-                geo.mirror_copies(0).len() as u64 * geo.chunk,
-            ),
-            _ => (geo.rows(), geo.members as u64 * geo.chunk),
+        // unclean stop on any level with redundancy, over the regions the write-intent
+        // bitmap marks dirty, or everything without one (recovery/resync.rs).
+        let units = geo.units();
+        let unit_bytes = match geo.level {
+            Level::Raid1 | Level::Raid10 => geo.mirror_copies(0).len() as u64 * geo.chunk,
+            _ => geo.members as u64 * geo.chunk,
         };
-        let pending = !sb.clean && geo.fault_tolerance() > 0;
+        let bc = sb.bitmap_chunk;
+        let due = (!sb.clean && geo.fault_tolerance() > 0).then(|| match (&bitmap, bc) {
+            (Some(words), bc) if bc > 0 => uraid_core::bitmap::dirty_units(&geo, bc, words),
+            _ => std::iter::once(0..units).collect(),
+        });
+        let intent = crate::bitmap::WriteIntent::new(&geo, bc, bitmap, opts.frozen_metadata);
         let a = Arc::new(Array {
             geo,
             codec,
@@ -179,8 +200,9 @@ impl<D: BlockDev> Array<D> {
             meta: Metadata::new(sb, ids, opts.frozen_metadata, absent),
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
-            resync: crate::recovery::ResyncState::new(pending, units),
+            resync: crate::recovery::ResyncState::new(units, due),
             recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
+            intent,
         });
         spawn_watchdog(&a);
         a
@@ -422,6 +444,9 @@ impl<D: BlockDev> Array<D> {
             let m = self.geo.data_member(e.stripe, e.index);
             if f.contains(m) {
                 self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
+                if self.resync.unsynced(e.stripe) {
+                    return Err(self.unsynced_unreadable(e.stripe, f));
+                }
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY)).await;
             }
             let at = self.geo.member_offset(e.stripe, e.chunk_off);
@@ -443,6 +468,12 @@ impl<D: BlockDev> Array<D> {
     /// the reconstructed bytes are written back to them (md's read-error correction).
     async fn reconstruct(&self, e: Extent, mut excl: MemberSet) -> Result<IoBuf, ArrayError> {
         self.locks.lock(e.stripe).await;
+        if self.resync.unsynced(e.stripe) {
+            // Parity not yet made consistent after an unclean stop: what it would rebuild
+            // may be wrong, so the read fails instead (recovery/resync.rs).
+            self.locks.unlock(e.stripe, false);
+            return Err(self.unsynced_unreadable(e.stripe, excl.union(self.members.failed())));
+        }
         let r = loop {
             match self
                 .fetch_data(e.stripe, e.chunk_off, e.len, &[e.index], &mut excl)
@@ -467,6 +498,23 @@ impl<D: BlockDev> Array<D> {
         }
         self.locks.unlock(e.stripe, false);
         r
+    }
+
+    /// The error for a read that would reconstruct data from a stripe whose parity was not
+    /// resynced after an unclean stop (logged once per stripe, with its volume range).
+    fn unsynced_unreadable(&self, stripe: u64, members: MemberSet) -> ArrayError {
+        if self.resync.report_unreadable(stripe) {
+            let sdb = self.geo.stripe_data_bytes();
+            tracing::error!(
+                target: "uraid_engine::recovery",
+                "stripe {stripe} (volume bytes {}..{}) is unreadable where member(s) {members} \
+                 are missing: it was being written when the array stopped uncleanly and has not \
+                 been resynced, so data rebuilt from its parity could be wrong",
+                stripe * sdb,
+                (stripe + 1) * sdb
+            );
+        }
+        ArrayError::Unreadable { members }
     }
 
     /// Writes reconstructed bytes over a chunk that had a media error.
@@ -561,6 +609,9 @@ impl<D: BlockDev> Array<D> {
         }
         self.check_serving()?;
         self.ensure_dirty().await;
+        // The regions' write-intent bits are durable before any member is written, and stay
+        // set until the guard is dropped (after the member writes).
+        let _intent = self.intent_begin(off, len).await;
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         match self.geo.level {
             Level::Raid0 | Level::Raid1 | Level::Raid10 => {

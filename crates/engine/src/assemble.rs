@@ -42,15 +42,20 @@ pub enum AssembleError {
     #[error(
         "cannot start {level} array '{name}': it was not stopped cleanly and is degraded \
          (member(s) {missing:?} missing or failed): the parity of stripes being written when it \
-         stopped may not match their data, so data rebuilt for the missing member(s) there could \
-         be wrong. Start it with every member (it resyncs), or pass --start-dirty-degraded to \
-         serve it anyway (md's start_dirty_degraded)"
+         stopped may not match their data ({regions}), so data rebuilt for the missing \
+         member(s) there could be wrong. Start it with every member (it resyncs), or pass \
+         --start-dirty-degraded to serve it anyway (md's start_dirty_degraded: reads that \
+         would rebuild data there then fail instead)"
     )]
     DirtyDegraded {
         level: Level,
         name: String,
         missing: Vec<usize>,
+        /// Where: the dirty regions of the write-intent bitmap, or "anywhere".
+        regions: String,
     },
+    #[error("--bitmap-chunk: {0}")]
+    BitmapChunk(String),
     #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
     TooManyMissing {
         level: Level,
@@ -75,6 +80,9 @@ pub struct CreateOptions {
     pub chunk: u64,
     pub name: String,
     pub force: bool,
+    /// Write-intent bitmap region size in member bytes: None picks the default
+    /// (`uraid_core::bitmap::default_chunk`), Some(0) creates no bitmap.
+    pub bitmap_chunk: Option<u64>,
 }
 
 /// Reads and validates the superblock of `path`: the fresher valid one of its two slots.
@@ -135,6 +143,10 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         files.push(f);
     }
     let geometry = Geometry::new(opts.level, paths.len(), opts.chunk, min_size - DATA_OFFSET)?;
+    let bitmap_chunk = opts
+        .bitmap_chunk
+        .unwrap_or_else(|| uraid_core::bitmap::default_chunk(&geometry));
+    uraid_core::bitmap::check_chunk(&geometry, bitmap_chunk).map_err(AssembleError::BitmapChunk)?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -150,6 +162,7 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         utime: now,
         device_uuid: [0; 16],
         states: vec![MemberState::Active; paths.len()],
+        bitmap_chunk,
     };
     while sb.name.len() > format::NAME_LEN {
         sb.name.pop();
@@ -159,6 +172,11 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         f.write_all_at(
             &crate::alloc::empty_map_image(&geometry),
             uraid_core::alloc::MAP_OFFSET,
+        )
+        .map_err(io_err(p))?;
+        f.write_all_at(
+            &uraid_core::bitmap::empty_image(&geometry, bitmap_chunk),
+            uraid_core::bitmap::BITMAP_OFFSET,
         )
         .map_err(io_err(p))?;
         sb.index = i;
@@ -238,6 +256,9 @@ pub struct Plan {
     pub member_events: Vec<u64>,
     /// Human-readable reasons for paths that were refused.
     pub refused: Vec<String>,
+    /// The write-intent bitmap merged from the usable members (`load_bitmap`; bit r of word
+    /// r/64: region r dirty). None: no bitmap, or not read.
+    pub bitmap: Option<Vec<u64>>,
 }
 
 impl Plan {
@@ -259,18 +280,32 @@ impl Plan {
     }
 
     /// md's rule for parity levels: an array that was not stopped cleanly and is degraded
-    /// cannot be trusted where writes were in flight (the write hole), and nothing says
-    /// where that was without a write-intent bitmap: refused unless `allow`.
+    /// cannot be trusted where writes were in flight (the write hole): refused unless
+    /// `allow`. The write-intent bitmap says where that was; with no dirty region the start
+    /// is safe, without a bitmap it could be anywhere.
     pub fn check_dirty_degraded(&self, allow: bool) -> Result<(), AssembleError> {
         let missing = self.missing();
         if allow || self.sb.clean || !self.sb.geometry.level.is_parity() || missing.is_empty() {
             return Ok(());
         }
+        let regions = match self.dirty_ranges() {
+            Some(r) if r.is_empty() => return Ok(()),
+            Some(r) => describe_ranges(&r),
+            None => "anywhere: the array has no write-intent bitmap".into(),
+        };
         Err(AssembleError::DirtyDegraded {
             level: self.sb.geometry.level,
             name: self.sb.name.clone(),
             missing,
+            regions,
         })
+    }
+
+    /// Volume byte ranges of the dirty bitmap regions; None without a bitmap.
+    pub fn dirty_ranges(&self) -> Option<Vec<std::ops::Range<u64>>> {
+        let bc = self.sb.bitmap_chunk;
+        let words = self.bitmap.as_ref().filter(|_| bc > 0)?;
+        Some(crate::bitmap::dirty_ranges(&self.sb.geometry, bc, words))
     }
 
     pub fn can_start(&self) -> Result<(), AssembleError> {
@@ -310,7 +345,49 @@ pub fn plan_with(paths: &[PathBuf], force: bool) -> Result<Plan, AssembleError> 
             Err(e) => refused.push(format!("{e}")),
         }
     }
-    decide(found, refused, force)
+    let mut plan = decide(found, refused, force)?;
+    plan.bitmap = load_bitmap(&plan)?;
+    Ok(plan)
+}
+
+/// "N regions dirty: volume bytes a..b, c..d, ..." (the first few ranges).
+pub fn describe_ranges(r: &[std::ops::Range<u64>]) -> String {
+    let bytes: u64 = r.iter().map(|x| x.end - x.start).sum();
+    let mut s = format!(
+        "write-intent bitmap: {} dirty range(s), {bytes} bytes: volume bytes ",
+        r.len()
+    );
+    let shown: Vec<String> = r
+        .iter()
+        .take(4)
+        .map(|x| format!("{}..{}", x.start, x.end))
+        .collect();
+    s.push_str(&shown.join(", "));
+    if r.len() > 4 {
+        s.push_str(", ...");
+    }
+    s
+}
+
+/// Reads the write-intent bitmap from every usable member of a plan and merges the copies
+/// (`uraid_core::bitmap::merge_copies`); None when the array has no bitmap. Sectors with no
+/// valid copy count as dirty (logged).
+pub fn load_bitmap(plan: &Plan) -> Result<Option<Vec<u64>>, AssembleError> {
+    let g = plan.sb.geometry;
+    let bc = plan.sb.bitmap_chunk;
+    if bc == 0 {
+        return Ok(None);
+    }
+    let len = uraid_core::bitmap::pages(&g, bc) * uraid_core::alloc::PAGE;
+    let copies = read_copies(plan, uraid_core::bitmap::BITMAP_OFFSET, len)?;
+    let (words, bad) = uraid_core::bitmap::merge_copies(&g, bc, &copies);
+    if bad > 0 {
+        tracing::warn!(
+            "write-intent bitmap: {bad} sector(s) had no valid copy on any member; their regions \
+             count as dirty"
+        );
+    }
+    Ok(Some(words))
 }
 
 /// Decides an assembly from the superblocks found (pure; the crash tests call it on member
@@ -402,6 +479,7 @@ pub fn decide(
                 sb_slots: sb_slots.clone(),
                 member_events: member_events.clone(),
                 refused: Vec::new(),
+                bitmap: None,
             };
             probe.can_start().is_ok()
         };
@@ -424,6 +502,7 @@ pub fn decide(
         sb_slots,
         member_events,
         refused,
+        bitmap: None,
     })
 }
 
@@ -492,6 +571,12 @@ pub fn create_exclusive(
 pub fn load_map(plan: &Plan) -> Result<(Vec<u64>, usize), AssembleError> {
     let g = plan.sb.geometry;
     let len = uraid_core::alloc::pages(&g) * uraid_core::alloc::PAGE;
+    let copies = read_copies(plan, uraid_core::alloc::MAP_OFFSET, len)?;
+    Ok(crate::alloc::merge_map_copies(&g, &copies))
+}
+
+/// `len` bytes at member offset `at` of every usable member of a plan (metadata copies).
+fn read_copies(plan: &Plan, at: u64, len: usize) -> Result<Vec<Vec<u8>>, AssembleError> {
     let mut copies = Vec::new();
     for (i, slot) in plan.slots.iter().enumerate() {
         let Some(p) = slot else { continue };
@@ -500,11 +585,10 @@ pub fn load_map(plan: &Plan) -> Result<(Vec<u64>, usize), AssembleError> {
         }
         let f = File::open(p).map_err(io_err(p))?;
         let mut v = vec![0u8; len];
-        f.read_exact_at(&mut v, uraid_core::alloc::MAP_OFFSET)
-            .map_err(io_err(p))?;
+        f.read_exact_at(&mut v, at).map_err(io_err(p))?;
         copies.push(v);
     }
-    Ok(crate::alloc::merge_map_copies(&g, &copies))
+    Ok(copies)
 }
 
 /// Opens the members of a plan, loads its allocation map and builds the volume on `rt`.
@@ -533,6 +617,13 @@ pub fn open_volume_with(
              treated as allocated"
         );
     }
-    let array = crate::Array::new(plan.sb.clone(), plan.ids(), devs, rt, opts);
+    let array = crate::Array::new_with_bitmap(
+        plan.sb.clone(),
+        plan.ids(),
+        devs,
+        rt,
+        opts,
+        plan.bitmap.clone(),
+    );
     Ok(crate::Volume::new(array, Some(map)))
 }

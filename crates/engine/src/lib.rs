@@ -13,6 +13,7 @@
 pub mod alloc;
 pub mod array;
 pub mod assemble;
+pub mod bitmap;
 pub mod buf;
 pub mod dev;
 pub mod members;

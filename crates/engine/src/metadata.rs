@@ -259,6 +259,9 @@ impl<D: BlockDev> Array<D> {
     /// that were merely absent are not marked failed, since their data is still current.
     pub async fn close(&self) -> Result<(), crate::ArrayError> {
         self.flush().await?;
+        // Regions written this session are idle and flushed: their bits go (resync's
+        // unfinished regions keep theirs, so the next start resumes there).
+        self.bitmap_close().await;
         let mut meta = self.meta.state.lock().await;
         // An unfinished resync keeps the array "not clean": the next start resyncs again.
         if self.meta.dirty.load(Ordering::Acquire) && !self.needs_resync() {

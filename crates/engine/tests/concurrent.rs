@@ -173,6 +173,7 @@ fn files_through_io_uring_and_reassembly() {
             chunk: 4096,
             name: "t".into(),
             force: false,
+            bitmap_chunk: None,
         },
     )
     .unwrap();

@@ -36,13 +36,14 @@ fn config(level: Level, members: usize, seed: u64) -> TrialConfig {
         fail_members: false,
         lose_after: 0,
         resync: false,
+        bitmap_daemon: false,
     }
 }
 
 fn run_cases(name: &str, per_level: u64, tweak: impl Fn(&mut TrialConfig)) {
     let mut ran = 0;
     let mut acked = 0;
-    let mut hole = 0;
+    let mut refused = 0;
     for (li, &(level, members)) in LEVELS.iter().enumerate() {
         for t in 0..per_level {
             let mut cfg = config(level, members, 1 + li as u64 * 1_000_003 + t);
@@ -51,15 +52,16 @@ fn run_cases(name: &str, per_level: u64, tweak: impl Fn(&mut TrialConfig)) {
                 Ok(r) => {
                     ran += 1;
                     acked += r.acked_writes;
-                    hole += r.hole_sectors;
+                    refused += r.refused_sectors;
                 }
                 Err(e) => panic!("{name}: {e}"),
             }
         }
     }
     println!(
-        "{name}: {ran} crash trials passed ({acked} acknowledged writes checked; {hole} \
-         sectors of torn stripes on degraded parity arrays exempt: the write hole, issue 10)"
+        "{name}: {ran} crash trials passed ({acked} acknowledged writes checked; {refused} \
+         sectors of not-yet-resynced stripes refused on degraded reassemblies, none served \
+         wrong)"
     );
 }
 
@@ -79,48 +81,86 @@ fn power_cut_during_member_failures() {
     });
 }
 
-/// The RAID write hole: power cut, then one member lost before reassembly. A stripe whose
-/// update the cut tore has parity that does not match its data, and rebuilding the lost
-/// member's chunk from it can return garbage for data flushed long before. That is issue
-/// 10's (write-intent bitmap + resync, journal). Every trial must still pass everything
-/// else (assembly, every sector of present members and of untouched stripes exact); the
-/// wrong sectors of torn stripes on the lost member are counted, and the test fails if
-/// there are none, so that the fix turns it into a must-pass test instead of leaving it
-/// silently green.
+/// The RAID write hole, started dirty and degraded (`--start-dirty-degraded`): power cut,
+/// then one member lost before reassembly. A stripe whose update the cut tore has parity that
+/// does not match its data, and rebuilding the lost member's chunk from it could return
+/// garbage for data flushed long before. The write-intent bitmap names the stripes that may
+/// be torn: reads that would rebuild data there must fail (EIO), and every sector served is
+/// checked with no exemption. `uraid serve` refuses such a start unasked whenever anything
+/// is refused. Fails if nothing is ever refused (it would pass vacuously) or if everything
+/// is (the bitmap would not narrow anything).
 #[test]
-fn write_hole_power_cut_then_member_lost_is_open() {
-    let mut with_hole = 0;
-    let mut sectors = 0;
-    let mut total = 0;
+fn write_hole_is_refused_not_served_when_started_dirty_and_degraded() {
+    let (mut with_refused, mut sectors, mut total, mut volume) = (0, 0, 0, 0);
     for (li, &(level, members)) in LEVELS.iter().enumerate().skip(3) {
         for t in 0..trials(60) {
             let mut cfg = config(level, members, 77 + li as u64 * 7919 + t);
             cfg.lose_after = 1;
             total += 1;
-            match run_trial(&cfg, None) {
-                Ok(r) if r.hole_sectors > 0 => {
-                    with_hole += 1;
-                    sectors += r.hole_sectors;
-                    // The product never serves this state unasked: it is dirty and degraded.
-                    assert_eq!(
-                        r.dirty_degraded_refused,
-                        Some(true),
-                        "{cfg:?}: wrong data after a power cut and a member loss, and serve \
-                         would start it without --start-dirty-degraded"
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => panic!("beyond the write hole: {e}"),
+            let r = run_trial(&cfg, None).unwrap_or_else(|e| panic!("{e}"));
+            let size = uraid_core::Geometry::new(level, members, cfg.chunk, cfg.rows * cfg.chunk)
+                .unwrap()
+                .volume_size()
+                / 512;
+            if r.refused_sectors > 0 {
+                with_refused += 1;
+                sectors += r.refused_sectors;
+                volume += size;
+                assert_eq!(
+                    r.dirty_degraded_refused,
+                    Some(true),
+                    "{cfg:?}: stripes refused after a power cut and a member loss, yet serve \
+                     would start it without --start-dirty-degraded"
+                );
             }
         }
     }
     println!(
-        "write hole (expected until issue 10): {with_hole} of {total} trials returned wrong \
-         data ({sectors} sectors) after a power cut and the loss of one member"
+        "dirty-degraded starts: {with_refused} of {total} trials refused reads of torn-or-maybe \
+         stripes ({sectors} of {volume} sectors of those volumes); no sector served wrong"
     );
     assert!(
-        with_hole > 0,
-        "the write hole no longer reproduces: make this a must-pass test (issue 10)"
+        with_refused > 0,
+        "no trial refused anything: the check is vacuous"
+    );
+    assert!(
+        sectors < volume,
+        "every sector was refused: the bitmap narrowed nothing"
+    );
+}
+
+/// The bitmap daemon clears bits while clients write, and the power goes at any moment,
+/// also inside a clear: a region whose bit was cleared must have been idle and flushed, so
+/// a dirty-degraded start still refuses every stripe that could be torn and serves nothing
+/// wrong; whole, every sector is right.
+#[test]
+fn power_cut_while_the_bitmap_daemon_clears() {
+    let mut cleared_runs = 0;
+    run_cases("bitmap daemon", trials(60), |c| {
+        c.bitmap_daemon = true;
+        c.ops_per_task = 24;
+    });
+    for (li, &(level, members)) in LEVELS.iter().enumerate().skip(3) {
+        for t in 0..trials(60) {
+            let mut cfg = config(level, members, 31337 + li as u64 * 7919 + t);
+            cfg.bitmap_daemon = true;
+            cfg.ops_per_task = 24;
+            cfg.lose_after = 1;
+            let r = run_trial(&cfg, None).unwrap_or_else(|e| panic!("{e}"));
+            if r.refused_sectors > 0 {
+                cleared_runs += 1;
+            }
+        }
+    }
+    let cleared =
+        uraid_sim::crash::BITMAP_REGIONS_CLEARED.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "bitmap daemon, dirty-degraded: {cleared_runs} trials refused some stripes; the daemon \
+         cleared {cleared} regions during the workloads"
+    );
+    assert!(
+        cleared > 0,
+        "the daemon never cleared a bit: the test is vacuous"
     );
 }
 
@@ -136,7 +176,7 @@ fn write_hole_is_closed_by_resync_before_a_member_is_lost() {
             cfg.lose_after = 1;
             cfg.resync = true;
             let r = run_trial(&cfg, None).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(r.hole_sectors, 0);
+            assert_eq!(r.refused_sectors, 0, "{cfg:?}: refused after a full resync");
             n += 1;
         }
     }
@@ -253,5 +293,63 @@ fn second_writer_waits_for_the_fill_page() {
             "{level}: a write acknowledged and flushed read back as {:#x}",
             got[0]
         );
+    }
+}
+
+/// The write-intent bitmap's two ordering rules, each with the power cut that breaks it if
+/// the rule is broken (RAID5 3+1, a 4 KiB update of data chunk 0 of stripe 0: its data
+/// member's write lost, the parity member's kept, then data chunk 1's member lost):
+/// 1. a bit is cleared only after the members were flushed: the cut keeps the clear and
+///    drops the data write; chunk 1 must still read right (the stripe was consistent);
+/// 2. a bit is durable before the data writes: the cut drops every cached metadata write;
+///    the stripe must be refused (EIO), not rebuilt wrong.
+#[test]
+fn bitmap_clear_follows_a_flush_and_set_precedes_the_write() {
+    use futures::executor::block_on;
+    use std::sync::Arc;
+    use uraid_core::format::DATA_OFFSET;
+    use uraid_sim::crash::{cached_volume, reassemble, Clock};
+    let base: Vec<u8> = (0..12288u32).map(|i| (i * 7 + 1) as u8).collect();
+    for rule in [1, 2] {
+        let clock = Clock::new(0, 5);
+        let (vol, _) = cached_volume(Level::Raid5, 4, 4096, 8, &clock);
+        let g = *vol.geometry();
+        block_on(vol.write(0, Arc::new(base.clone()))).unwrap();
+        block_on(vol.flush()).unwrap();
+        if rule == 2 {
+            // Region 0 idle and clear again before the update.
+            for _ in 0..2 {
+                block_on(vol.array().bitmap_tick());
+            }
+            assert_eq!(vol.array().bitmap_state().2, 0);
+            block_on(vol.flush()).unwrap(); // the clear is on the media
+        }
+        block_on(vol.write(0, Arc::new(vec![0xEE; 4096]))).unwrap();
+        let (d0, d1) = (g.data_member(0, 0), g.data_member(0, 1));
+        if rule == 1 {
+            for _ in 0..2 {
+                block_on(vol.array().bitmap_tick());
+            }
+            assert_eq!(vol.array().bitmap_state().2, 0, "region 0 idle: cleared");
+            clock.power_cut_with(|m, off| !(m == d0 && off >= DATA_OFFSET));
+        } else {
+            clock.power_cut_with(|m, off| off >= DATA_OFFSET && m != d0);
+        }
+        let images = clock.images().unwrap();
+        let present: Vec<bool> = (0..4).map(|m| m != d1).collect();
+        let back = reassemble(&images, &present).unwrap();
+        let r = block_on(back.read(4096, 4096));
+        match rule {
+            1 => assert_eq!(
+                r.expect("clean region: served").to_vec(),
+                base[4096..8192],
+                "bit cleared before the update was durable: chunk 1 rebuilt wrong"
+            ),
+            _ => assert!(
+                matches!(r, Err(uraid_engine::ArrayError::Unreadable { .. })),
+                "bit not durable before the update: stripe served as {:?}",
+                r.map(|s| s.to_vec()[..4].to_vec())
+            ),
+        }
     }
 }

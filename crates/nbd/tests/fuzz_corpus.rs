@@ -41,3 +41,8 @@ fn map_page_corpus() {
 fn http_head_corpus() {
     replay("http_head", uraid_core::fuzz::http_head);
 }
+
+#[test]
+fn bitmap_corpus() {
+    replay("bitmap", uraid_core::bitmap::fuzz_copies);
+}

@@ -318,6 +318,17 @@ pub fn sim_superblock(geometry: Geometry) -> Superblock {
         utime: 0,
         device_uuid: [0; 16],
         states: vec![MemberState::Active; geometry.members],
+        bitmap_chunk: sim_bitmap_chunk(&geometry),
+    }
+}
+
+/// The write-intent bitmap region of in-memory arrays: two chunk rows, so that small trial
+/// arrays have several regions and resync after a crash covers only some of them.
+pub fn sim_bitmap_chunk(g: &Geometry) -> u64 {
+    if g.fault_tolerance() == 0 {
+        0
+    } else {
+        2 * g.chunk
     }
 }
 
@@ -338,6 +349,9 @@ pub fn fresh_images(geometry: Geometry) -> Vec<Vec<u8>> {
             }
             let mo = uraid_core::alloc::MAP_OFFSET as usize;
             img[mo..mo + map.len()].copy_from_slice(&map);
+            let bo = uraid_core::bitmap::BITMAP_OFFSET as usize;
+            let bm = uraid_core::bitmap::empty_image(&geometry, sb.bitmap_chunk);
+            img[bo..bo + bm.len()].copy_from_slice(&bm);
             let junk = payload(0xdead_0000 + i as u64, geometry.member_data as usize);
             img[DATA_OFFSET as usize..].copy_from_slice(&junk);
             img

@@ -65,20 +65,43 @@ pub struct ResyncReport {
 pub(crate) struct ResyncState {
     pending: AtomicBool,
     synced: Vec<AtomicU64>,
+    /// The units due at assembly (dirty regions of the write-intent bitmap, or all).
+    due: Vec<std::ops::Range<u64>>,
     /// Stripes writes found unreadable (media error on a data chunk): not retried by writes.
     given_up: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Units whose degraded reads were refused (not yet resynced: parity untrusted).
+    reported: std::sync::Mutex<std::collections::HashSet<u64>>,
     pub(crate) units: u64,
 }
 
 impl ResyncState {
-    pub(crate) fn new(pending: bool, units: u64) -> ResyncState {
+    /// `due`: the units to resync (None or empty: nothing, the array was stopped cleanly or
+    /// no region was dirty). Every other unit starts synced.
+    pub(crate) fn new(units: u64, due: Option<Vec<std::ops::Range<u64>>>) -> ResyncState {
+        let due: Vec<_> = due
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| !r.is_empty())
+            .collect();
+        let pending = !due.is_empty();
         let words = if pending { units.div_ceil(64) } else { 0 };
+        let synced: Vec<AtomicU64> = (0..words).map(|_| AtomicU64::new(u64::MAX)).collect();
+        for u in due.iter().flat_map(|r| r.clone()) {
+            synced[(u / 64) as usize].fetch_and(!(1 << (u % 64)), Ordering::Relaxed);
+        }
         ResyncState {
             pending: AtomicBool::new(pending),
-            synced: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            synced,
+            due,
             given_up: Default::default(),
+            reported: Default::default(),
             units,
         }
+    }
+
+    /// Units due at assembly.
+    pub(crate) fn due_units(&self) -> u64 {
+        self.due.iter().map(|r| r.end - r.start).sum()
     }
 
     pub(crate) fn is_pending(&self) -> bool {
@@ -109,6 +132,22 @@ impl ResyncState {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(unit);
+    }
+
+    /// Records that reads of `unit` were refused; true the first time (to log it once).
+    pub(crate) fn report_unreadable(&self, unit: u64) -> bool {
+        self.reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(unit)
+    }
+
+    /// Units whose reads were refused so far (status).
+    pub(crate) fn unreadable_reported(&self) -> u64 {
+        self.reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len() as u64
     }
 
     fn finish(&self) {
@@ -252,15 +291,22 @@ impl<D: BlockDev> Array<D> {
         stop: &AtomicBool,
     ) -> Result<ResyncReport, ArrayError> {
         let p = &self.recovery;
-        let units = self.resync_units();
+        let units = self.resync.due_units();
+        let due = self.resync.due.clone();
         p.total.store(units, Ordering::Release);
         p.done.store(0, Ordering::Release);
         p.start();
         let unit_bytes = p.unit_bytes;
         let (name, _, _) = self.identity();
+        let of = self.resync_units();
         tracing::info!(
             target: "uraid_engine::recovery",
-            "array '{name}': resync started ({units} stripes): it was not stopped cleanly"
+            "array '{name}': resync started: {units} of {of} stripes ({}): it was not stopped cleanly",
+            if self.intent.enabled() {
+                "the regions the write-intent bitmap marks dirty"
+            } else {
+                "no write-intent bitmap"
+            }
         );
         // Resync writes: the superblocks say "not clean" already (that is why it runs), and
         // marking the session dirty lets a clean stop after it finishes record "clean".
@@ -269,12 +315,18 @@ impl<D: BlockDev> Array<D> {
         let t0 = Instant::now();
         let mut paced = Duration::ZERO;
         let mut last_client = self.client_ops();
-        for unit in 0..units {
+        for (n, unit) in due.into_iter().flatten().enumerate() {
+            let n = n as u64;
             if stop.load(Ordering::Acquire) {
                 p.running.store(false, Ordering::Release);
                 tracing::info!(
                     target: "uraid_engine::recovery",
-                    "array '{name}': resync stopped at stripe {unit} of {units}; it starts over next time"
+                    "array '{name}': resync stopped after {n} of {units} stripes; {}",
+                    if self.intent.enabled() {
+                        "regions it finished are cleared from the bitmap and not redone"
+                    } else {
+                        "without a write-intent bitmap it starts over next time"
+                    }
                 );
                 return Ok(report);
             }
@@ -303,9 +355,9 @@ impl<D: BlockDev> Array<D> {
                         p.running.store(false, Ordering::Release);
                         tracing::error!(
                             target: "uraid_engine::recovery",
-                            "array '{name}': resync stopped at stripe {unit} of {units}: {e}; \
-                             parity of stripes from there on was not verified, and data \
-                             reconstructed there may be wrong"
+                            "array '{name}': resync stopped at stripe {unit} ({n} of {units} \
+                             done): {e}; parity of the stripes left was not verified: reads \
+                             that would reconstruct data there fail instead"
                         );
                         return Err(e);
                     }
@@ -314,7 +366,7 @@ impl<D: BlockDev> Array<D> {
             } else {
                 report.skipped += 1;
             }
-            p.done.store(unit + 1, Ordering::Release);
+            p.done.store(n + 1, Ordering::Release);
             // Throttle: pace to the limit that applies now.
             let now_client = self.client_ops();
             let busy = now_client != last_client;
@@ -370,6 +422,12 @@ impl<D: BlockDev> Array<D> {
         self.stats.reads.load(Ordering::Relaxed) + self.stats.writes.load(Ordering::Relaxed)
     }
 
+    /// Stripes whose degraded reads were refused because their parity was not resynced
+    /// after an unclean stop (each logged once with its volume range).
+    pub fn unsynced_stripes_refused(&self) -> u64 {
+        self.resync.unreadable_reported()
+    }
+
     /// Progress of the array's background operation (resync).
     pub fn recovery_progress(&self) -> crate::recovery::ProgressView {
         self.recovery.view()
@@ -377,6 +435,16 @@ impl<D: BlockDev> Array<D> {
 }
 
 impl<D: BlockDev> Array<D> {
+    /// Used by tests: resyncs one unit under its lock, as the walk does.
+    #[doc(hidden)]
+    pub async fn resync_unit_for_test(&self, unit: u64) {
+        self.locks.lock(unit).await;
+        if let Ok(Some(_)) = self.resync_unit(unit).await {
+            self.resync.mark(unit);
+        }
+        self.locks.unlock(unit, false);
+    }
+
     /// Used by tests to see a stripe's state.
     #[doc(hidden)]
     pub fn stripe_unsynced(&self, unit: u64) -> bool {

@@ -1,0 +1,305 @@
+//! The write-intent bitmap at run time (layout and region arithmetic: `uraid_core::bitmap`).
+//!
+//! Rules (ARCHITECTURE.md invariant 14):
+//! * A bit set in memory is set on every live member and flushed. A client write is issued
+//!   to the members only after the bits of every region it touches are set (`begin`): the
+//!   fast path is one atomic add and one load per region; the first write into a clear
+//!   region sets it through `set`, which batches every region waiting at that moment into
+//!   one page write + flush per member.
+//! * A bit is cleared only when its region has had no write in flight and none completed
+//!   for a whole tick, resync no longer needs it, and the members were flushed *after* that
+//!   was observed (`clear_idle`): clearing first in memory, then re-checking the in-flight
+//!   count and the touched flag (SeqCst on both sides: a writer either sees the bit clear
+//!   and takes the slow path, or the clearer sees the writer). A lost clear only costs a
+//!   resync of a clean region; a lost set cannot happen (set → flush → write).
+//! * Page writes (sets and clears) are serialised by one async mutex, so a set never lands
+//!   before an earlier clear of the same page.
+
+use crate::array::Array;
+use crate::buf;
+use crate::dev::BlockDev;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use uraid_core::alloc::{BITS_PER_PAGE, PAGE};
+use uraid_core::bitmap::{self as fmt, BITMAP_OFFSET};
+use uraid_core::{Geometry, MemberSet};
+
+pub(crate) struct WriteIntent {
+    /// Region size in member bytes; 0: no bitmap.
+    pub(crate) chunk: u64,
+    regions: u64,
+    /// Set: durable on the members.
+    bits: Vec<AtomicU64>,
+    /// Writes in flight per region.
+    inflight: Vec<AtomicU32>,
+    /// A write completed in the region since the last tick looked.
+    touched: Vec<AtomicU64>,
+    /// Regions writers wait to have set (the next page write takes them all).
+    want: Mutex<BTreeSet<u64>>,
+    io: futures::lock::Mutex<()>,
+    frozen: bool,
+    /// Page writes that set and that cleared bits (status, metrics, tests).
+    pub(crate) set_rounds: AtomicU64,
+    pub(crate) clear_rounds: AtomicU64,
+}
+
+impl WriteIntent {
+    /// `words`: the bits as loaded from the members (they are set there); None: none known.
+    pub(crate) fn new(g: &Geometry, chunk: u64, words: Option<Vec<u64>>, frozen: bool) -> Self {
+        let regions = fmt::regions(g, chunk);
+        let nwords = regions.div_ceil(64) as usize;
+        let mut words = words.unwrap_or_default();
+        words.resize(nwords, 0);
+        if let (Some(last), r) = (words.last_mut(), regions % 64) {
+            if r != 0 {
+                *last &= (1u64 << r) - 1;
+            }
+        }
+        WriteIntent {
+            chunk,
+            regions,
+            bits: words.into_iter().map(AtomicU64::new).collect(),
+            inflight: (0..regions).map(|_| AtomicU32::new(0)).collect(),
+            touched: (0..nwords).map(|_| AtomicU64::new(0)).collect(),
+            want: Mutex::new(BTreeSet::new()),
+            io: futures::lock::Mutex::new(()),
+            frozen,
+            set_rounds: AtomicU64::new(0),
+            clear_rounds: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.chunk != 0
+    }
+
+    pub(crate) fn regions(&self) -> u64 {
+        self.regions
+    }
+
+    pub(crate) fn is_set(&self, r: u64) -> bool {
+        self.bits[(r / 64) as usize].load(Ordering::SeqCst) & (1 << (r % 64)) != 0
+    }
+
+    /// Regions whose bit is set now.
+    pub(crate) fn dirty(&self) -> u64 {
+        self.bits
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+            .sum()
+    }
+
+    fn touch(&self, r: u64) {
+        let w = &self.touched[(r / 64) as usize];
+        let bit = 1 << (r % 64);
+        if w.load(Ordering::SeqCst) & bit == 0 {
+            w.fetch_or(bit, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Held by a client write while its member writes are in flight: the regions it touches
+/// stay set. Dropping it (also when the write future is dropped) ends the write.
+pub(crate) struct IntentGuard<'a> {
+    wi: &'a WriteIntent,
+    regions: std::ops::RangeInclusive<u64>,
+}
+
+impl Drop for IntentGuard<'_> {
+    fn drop(&mut self) {
+        for r in self.regions.clone() {
+            self.wi.touch(r);
+            self.wi.inflight[r as usize].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl<D: BlockDev> Array<D> {
+    /// Before a write of `[off, off+len)` goes to the members: makes the bits of its regions
+    /// durable (the caller checked the range). None when there is no bitmap.
+    pub(crate) async fn intent_begin(&self, off: u64, len: u64) -> Option<IntentGuard<'_>> {
+        let wi = &self.intent;
+        if !wi.enabled() || len == 0 {
+            return None;
+        }
+        let sdb = self.geo.stripe_data_bytes();
+        let r0 = fmt::region_of_unit(&self.geo, wi.chunk, off / sdb);
+        let r1 = fmt::region_of_unit(&self.geo, wi.chunk, (off + len - 1) / sdb);
+        for r in r0..=r1 {
+            wi.inflight[r as usize].fetch_add(1, Ordering::SeqCst);
+        }
+        let guard = IntentGuard {
+            wi,
+            regions: r0..=r1,
+        };
+        if !(r0..=r1).all(|r| wi.is_set(r)) {
+            Box::pin(self.intent_set(r0, r1)).await;
+        }
+        Some(guard)
+    }
+
+    /// Slow path: sets the bits of regions `r0..=r1` durably, with whatever else is waiting.
+    async fn intent_set(&self, r0: u64, r1: u64) {
+        let wi = &self.intent;
+        {
+            let mut want = wi.want.lock().unwrap_or_else(|e| e.into_inner());
+            want.extend((r0..=r1).filter(|&r| !wi.is_set(r)));
+        }
+        let _io = wi.io.lock().await;
+        if (r0..=r1).all(|r| wi.is_set(r)) {
+            return; // An earlier batch set them.
+        }
+        let batch: Vec<u64> =
+            std::mem::take(&mut *wi.want.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .filter(|&r| !wi.is_set(r))
+                .collect();
+        if !wi.frozen {
+            let pages: BTreeSet<usize> = batch
+                .iter()
+                .map(|&r| (r / BITS_PER_PAGE) as usize)
+                .collect();
+            self.write_bitmap_pages(
+                &pages,
+                |r| wi.is_set(r) || batch.binary_search(&r).is_ok(),
+                true,
+            )
+            .await;
+        }
+        for &r in &batch {
+            wi.bits[(r / 64) as usize].fetch_or(1 << (r % 64), Ordering::SeqCst);
+        }
+        wi.set_rounds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes bitmap pages `pages` (bits from `is_set`) to every live member, flushing them
+    /// if `flush`. A member that fails is failed (the write-intent record on the others
+    /// stands: the union is taken at assembly). Caller holds the bitmap's I/O lock.
+    async fn write_bitmap_pages(
+        &self,
+        pages: &BTreeSet<usize>,
+        is_set: impl Fn(u64) -> bool,
+        flush: bool,
+    ) {
+        let chunk = self.intent.chunk;
+        let images: Vec<(usize, Vec<u8>)> = pages
+            .iter()
+            .map(|&p| (p, fmt::page_image(&self.geo, chunk, p, &is_set)))
+            .collect();
+        let all = MemberSet::all(self.geo.members);
+        self.each_live(all, |i| {
+            let writes: Vec<_> = images
+                .iter()
+                .map(|(p, img)| (BITMAP_OFFSET + (*p * PAGE) as u64, buf::copy_of(img)))
+                .collect();
+            async move {
+                for (at, b) in writes {
+                    self.members.write_raw(i, at, b).await?;
+                }
+                if flush {
+                    self.members.flush(i).await?;
+                }
+                Ok(())
+            }
+        })
+        .await;
+    }
+
+    /// Clears the bits of regions that are idle: no write in flight, none completed since
+    /// the previous call (unless `at_close`, after the final flush of a stop), and nothing
+    /// left for resync. Flushes the members first. The server calls this every few seconds
+    /// (`bitmap_tick`); `close` calls it before recording a clean stop.
+    async fn clear_idle(&self, at_close: bool) -> u64 {
+        let wi = &self.intent;
+        if !wi.enabled() || wi.frozen {
+            return 0;
+        }
+        let mut cand = Vec::new();
+        for (wn, w) in wi.bits.iter().enumerate() {
+            let set = w.load(Ordering::SeqCst);
+            if set == 0 {
+                continue;
+            }
+            // Writes completed since the last look keep their regions one more round.
+            let touched = wi.touched[wn].swap(0, Ordering::SeqCst);
+            for b in 0..64 {
+                let r = wn as u64 * 64 + b;
+                if set & (1 << b) == 0 || (!at_close && touched & (1 << b) != 0) {
+                    continue;
+                }
+                if wi.inflight[r as usize].load(Ordering::SeqCst) == 0 && self.resynced(r) {
+                    cand.push(r);
+                }
+            }
+        }
+        if cand.is_empty() {
+            return 0;
+        }
+        // Everything written into the candidates so far becomes durable.
+        let _ = self.flush().await;
+        let _io = wi.io.lock().await;
+        let mut cleared = Vec::new();
+        for r in cand {
+            let (wn, bit) = ((r / 64) as usize, 1u64 << (r % 64));
+            wi.bits[wn].fetch_and(!bit, Ordering::SeqCst);
+            if wi.inflight[r as usize].load(Ordering::SeqCst) != 0
+                || wi.touched[wn].load(Ordering::SeqCst) & bit != 0
+            {
+                // A write came in after the candidates were picked: keep the bit (it is
+                // still set on the members).
+                wi.bits[wn].fetch_or(bit, Ordering::SeqCst);
+            } else {
+                cleared.push(r);
+            }
+        }
+        if cleared.is_empty() {
+            return 0;
+        }
+        let pages: BTreeSet<usize> = cleared
+            .iter()
+            .map(|&r| (r / BITS_PER_PAGE) as usize)
+            .collect();
+        self.write_bitmap_pages(&pages, |r| wi.is_set(r), false)
+            .await;
+        wi.clear_rounds.fetch_add(1, Ordering::Relaxed);
+        cleared.len() as u64
+    }
+
+    /// Whether resync is done with every unit of region `r`.
+    fn resynced(&self, r: u64) -> bool {
+        !self.resync.is_pending()
+            || fmt::units_of_region(&self.geo, self.intent.chunk, r)
+                .all(|u| !self.resync.unsynced(u))
+    }
+
+    /// One pass of the bitmap daemon: clears the bits of regions idle since the previous
+    /// pass (the server runs it every `BITMAP_TICK`). Returns how many it cleared.
+    pub async fn bitmap_tick(&self) -> u64 {
+        self.clear_idle(false).await
+    }
+
+    /// Before a clean stop (after its flush): clears every bit not needed any more.
+    pub(crate) async fn bitmap_close(&self) -> u64 {
+        self.clear_idle(true).await
+    }
+
+    /// Write-intent bitmap state: region size (0: none), regions, regions dirty now.
+    pub fn bitmap_state(&self) -> (u64, u64, u64) {
+        let wi = &self.intent;
+        (wi.chunk, wi.regions(), wi.dirty())
+    }
+}
+
+/// How often the server's bitmap daemon runs (md's bitmap daemon sleeps 5 s): a region is
+/// cleared after it has been idle for one to two periods.
+pub const BITMAP_TICK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Volume byte ranges covered by the regions set in `words` (merged where adjacent).
+pub fn dirty_ranges(g: &Geometry, chunk: u64, words: &[u64]) -> Vec<std::ops::Range<u64>> {
+    let sdb = g.stripe_data_bytes();
+    fmt::dirty_units(g, chunk, words)
+        .into_iter()
+        .map(|u| u.start * sdb..u.end * sdb)
+        .collect()
+}
