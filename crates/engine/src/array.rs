@@ -134,6 +134,8 @@ pub struct Array<D: BlockDev> {
     pub(crate) resync: crate::recovery::ResyncState,
     pub(crate) recovery: crate::recovery::Progress,
     pub(crate) intent: crate::bitmap::WriteIntent,
+    /// The reactors this array runs on, if any (background work is sent there).
+    pub(crate) rt: Option<RuntimeHandle>,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -179,6 +181,7 @@ impl<D: BlockDev> Array<D> {
         let recorded: MemberSet = (0..geo.members).filter(|&i| sb.is_failed(i)).collect();
         let absent: MemberSet = (0..geo.members).filter(|&i| devs[i].is_none()).collect();
         let shards = rt.as_ref().map_or(1, |r| r.reactors() * 8);
+        let rt_handle = rt.clone();
         // Resync units: stripes on parity levels, chunk rows on mirrors; due after an
         // unclean stop on any level with redundancy, over the regions the write-intent
         // bitmap marks dirty, or everything without one (recovery/resync.rs).
@@ -203,6 +206,7 @@ impl<D: BlockDev> Array<D> {
             resync: crate::recovery::ResyncState::new(units, due),
             recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
             intent,
+            rt: rt_handle,
         });
         spawn_watchdog(&a);
         a

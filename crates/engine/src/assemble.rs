@@ -585,8 +585,15 @@ fn read_copies(plan: &Plan, at: u64, len: usize) -> Result<Vec<Vec<u8>>, Assembl
         }
         let f = File::open(p).map_err(io_err(p))?;
         let mut v = vec![0u8; len];
-        f.read_exact_at(&mut v, at).map_err(io_err(p))?;
-        copies.push(v);
+        match f.read_exact_at(&mut v, at) {
+            Ok(()) => copies.push(v),
+            // A bad sector in one copy is what the copies are for: it counts as missing.
+            Err(e) => tracing::warn!(
+                "{}: cannot read {len} bytes of metadata at offset {at}: {e}; using the other \
+                 members' copies",
+                p.display()
+            ),
+        }
     }
     Ok(copies)
 }

@@ -20,7 +20,7 @@ use crate::buf;
 use crate::dev::BlockDev;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use uraid_core::alloc::{BITS_PER_PAGE, PAGE};
 use uraid_core::bitmap::{self as fmt, BITMAP_OFFSET};
 use uraid_core::{Geometry, MemberSet};
@@ -38,6 +38,8 @@ pub(crate) struct WriteIntent {
     /// Regions writers wait to have set (the next page write takes them all).
     want: Mutex<BTreeSet<u64>>,
     io: futures::lock::Mutex<()>,
+    /// Held by a clearing pass from its selection to its last page write.
+    pass: futures::lock::Mutex<()>,
     frozen: bool,
     /// Page writes that set and that cleared bits (status, metrics, tests).
     pub(crate) set_rounds: AtomicU64,
@@ -45,11 +47,13 @@ pub(crate) struct WriteIntent {
 }
 
 impl WriteIntent {
-    /// `words`: the bits as loaded from the members (they are set there); None: none known.
+    /// `words`: the bits as loaded from the members (the union of their copies); None:
+    /// unknown, every region counts as set (the first write of the session writes this
+    /// state to every member: `Array::bitmap_sync_all`).
     pub(crate) fn new(g: &Geometry, chunk: u64, words: Option<Vec<u64>>, frozen: bool) -> Self {
         let regions = fmt::regions(g, chunk);
         let nwords = regions.div_ceil(64) as usize;
-        let mut words = words.unwrap_or_default();
+        let mut words = words.unwrap_or_else(|| vec![u64::MAX; nwords]);
         words.resize(nwords, 0);
         if let (Some(last), r) = (words.last_mut(), regions % 64) {
             if r != 0 {
@@ -64,6 +68,7 @@ impl WriteIntent {
             touched: (0..nwords).map(|_| AtomicU64::new(0)).collect(),
             want: Mutex::new(BTreeSet::new()),
             io: futures::lock::Mutex::new(()),
+            pass: futures::lock::Mutex::new(()),
             frozen,
             set_rounds: AtomicU64::new(0),
             clear_rounds: AtomicU64::new(0),
@@ -150,11 +155,12 @@ impl<D: BlockDev> Array<D> {
         if (r0..=r1).all(|r| wi.is_set(r)) {
             return; // An earlier batch set them.
         }
-        let batch: Vec<u64> =
-            std::mem::take(&mut *wi.want.lock().unwrap_or_else(|e| e.into_inner()))
-                .into_iter()
-                .filter(|&r| !wi.is_set(r))
-                .collect();
+        // Everything waiting, and this write's own regions: a batch leader whose future was
+        // dropped mid-write may have taken them out of `want` without setting them.
+        let mut batch: BTreeSet<u64> =
+            std::mem::take(&mut *wi.want.lock().unwrap_or_else(|e| e.into_inner()));
+        batch.extend(r0..=r1);
+        let batch: Vec<u64> = batch.into_iter().filter(|&r| !wi.is_set(r)).collect();
         if !wi.frozen {
             let pages: BTreeSet<usize> = batch
                 .iter()
@@ -215,6 +221,9 @@ impl<D: BlockDev> Array<D> {
         if !wi.enabled() || wi.frozen {
             return 0;
         }
+        // One pass at a time: a second pass's swap of the touched flags would hide a write
+        // from this pass's re-check.
+        let _pass = wi.pass.lock().await;
         let mut cand = Vec::new();
         for (wn, w) in wi.bits.iter().enumerate() {
             let set = w.load(Ordering::SeqCst);
@@ -236,8 +245,14 @@ impl<D: BlockDev> Array<D> {
         if cand.is_empty() {
             return 0;
         }
-        // Everything written into the candidates so far becomes durable.
-        let _ = self.flush().await;
+        // Everything written into the candidates so far becomes durable. If a member failed
+        // on the way (or the array stopped serving), nothing is cleared this pass: the
+        // failed member's writes never became durable, and a forced reassembly could bring
+        // it back.
+        let failed = self.members.failed();
+        if self.flush().await.is_err() || self.members.failed() != failed {
+            return 0;
+        }
         let _io = wi.io.lock().await;
         let mut cleared = Vec::new();
         for r in cand {
@@ -274,14 +289,44 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// One pass of the bitmap daemon: clears the bits of regions idle since the previous
-    /// pass (the server runs it every `BITMAP_TICK`). Returns how many it cleared.
-    pub async fn bitmap_tick(&self) -> u64 {
-        self.clear_idle(false).await
+    /// pass (the server runs it every `BITMAP_TICK`). Returns how many it cleared. Runs on
+    /// a reactor when the array has them (io_uring I/O with the member timeouts: a hung
+    /// member fails instead of holding the bitmap lock), else here.
+    pub async fn bitmap_tick(self: &Arc<Self>) -> u64 {
+        match &self.rt {
+            Some(rt) => {
+                let a = self.clone();
+                rt.spawn_on(0, move || async move { a.clear_idle(false).await })
+                    .await
+                    .unwrap_or(0)
+            }
+            None => self.clear_idle(false).await,
+        }
     }
 
-    /// Before a clean stop (after its flush): clears every bit not needed any more.
+    /// Before a clean stop (after its flush): clears every bit not needed any more. A
+    /// session that wrote nothing writes nothing here either.
     pub(crate) async fn bitmap_close(&self) -> u64 {
+        if !self.is_dirty() {
+            return 0;
+        }
         self.clear_idle(true).await
+    }
+
+    /// Before the first write of a session (`ensure_dirty`): writes every bitmap page from
+    /// memory to every live member and flushes. The bits in memory are the union of the
+    /// members' copies (or all set, when nothing was known), and the fast path trusts a set
+    /// bit to be on every member: a clear that reached only some members before a crash
+    /// would otherwise let writes into that region go unrecorded there.
+    pub(crate) async fn bitmap_sync_all(&self) {
+        let wi = &self.intent;
+        if !wi.enabled() || wi.frozen {
+            return;
+        }
+        let _io = wi.io.lock().await;
+        let pages: BTreeSet<usize> = (0..fmt::pages(&self.geo, wi.chunk)).collect();
+        self.write_bitmap_pages(&pages, |r| wi.is_set(r), true)
+            .await;
     }
 
     /// Write-intent bitmap state: region size (0: none), regions, regions dirty now.

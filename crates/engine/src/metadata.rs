@@ -11,6 +11,7 @@
 //!   and flushes it, so a round torn by a crash leaves that copy intact: `events - 1`, which
 //!   assembly accepts (`assemble::decide`, md's event margin of one).
 //! * Rounds are serialised by one async mutex; a round that itself fails a member runs again.
+//!   Nothing that can fail a member (and so needs a round) runs while holding it.
 
 use crate::array::Array;
 use crate::buf;
@@ -40,6 +41,8 @@ pub struct MemberId {
 
 pub(crate) struct Metadata {
     state: futures::lock::Mutex<Meta>,
+    /// Serialises the first write's preparation (`ensure_dirty`).
+    first_write: futures::lock::Mutex<()>,
     /// The failed set the superblocks on disk record.
     persisted: AtomicU64,
     dirty: AtomicBool,
@@ -73,6 +76,7 @@ impl Metadata {
             uuid: sb.array_uuid,
             ctime: sb.ctime,
             state: futures::lock::Mutex::new(Meta { sb, ids }),
+            first_write: futures::lock::Mutex::new(()),
             persisted: AtomicU64::new(persisted.bits()),
             dirty: AtomicBool::new(false),
             frozen,
@@ -244,12 +248,20 @@ impl<D: BlockDev> Array<D> {
             return;
         }
         Box::pin(async {
-            let mut meta = self.meta.state.lock().await;
-            if !self.meta.dirty.load(Ordering::Acquire) {
+            let _first = self.meta.first_write.lock().await;
+            if self.meta.dirty.load(Ordering::Acquire) {
+                return;
+            }
+            {
+                let mut meta = self.meta.state.lock().await;
                 meta.sb.clean = false;
                 self.persist(&mut meta, true).await;
-                self.meta.dirty.store(true, Ordering::Release);
             }
+            // Every member's bitmap copy made equal to the bits in memory before any write
+            // relies on them (bitmap.rs). Not under the superblock lock: a member failing
+            // here is recorded by a superblock round.
+            self.bitmap_sync_all().await;
+            self.meta.dirty.store(true, Ordering::Release);
         })
         .await
     }

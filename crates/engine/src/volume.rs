@@ -34,6 +34,9 @@ pub struct Run {
 pub struct Volume<D: BlockDev> {
     array: Arc<Array<D>>,
     map: AllocMap,
+    /// Every map page written from memory this session (`sync_map`).
+    map_synced: std::sync::atomic::AtomicBool,
+    map_sync: futures::lock::Mutex<()>,
 }
 
 impl<D: BlockDev> Volume<D> {
@@ -41,7 +44,12 @@ impl<D: BlockDev> Volume<D> {
     /// treats every granule as allocated (the safe assumption when nothing is known).
     pub fn new(array: Arc<Array<D>>, map: Option<Vec<u64>>) -> Arc<Self> {
         let map = AllocMap::new(array.geometry(), map);
-        Arc::new(Volume { array, map })
+        Arc::new(Volume {
+            array,
+            map,
+            map_synced: std::sync::atomic::AtomicBool::new(false),
+            map_sync: futures::lock::Mutex::new(()),
+        })
     }
 
     pub fn array(&self) -> &Arc<Array<D>> {
@@ -141,6 +149,31 @@ impl<D: BlockDev> Volume<D> {
         join_all(reads).await.into_iter().collect()
     }
 
+    /// Before the first write or trim of a session: writes every map page from memory to
+    /// every live member. The map in memory is the union of the members' copies, and a bit
+    /// may have been on one member only (a fill whose page write a crash cut short on the
+    /// others, never flushed). A write into such a granule takes the fast path and writes
+    /// no page, so without this its FLUSH would make the data durable while the bit stays
+    /// on that one member: losing it would turn the granule into a hole. The write's FLUSH
+    /// makes these pages durable too (they completed before the write was issued).
+    async fn sync_map(&self) -> Result<(), ArrayError> {
+        use std::sync::atomic::Ordering;
+        if self.map_synced.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Box::pin(async {
+            let _g = self.map_sync.lock().await;
+            if !self.map_synced.load(Ordering::Acquire) {
+                for p in 0..self.map.page_locks.len() {
+                    self.persist_page(p, &[], &[]).await?;
+                }
+                self.map_synced.store(true, Ordering::Release);
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Writes `data` at `off`, filling clear granules it touches first (module docs).
     pub async fn write(&self, off: u64, data: WriteBuf) -> Result<(), ArrayError> {
         let len = data.len() as u64;
@@ -148,6 +181,7 @@ impl<D: BlockDev> Volume<D> {
         if len == 0 {
             return Ok(());
         }
+        self.sync_map().await?;
         let gr = self.map.granule;
         let (g0, g1) = (off / gr, (off + len - 1) / gr);
         if (g0..=g1).all(|g| self.map.is_set(g)) {
@@ -246,6 +280,7 @@ impl<D: BlockDev> Volume<D> {
             return Ok(());
         }
         self.array.ensure_dirty().await;
+        self.sync_map().await?;
         let gr = self.map.granule;
         let end = off + len;
         let size = self.size();

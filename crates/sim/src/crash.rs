@@ -180,12 +180,14 @@ pub fn cached_volume(
         .map(|(i, img)| cached_dev(format!("mem{i}"), img, clock))
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let array = Array::new(
+    let array = Array::new_with_bitmap(
         crate::sim_superblock(g),
         crate::sim_ids(members),
         devs.into_iter().map(Some).collect(),
         None,
         sim_options(),
+        // A fresh array: its bitmap is known to be empty.
+        Some(Vec::new()),
     );
     (Volume::new(array, Some(Vec::new())), faults)
 }
@@ -409,12 +411,14 @@ fn build(
         d.faults.yield_ops.store(true, Ordering::Relaxed);
     }
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let array = Array::new(
+    let array = Array::new_with_bitmap(
         crate::sim_superblock(g),
         crate::sim_ids(cfg.members),
         devs.into_iter().map(Some).collect(),
         None,
         sim_options(),
+        // A fresh array: its bitmap is known to be empty.
+        Some(Vec::new()),
     );
     (Volume::new(array, Some(Vec::new())), faults, clock)
 }
@@ -856,7 +860,20 @@ pub fn run_two_stage(
     let clock = Clock::new(crash2, cfg2.seed);
     let vol = on_clock(&clock).map_err(|e| ctx(format!("stage 2 does not assemble: {e}")))?;
     let (events2, images2, ops2) = stage(&cfg2, vol, &[], &clock);
-    let (_, hole) = verify(&cfg2, &events2, &images2, &got1, &[], false)
+    let (_, mut refused) = verify(&cfg2, &events2, &images2, &got1, &[], false)
         .map_err(|e| ctx(format!("stage 2, crash_at {crash2}: {e}")))?;
-    Ok(report(&events2, ops2, crash2, hole))
+    if cfg.level.is_parity() {
+        // Each member left out: stripes torn by either cut must be refused, never rebuilt
+        // wrong (a bitmap clear of stage 1 that reached only some members must not let
+        // stage 2's writes go unrecorded).
+        for m in 0..cfg.members {
+            let (_, r) = verify(&cfg2, &events2, &images2, &got1, &[m], false).map_err(|e| {
+                ctx(format!(
+                    "stage 2, crash_at {crash2}, member {m} left out: {e}"
+                ))
+            })?;
+            refused += r;
+        }
+    }
+    Ok(report(&events2, ops2, crash2, refused))
 }

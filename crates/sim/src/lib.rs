@@ -402,12 +402,14 @@ pub fn mem_array_with(
         .map(|(i, img)| MemDev::from_image(format!("mem{i}"), img))
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let array = Array::new(
+    let array = Array::new_with_bitmap(
         sim_superblock(geometry),
         sim_ids(members),
         devs.into_iter().map(Some).collect(),
         rt,
         opts,
+        // A fresh array: its bitmap is known to be empty.
+        Some(Vec::new()),
     );
     (Volume::new(array, Some(Vec::new())), faults)
 }

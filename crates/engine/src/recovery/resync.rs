@@ -17,8 +17,10 @@
 //!   goes on, and the array stays "not clean".
 //! * Throttle: while clients did I/O since the last stripe, resync runs at most at
 //!   `min_bytes_per_second`; otherwise at `max_bytes_per_second` (0 = unlimited for either),
-//!   md's sync_speed_min/max, with at most 200 ms of unused credit. It runs on its own
-//!   thread, so sleeping is the throttle.
+//!   md's sync_speed_min/max, with at most 200 ms of unused credit. The walk runs on its
+//!   own thread, so sleeping is the throttle; the stripe work itself goes to the array's
+//!   reactors in batches of `BATCH` stripes (io_uring, member timeouts), or runs inline on
+//!   an array without reactors (tests).
 //! * Mirror rows not yet resynced are read from their first copy (the one resync copies
 //!   over the others), so a read never changes without a write (md's choose_first).
 
@@ -26,7 +28,9 @@ use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
 use crate::stripe::Attempt;
+use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uraid_core::MemberSet;
 
@@ -47,6 +51,13 @@ impl Default for ResyncLimits {
         }
     }
 }
+
+/// Stripes the walk resyncs at once (each reads every member's chunk): enough to keep each
+/// member's queue busy, few enough that client I/O is never far behind it.
+const BATCH: usize = 8;
+
+/// How often a running resync logs its progress (the server log; status has it live).
+const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What a finished resync did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -286,7 +297,7 @@ impl<D: BlockDev> Array<D> {
     /// `limits`; `stop` ends it early (the array stays "resync pending"). Runs on any
     /// thread (the server gives it its own). Progress in `recovery_progress()`.
     pub async fn resync(
-        &self,
+        self: &Arc<Self>,
         limits: ResyncLimits,
         stop: &AtomicBool,
     ) -> Result<ResyncReport, ArrayError> {
@@ -315,8 +326,15 @@ impl<D: BlockDev> Array<D> {
         let t0 = Instant::now();
         let mut paced = Duration::ZERO;
         let mut last_client = self.client_ops();
-        for (n, unit) in due.into_iter().flatten().enumerate() {
-            let n = n as u64;
+        let mut last_log = Instant::now();
+        let mut todo = due.into_iter().flatten();
+        let mut n = 0u64;
+        let mut reactor = 0;
+        loop {
+            let batch: Vec<u64> = todo.by_ref().take(BATCH).collect();
+            if batch.is_empty() {
+                break;
+            }
             if stop.load(Ordering::Acquire) {
                 p.running.store(false, Ordering::Release);
                 tracing::info!(
@@ -330,18 +348,19 @@ impl<D: BlockDev> Array<D> {
                 );
                 return Ok(report);
             }
-            if self.resync.unsynced(unit) {
-                self.locks.lock(unit).await;
-                let r = if self.resync.unsynced(unit) {
-                    let r = self.resync_unit(unit).await;
-                    if let Ok(Some(_)) = r {
-                        self.resync.mark(unit);
-                    }
-                    Some(r)
-                } else {
-                    None
-                };
-                self.locks.unlock(unit, false);
+            // The batch runs on a reactor when the array has them (io_uring: every member
+            // busy at once, member timeouts apply), else here.
+            let outcomes = match &self.rt {
+                Some(rt) => {
+                    let (a, b) = (self.clone(), batch.clone());
+                    reactor = (reactor + 1) % rt.reactors();
+                    rt.spawn_on(reactor, move || async move { a.resync_batch(&b).await })
+                        .await
+                        .unwrap_or_else(|_| vec![Some(Err(ArrayError::Shutdown)); batch.len()])
+                }
+                None => self.resync_batch(&batch).await,
+            };
+            for (&unit, r) in batch.iter().zip(outcomes) {
                 match r {
                     Some(Ok(Some(repaired))) => {
                         report.stripes += 1;
@@ -363,10 +382,23 @@ impl<D: BlockDev> Array<D> {
                     }
                     None => report.skipped += 1,
                 }
-            } else {
-                report.skipped += 1;
             }
-            p.done.store(n + 1, Ordering::Release);
+            n += batch.len() as u64;
+            p.done.store(n, Ordering::Release);
+            if last_log.elapsed() >= PROGRESS_LOG_EVERY {
+                last_log = Instant::now();
+                let v = p.view();
+                tracing::info!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': resync {:.1}% ({} of {} stripes), {:.1} MB/s, {} repaired, ETA {}",
+                    v.fraction * 100.0,
+                    v.done,
+                    v.total,
+                    v.bytes_per_second / 1e6,
+                    v.repaired,
+                    v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
+                );
+            }
             // Throttle: pace to the limit that applies now.
             let now_client = self.client_ops();
             let busy = now_client != last_client;
@@ -380,7 +412,8 @@ impl<D: BlockDev> Array<D> {
                 // No more than 200 ms of unused credit (no burst after a stall or an idle
                 // spell), and the full sleep it owes, in slices that notice `stop`.
                 paced = paced.max(t0.elapsed().saturating_sub(Duration::from_millis(200)));
-                paced += Duration::from_secs_f64(unit_bytes as f64 / rate as f64);
+                paced +=
+                    Duration::from_secs_f64((unit_bytes * batch.len() as u64) as f64 / rate as f64);
                 loop {
                     let ahead = paced.saturating_sub(t0.elapsed());
                     if ahead.is_zero() || stop.load(Ordering::Acquire) {
@@ -415,6 +448,29 @@ impl<D: BlockDev> Array<D> {
             report.skipped
         );
         Ok(report)
+    }
+
+    /// Resyncs the units of `batch` that are still unsynced, concurrently, each under its
+    /// stripe lock (no task holds two). Per unit: None if writes had resynced it already.
+    async fn resync_batch(&self, batch: &[u64]) -> Vec<Option<Result<Option<bool>, ArrayError>>> {
+        join_all(batch.iter().map(|&unit| async move {
+            if !self.resync.unsynced(unit) {
+                return None;
+            }
+            self.locks.lock(unit).await;
+            let r = if self.resync.unsynced(unit) {
+                let r = self.resync_unit(unit).await;
+                if let Ok(Some(_)) = r {
+                    self.resync.mark(unit);
+                }
+                Some(r)
+            } else {
+                None
+            };
+            self.locks.unlock(unit, false);
+            r
+        }))
+        .await
     }
 
     /// Client reads and writes so far (the throttle's notion of activity).
