@@ -19,7 +19,7 @@ fixed count in quick mode) and the median of the measurement window is reported.
     scripts/pts.py --quick --out DIR        CI smoke: small matrix, short rounds; exits 1 unless
                                             every cell of every target produced a number
 """
-import argparse, datetime, json, math, os, platform, shutil, signal, socket, statistics
+import argparse, glob, datetime, json, math, os, platform, shutil, signal, socket, statistics
 import subprocess, sys, tempfile, time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -804,6 +804,12 @@ def report(s, files, path, json_rel):
             row.append(f"{got} rounds, steady at {at}" if at else f"{got} rounds, —")
         w(f"| `{n}` | " + " | ".join(row) + " |")
     w("")
+    # Reports of separate commands (bitmap cost, resync, ...), kept in docs/bench-sections/
+    # and carried into every regeneration of this page; each says how it was produced.
+    sections = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(path)), "bench-sections", "*.md")))
+    for sec in sections:
+        with open(sec) as f:
+            w(f.read().rstrip() + "\n")
     with open(path, "w") as f:
         f.write("\n".join(L))
 

@@ -230,6 +230,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     }
 
     let before = array.array().stats.snapshot();
+    let sets_before = array.array().bitmap_rounds().0;
     let deadline = Instant::now() + Duration::from_secs_f64(args.runtime);
     let start = Instant::now();
     let blocks = size / args.bs;
@@ -311,6 +312,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     }
     let secs = start.elapsed().as_secs_f64();
     let d = array.array().stats.snapshot().since(&before);
+    let bitmap_sets = array.array().bitmap_rounds().0 - sets_before;
     let a2 = array.clone();
     handle.block_on(0, move || async move { a2.close().await })?;
     drop(array);
@@ -341,6 +343,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             "iops": iops, "mb_per_s": mbps, "lat_avg_us": avg, "lat_p99_us": p99, "lat_p999_us": p999, "lat_max_us": max,
             "degraded_members": args.fail,
             "planner": { "full_stripe_writes": d.full_stripe_writes, "rcw_writes": d.rcw_writes, "rmw_writes": d.rmw_writes, "merged_writes": d.merged_writes, "degraded_reads": d.degraded_reads },
+            "bitmap_set_rounds": bitmap_sets,
         });
         println!("{v}");
     } else {
@@ -356,7 +359,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         );
         println!("  IOPS {iops:.0}   MB/s {mbps:.1}   lat avg {avg:.1}us  p99 {p99:.1}us  p99.9 {p999:.1}us  max {max:.1}us");
         println!(
-            "  planner: full-stripe {}, reconstruct-write {}, read-modify-write {}, merged {}, degraded reads {}; errors {}",
+            "  planner: full-stripe {}, reconstruct-write {}, read-modify-write {}, merged {}, degraded reads {}; bitmap set rounds {bitmap_sets}; errors {}",
             d.full_stripe_writes, d.rcw_writes, d.rmw_writes, d.merged_writes, d.degraded_reads, total.errors
         );
     }

@@ -611,6 +611,7 @@ pub fn status(state: &State) -> Value {
         "background": background(a),
         "bitmap": {
             "chunk": bc, "regions": regions, "dirty_regions": dirty,
+            "set_rounds": a.bitmap_rounds().0, "clear_rounds": a.bitmap_rounds().1,
         },
         "unsynced_stripes_refused": a.unsynced_stripes_refused(),
     })

@@ -329,6 +329,15 @@ impl<D: BlockDev> Array<D> {
             .await;
     }
 
+    /// Page-write rounds so far that set bits (each: one page write + flush per member,
+    /// shared by every write waiting) and that cleared them.
+    pub fn bitmap_rounds(&self) -> (u64, u64) {
+        (
+            self.intent.set_rounds.load(Ordering::Relaxed),
+            self.intent.clear_rounds.load(Ordering::Relaxed),
+        )
+    }
+
     /// Write-intent bitmap state: region size (0: none), regions, regions dirty now.
     pub fn bitmap_state(&self) -> (u64, u64, u64) {
         let wi = &self.intent;

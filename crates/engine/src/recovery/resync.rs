@@ -19,8 +19,8 @@
 //!   `min_bytes_per_second`; otherwise at `max_bytes_per_second` (0 = unlimited for either),
 //!   md's sync_speed_min/max, with at most 200 ms of unused credit. The walk runs on its
 //!   own thread, so sleeping is the throttle; the stripe work itself goes to the array's
-//!   reactors in batches of `BATCH` stripes (io_uring, member timeouts), or runs inline on
-//!   an array without reactors (tests).
+//!   reactors, `BATCH` stripes on each at once (io_uring, member timeouts), or runs inline
+//!   on an array without reactors (tests).
 //! * Mirror rows not yet resynced are read from their first copy (the one resync copies
 //!   over the others), so a read never changes without a write (md's choose_first).
 
@@ -329,9 +329,9 @@ impl<D: BlockDev> Array<D> {
         let mut last_log = Instant::now();
         let mut todo = due.into_iter().flatten();
         let mut n = 0u64;
-        let mut reactor = 0;
+        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
         loop {
-            let batch: Vec<u64> = todo.by_ref().take(BATCH).collect();
+            let batch: Vec<u64> = todo.by_ref().take(BATCH * lanes).collect();
             if batch.is_empty() {
                 break;
             }
@@ -348,15 +348,22 @@ impl<D: BlockDev> Array<D> {
                 );
                 return Ok(report);
             }
-            // The batch runs on a reactor when the array has them (io_uring: every member
-            // busy at once, member timeouts apply), else here.
+            // With reactors, a slice of `BATCH` stripes on each at once (io_uring: every
+            // member busy, member timeouts apply); without, here.
             let outcomes = match &self.rt {
                 Some(rt) => {
-                    let (a, b) = (self.clone(), batch.clone());
-                    reactor = (reactor + 1) % rt.reactors();
-                    rt.spawn_on(reactor, move || async move { a.resync_batch(&b).await })
-                        .await
-                        .unwrap_or_else(|_| vec![Some(Err(ArrayError::Shutdown)); batch.len()])
+                    let slices = batch.chunks(BATCH).enumerate().map(|(i, slice)| {
+                        let (a, b) = (self.clone(), slice.to_vec());
+                        let n = b.len();
+                        let rx = rt.spawn_on(i % rt.reactors(), move || async move {
+                            a.resync_batch(&b).await
+                        });
+                        async move {
+                            rx.await
+                                .unwrap_or_else(|_| vec![Some(Err(ArrayError::Shutdown)); n])
+                        }
+                    });
+                    join_all(slices).await.into_iter().flatten().collect()
                 }
                 None => self.resync_batch(&batch).await,
             };
@@ -440,7 +447,7 @@ impl<D: BlockDev> Array<D> {
         self.resync.finish();
         tracing::info!(
             target: "uraid_engine::recovery",
-            "array '{name}': resync finished in {:.1} s: {} stripes checked, {} repaired, {} \
+            "array '{name}': resync finished in {:.2} s: {} stripes checked, {} repaired, {} \
              already resynced by writes",
             t0.elapsed().as_secs_f64(),
             report.stripes,
