@@ -446,6 +446,9 @@ fn health(plan: &Plan) -> String {
             plan.slots.len()
         ),
         (Ok(()), 0) if !plan.sb.clean => match plan.dirty_ranges() {
+            Some(r) if r.is_empty() => "healthy; not stopped cleanly, but the write-intent \
+                                        bitmap has no dirty region: nothing to resync"
+                .into(),
             Some(r) => format!(
                 "healthy; not stopped cleanly: serve resyncs {} bytes ({} dirty range(s) in the \
                  write-intent bitmap) first thing",

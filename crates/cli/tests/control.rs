@@ -440,3 +440,47 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
         "clean stop after a finished resync records clean"
     );
 }
+
+/// The server's bitmap daemon clears the write-intent bits of a region once it has been idle
+/// (about 5 to 10 s); after a SIGKILL then, nothing is dirty: the array starts degraded
+/// without --start-dirty-degraded and every byte reads back.
+#[test]
+fn idle_regions_are_cleared_so_a_later_crash_leaves_nothing_to_resync() {
+    let dir = tmp("bitmapd");
+    let m = create(&dir);
+    let mut srv = Srv::start(&dir, &m);
+    qemu_io(&srv.uri(), &["write -P 0x6b 0 1M".into(), "flush".into()]);
+    let j = status_json(&srv);
+    assert_eq!(j["bitmap"]["dirty_regions"], 1, "{j}");
+    assert!(j["bitmap"]["set_rounds"].as_u64().unwrap() >= 1, "{j}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let j = status_json(&srv);
+        if j["bitmap"]["dirty_regions"] == 0 {
+            assert!(j["bitmap"]["clear_rounds"].as_u64().unwrap() >= 1, "{j}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon never cleared the region: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    srv.child.kill().unwrap();
+    srv.child.wait().unwrap();
+    drop(srv);
+    assert!(!examine_clean(&m[0]), "killed: not clean");
+    let st = ok(&uraid(
+        &[
+            &["status", "--offline"][..],
+            &m.iter().map(|p| p.to_str().unwrap()).collect::<Vec<_>>(),
+        ]
+        .concat(),
+        &dir,
+    ));
+    assert!(st.contains("nothing to resync"), "{st}");
+    // Degraded and not clean, but no region dirty: it starts unasked and serves every byte.
+    let srv = Srv::start(&dir, &m[..5]);
+    qemu_io(&srv.uri(), &["read -P 0x6b 0 1M".into()]);
+    srv.stop();
+}

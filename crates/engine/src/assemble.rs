@@ -585,15 +585,22 @@ fn read_copies(plan: &Plan, at: u64, len: usize) -> Result<Vec<Vec<u8>>, Assembl
         }
         let f = File::open(p).map_err(io_err(p))?;
         let mut v = vec![0u8; len];
-        match f.read_exact_at(&mut v, at) {
-            Ok(()) => copies.push(v),
-            // A bad sector in one copy is what the copies are for: it counts as missing.
-            Err(e) => tracing::warn!(
-                "{}: cannot read {len} bytes of metadata at offset {at}: {e}; using the other \
-                 members' copies",
+        if let Err(e) = f.read_exact_at(&mut v, at) {
+            // A bad sector is what the copies are for: read sector by sector, and leave the
+            // unreadable ones zero (no valid checksum: missing in this copy).
+            tracing::warn!(
+                "{}: cannot read {len} bytes of metadata at offset {at}: {e}; reading it \
+                 sector by sector",
                 p.display()
-            ),
+            );
+            v.fill(0);
+            for (s, sec) in v.chunks_mut(512).enumerate() {
+                if f.read_exact_at(sec, at + s as u64 * 512).is_err() {
+                    sec.fill(0);
+                }
+            }
         }
+        copies.push(v);
     }
     Ok(copies)
 }

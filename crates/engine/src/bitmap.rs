@@ -218,7 +218,8 @@ impl<D: BlockDev> Array<D> {
     /// (`bitmap_tick`); `close` calls it before recording a clean stop.
     async fn clear_idle(&self, at_close: bool) -> u64 {
         let wi = &self.intent;
-        if !wi.enabled() || wi.frozen {
+        // A session that wrote nothing writes no bitmap either; a degraded one clears nothing.
+        if !wi.enabled() || wi.frozen || !self.is_dirty() || !self.members.failed().is_empty() {
             return 0;
         }
         // One pass at a time: a second pass's swap of the touched flags would hide a write
@@ -245,12 +246,10 @@ impl<D: BlockDev> Array<D> {
         if cand.is_empty() {
             return 0;
         }
-        // Everything written into the candidates so far becomes durable. If a member failed
-        // on the way (or the array stopped serving), nothing is cleared this pass: the
-        // failed member's writes never became durable, and a forced reassembly could bring
-        // it back.
-        let failed = self.members.failed();
-        if self.flush().await.is_err() || self.members.failed() != failed {
+        // Everything written into the candidates so far becomes durable. Nothing is cleared
+        // while a member is failed or missing (md's rule): its last writes may never have
+        // become durable, and a forced reassembly could bring it back.
+        if self.flush().await.is_err() || !self.members.failed().is_empty() {
             return 0;
         }
         let _io = wi.io.lock().await;
@@ -304,12 +303,9 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// Before a clean stop (after its flush): clears every bit not needed any more. A
-    /// session that wrote nothing writes nothing here either.
+    /// Before a clean stop (after its flush): clears every bit not needed any more (none in
+    /// a session that wrote nothing, or while degraded).
     pub(crate) async fn bitmap_close(&self) -> u64 {
-        if !self.is_dirty() {
-            return 0;
-        }
         self.clear_idle(true).await
     }
 

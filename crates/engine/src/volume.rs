@@ -181,6 +181,7 @@ impl<D: BlockDev> Volume<D> {
         if len == 0 {
             return Ok(());
         }
+        self.array.ensure_dirty().await;
         self.sync_map().await?;
         let gr = self.map.granule;
         let (g0, g1) = (off / gr, (off + len - 1) / gr);

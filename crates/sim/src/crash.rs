@@ -596,69 +596,95 @@ fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assem
 /// A write that may be current in a sector: (bytes, volume offset, issued, acknowledged).
 type Cand<'a> = (&'a Arc<Vec<u8>>, u64, u64, Option<u64>);
 
-/// Checks every sector of `got` against the history (module docs). Err names the first
-/// sector that is wrong.
-fn check(
-    events: &[Ev],
-    got: &[u8],
-    base: &[u8],
-    exempt: &dyn Fn(u64) -> bool,
-) -> Result<(), String> {
-    let flush_acks: Vec<(u64, u64)> = events
+/// What sector `[lo, hi)` may hold after `events` on top of a volume where it held any of
+/// `before`: the durable floor write and whatever may have replaced it, or, with no floor,
+/// any of `before` and every write of the history. Also the candidates and the floor.
+fn allowed_values<'a>(
+    events: &'a [Ev],
+    lo: u64,
+    hi: u64,
+    before: Vec<Vec<u8>>,
+) -> (Vec<Vec<u8>>, Vec<Cand<'a>>, Option<Cand<'a>>) {
+    let flush_issues: Vec<u64> = events
         .iter()
         .filter_map(|e| match e {
             Ev::Flush {
                 issue,
-                ack: Some(a),
-            } => Some((*issue, *a)),
+                ack: Some(_),
+            } => Some(*issue),
             _ => None,
         })
         .collect();
-    let durable = |ack: u64| flush_acks.iter().any(|&(fi, _)| fi >= ack);
+    let durable = |ack: u64| flush_issues.iter().any(|&fi| fi >= ack);
+    let cands: Vec<Cand> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Write {
+                off,
+                data,
+                issue,
+                ack,
+            } if *off < hi && lo < off + data.len() as u64 => Some((data, *off, *issue, *ack)),
+            _ => None,
+        })
+        .collect();
+    let floor = cands
+        .iter()
+        .filter(|c| c.3.is_some_and(durable))
+        .max_by_key(|c| c.3)
+        .copied();
+    let bytes = |c: &Cand| -> Vec<u8> {
+        let o = (lo - c.1) as usize;
+        c.0[o..o + SECTOR as usize].to_vec()
+    };
+    let mut allowed: Vec<Vec<u8>> = Vec::new();
+    match floor {
+        Some(f) => {
+            allowed.push(bytes(&f));
+            for c in &cands {
+                // Writes completed before the floor write was issued cannot be current.
+                if c.3.is_none_or(|a| a >= f.2) {
+                    allowed.push(bytes(c));
+                }
+            }
+        }
+        None => {
+            allowed.extend(before);
+            allowed.extend(cands.iter().map(bytes));
+        }
+    }
+    (allowed, cands, floor)
+}
+
+/// Checks every sector of `got` against the history (module docs) on top of `base`; with
+/// `earlier`, a sector this history leaves as it was may hold any value the earlier history
+/// allowed on a zeroed volume, not only the one `base` shows (mirrors: a reassembly with a
+/// member left out can show the other copy of a row an earlier cut left unsynced). Err
+/// names the first sector that is wrong.
+fn check(
+    events: &[Ev],
+    got: &[u8],
+    base: &[u8],
+    earlier: Option<&[Ev]>,
+    exempt: &dyn Fn(u64) -> bool,
+) -> Result<(), String> {
     let sectors = got.len() as u64 / SECTOR;
     for s in 0..sectors {
         let (lo, hi) = (s * SECTOR, (s + 1) * SECTOR);
-        let cands: Vec<Cand> = events
-            .iter()
-            .filter_map(|e| match e {
-                Ev::Write {
-                    off,
-                    data,
-                    issue,
-                    ack,
-                } if *off < hi && lo < off + data.len() as u64 => Some((data, *off, *issue, *ack)),
-                _ => None,
-            })
-            .collect();
-        let floor = cands
-            .iter()
-            .filter(|c| c.3.is_some_and(durable))
-            .max_by_key(|c| c.3);
-        let bytes = |c: &Cand| -> Vec<u8> {
-            let o = (lo - c.1) as usize;
-            c.0[o..o + SECTOR as usize].to_vec()
-        };
-        let mut allowed: Vec<Vec<u8>> = Vec::new();
-        match floor {
-            Some(f) => {
-                allowed.push(bytes(f));
-                for c in &cands {
-                    // Writes completed before the floor write was issued cannot be current.
-                    if c.3.is_none_or(|a| a >= f.2) {
-                        allowed.push(bytes(c));
-                    }
-                }
-            }
-            None => {
-                allowed.push(base[lo as usize..hi as usize].to_vec());
-                allowed.extend(cands.iter().map(bytes));
-            }
-        }
-        let have = &got[lo as usize..hi as usize];
         if exempt(s) {
             continue;
         }
+        let mut before = vec![base[lo as usize..hi as usize].to_vec()];
+        if let Some(e) = earlier {
+            before.extend(allowed_values(e, lo, hi, vec![vec![0; SECTOR as usize]]).0);
+        }
+        let (allowed, cands, floor) = allowed_values(events, lo, hi, before);
+        let have = &got[lo as usize..hi as usize];
         if !allowed.iter().any(|a| a == have) {
+            let bytes = |c: &Cand| -> Vec<u8> {
+                let o = (lo - c.1) as usize;
+                c.0[o..o + SECTOR as usize].to_vec()
+            };
             let what = if have.iter().all(|&b| b == 0) {
                 "zeros".to_string()
             } else if have == &base[lo as usize..hi as usize] {
@@ -727,6 +753,20 @@ fn verify(
     lost: &[usize],
     expect_whole: bool,
 ) -> Result<(Vec<u8>, u64), String> {
+    verify_alt(cfg, events, images, base, None, lost, expect_whole)
+}
+
+/// `verify` where a sector this history leaves as it was may hold any value the `earlier`
+/// history allowed (`check`).
+fn verify_alt(
+    cfg: &TrialConfig,
+    events: &[Ev],
+    images: &[Vec<u8>],
+    base: &[u8],
+    earlier: Option<&[Ev]>,
+    lost: &[usize],
+    expect_whole: bool,
+) -> Result<(Vec<u8>, u64), String> {
     let present: Vec<bool> = (0..cfg.members).map(|i| !lost.contains(&i)).collect();
     let vol = reassemble(images, &present).map_err(|e| format!("does not assemble: {e}"))?;
     if expect_whole && !vol.array().failed().is_empty() {
@@ -750,7 +790,7 @@ fn verify(
         }
     }
     let exempt = |sector: u64| refused.contains(&(sector * SECTOR / sdb));
-    check(events, &got, base, &exempt)?;
+    check(events, &got, base, earlier, &exempt)?;
     Ok((got, refused.len() as u64 * sdb / SECTOR))
 }
 
@@ -862,16 +902,22 @@ pub fn run_two_stage(
     let (events2, images2, ops2) = stage(&cfg2, vol, &[], &clock);
     let (_, mut refused) = verify(&cfg2, &events2, &images2, &got1, &[], false)
         .map_err(|e| ctx(format!("stage 2, crash_at {crash2}: {e}")))?;
-    if cfg.level.is_parity() {
+    if Geometry::new(cfg.level, cfg.members, cfg.chunk, cfg.rows * cfg.chunk)
+        .is_ok_and(|g| g.fault_tolerance() > 0)
+    {
         // Each member left out: stripes torn by either cut must be refused, never rebuilt
-        // wrong (a bitmap clear of stage 1 that reached only some members must not let
-        // stage 2's writes go unrecorded).
+        // wrong, and no flushed write lost (a bitmap clear or map fill of stage 1 that reached
+        // only some members must not let stage 2's writes go unrecorded).
         for m in 0..cfg.members {
-            let (_, r) = verify(&cfg2, &events2, &images2, &got1, &[m], false).map_err(|e| {
-                ctx(format!(
-                    "stage 2, crash_at {crash2}, member {m} left out: {e}"
-                ))
-            })?;
+            // Mirrors: a row the first cut left with differing copies may read as either
+            // copy (both are states the first history allows); stage 1 read the first.
+            let earlier = (!cfg.level.is_parity()).then_some(&events1[..]);
+            let (_, r) = verify_alt(&cfg2, &events2, &images2, &got1, earlier, &[m], false)
+                .map_err(|e| {
+                    ctx(format!(
+                        "stage 2, crash_at {crash2}, member {m} left out: {e}"
+                    ))
+                })?;
             refused += r;
         }
     }

@@ -320,8 +320,17 @@ impl<D: BlockDev> Array<D> {
             }
         );
         // Resync writes: the superblocks say "not clean" already (that is why it runs), and
-        // marking the session dirty lets a clean stop after it finishes record "clean".
-        self.ensure_dirty().await;
+        // marking the session dirty lets a clean stop after it finishes record "clean". On a
+        // reactor when there are any: the first write's metadata I/O gets member timeouts.
+        match &self.rt {
+            Some(rt) => {
+                let a = self.clone();
+                let _ = rt
+                    .spawn_on(0, move || async move { a.ensure_dirty().await })
+                    .await;
+            }
+            None => self.ensure_dirty().await,
+        }
         let mut report = ResyncReport::default();
         let t0 = Instant::now();
         let mut paced = Duration::ZERO;
@@ -331,7 +340,15 @@ impl<D: BlockDev> Array<D> {
         let mut n = 0u64;
         let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
         loop {
-            let batch: Vec<u64> = todo.by_ref().take(BATCH * lanes).collect();
+            // While clients are active, a round is at most 200 ms of the minimum rate (at
+            // least one stripe), so resync never bursts past the throttle.
+            let busy_now = self.client_ops() != last_client;
+            let cap = if busy_now && limits.min_bytes_per_second > 0 {
+                (limits.min_bytes_per_second / 5 / unit_bytes.max(1)).max(1) as usize
+            } else {
+                usize::MAX
+            };
+            let batch: Vec<u64> = todo.by_ref().take((BATCH * lanes).min(cap)).collect();
             if batch.is_empty() {
                 break;
             }
@@ -501,6 +518,7 @@ impl<D: BlockDev> Array<D> {
     /// Used by tests: resyncs one unit under its lock, as the walk does.
     #[doc(hidden)]
     pub async fn resync_unit_for_test(&self, unit: u64) {
+        self.ensure_dirty().await;
         self.locks.lock(unit).await;
         if let Ok(Some(_)) = self.resync_unit(unit).await {
             self.resync.mark(unit);
