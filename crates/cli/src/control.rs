@@ -354,6 +354,9 @@ fn serve_conn(state: &State, conn: Conn) {
             );
             let mut s = conn.into_stream();
             s.set_timeouts(IO_TIMEOUT);
+            // Read the request first: closing a Unix socket with unread data resets the
+            // peer, which can then lose the 403 (seen under load in the test).
+            let _ = read_head(s.as_mut(), Instant::now() + Duration::from_secs(1));
             let _ = write_response(
                 s.as_mut(),
                 &Response::error(403, "forbidden: only root and the server's user"),

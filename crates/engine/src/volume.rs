@@ -164,8 +164,9 @@ impl<D: BlockDev> Volume<D> {
         Box::pin(async {
             let _g = self.map_sync.lock().await;
             if !self.map_synced.load(Ordering::Acquire) {
-                for p in 0..self.map.page_locks.len() {
-                    self.persist_page(p, &[], &[]).await?;
+                let pages = (0..self.map.page_locks.len()).map(|p| self.persist_page(p, &[], &[]));
+                for r in join_all(pages).await {
+                    r?;
                 }
                 self.map_synced.store(true, Ordering::Release);
             }
