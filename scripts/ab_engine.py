@@ -18,6 +18,8 @@ the write-intent bitmap's cost:
 """
 import argparse, json, os, shutil, statistics, subprocess, sys
 
+from pts import write_report  # shared with the PTS suite (same directory)
+
 WORKLOADS = [
     # name, uraid bench args, metric
     ("4k randread QD32", ["--pattern", "rand", "--bs", "4K", "--qd", "32", "--read-pct", "100"], "iops"),
@@ -102,12 +104,7 @@ def main():
         ma, mb = statistics.median(ra), statistics.median(rb)
         out.append(f"| {aname} | {wname} | {ma:,.0f} {unit[metric]} | {mb:,.0f} {unit[metric]} | {mb / ma:.2f} | "
                    f"{spread(ra):.0%} | {spread(rb):.0%} |")
-    text = "\n".join(out) + "\n"
-    if a.out == "-":
-        sys.stdout.write(text)
-    else:
-        with open(a.out, "w") as f:
-            f.write(text)
+    write_report(a.out, "\n".join(out) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ sequential 1M writes. Runs alternate; medians.
 """
 import argparse, json, os, shutil, signal, statistics, subprocess, sys, time
 
-from pts import run, wait_socket
+from pts import run, wait_socket, write_report
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 URAID = os.path.join(ROOT, "target", "release", "uraid")
@@ -174,12 +174,7 @@ def main():
         f"| {med['ioload_w'] / med['ioafter_w']:.2f} |",
         f"| resync rate meanwhile (`--resync-min 50`: 52 MB/s) | {med['rate_w'] / 1e6:.0f} MB/s | |",
     ]
-    text = "\n".join(out) + "\n"
-    if a.out == "-":
-        sys.stdout.write(text)
-    else:
-        with open(a.out, "w") as f:
-            f.write(text)
+    write_report(a.out, "\n".join(out) + "\n")
 
 
 if __name__ == "__main__":

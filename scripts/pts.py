@@ -84,6 +84,15 @@ def run(cmd, **kw):
     return p.stdout
 
 
+def write_report(path, text):
+    """Writes a report to `path`, or to stdout for "-"."""
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+
+
 def is_tmpfs(path):
     best, fs = "", ""
     with open("/proc/mounts") as f:

@@ -148,22 +148,11 @@ impl<D: BlockDev> Array<D> {
     /// Builds an array over assembled members. `devs[i]` is None for a missing member;
     /// `sb` is the freshest superblock (index and device uuid are rewritten per member when
     /// superblocks are written); `ids[i]` member i's uuid and freshest superblock slot. `rt`
-    /// sizes the stripe lock table (8 shards per reactor). The write-intent bitmap is taken
-    /// as unknown: after an unclean stop every region is resynced (`new_with_bitmap`).
+    /// sizes the stripe lock table (8 shards per reactor). `bitmap`: the write-intent bitmap
+    /// as read from the members (`bitmap::merge_copies`: bit r of word r/64 set = region r
+    /// dirty); None: unknown (every region counts as dirty). After an unclean stop, resync
+    /// walks exactly the dirty regions.
     pub fn new(
-        sb: Superblock,
-        ids: Vec<MemberId>,
-        devs: Vec<Option<D>>,
-        rt: Option<RuntimeHandle>,
-        opts: ArrayOptions,
-    ) -> Arc<Self> {
-        Self::new_with_bitmap(sb, ids, devs, rt, opts, None)
-    }
-
-    /// `new` with the write-intent bitmap as read from the members (`bitmap::merge_copies`:
-    /// bit r of word r/64 set = region r dirty); None: unknown (every region dirty after an
-    /// unclean stop). After an unclean stop, resync walks exactly the dirty regions.
-    pub fn new_with_bitmap(
         sb: Superblock,
         ids: Vec<MemberId>,
         devs: Vec<Option<D>>,
@@ -448,9 +437,6 @@ impl<D: BlockDev> Array<D> {
             let m = self.geo.data_member(e.stripe, e.index);
             if f.contains(m) {
                 self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
-                if self.resync.unsynced(e.stripe) {
-                    return Err(self.unsynced_unreadable(e.stripe, f));
-                }
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY)).await;
             }
             let at = self.geo.member_offset(e.stripe, e.chunk_off);

@@ -305,7 +305,14 @@ impl Plan {
     pub fn dirty_ranges(&self) -> Option<Vec<std::ops::Range<u64>>> {
         let bc = self.sb.bitmap_chunk;
         let words = self.bitmap.as_ref().filter(|_| bc > 0)?;
-        Some(crate::bitmap::dirty_ranges(&self.sb.geometry, bc, words))
+        let g = &self.sb.geometry;
+        let sdb = g.stripe_data_bytes();
+        Some(
+            uraid_core::bitmap::dirty_units(g, bc, words)
+                .into_iter()
+                .map(|u| u.start * sdb..u.end * sdb)
+                .collect(),
+        )
     }
 
     pub fn can_start(&self) -> Result<(), AssembleError> {
@@ -631,7 +638,7 @@ pub fn open_volume_with(
              treated as allocated"
         );
     }
-    let array = crate::Array::new_with_bitmap(
+    let array = crate::Array::new(
         plan.sb.clone(),
         plan.ids(),
         devs,

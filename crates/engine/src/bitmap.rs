@@ -2,9 +2,9 @@
 //!
 //! Rules (ARCHITECTURE.md invariant 14):
 //! * A bit set in memory is set on every live member and flushed. A client write is issued
-//!   to the members only after the bits of every region it touches are set (`begin`): the
+//!   to the members only after the bits of every region it touches are set (`intent_begin`): the
 //!   fast path is one atomic add and one load per region; the first write into a clear
-//!   region sets it through `set`, which batches every region waiting at that moment into
+//!   region sets it through `intent_set`, which batches every region waiting at that moment into
 //!   one page write + flush per member.
 //! * A bit is cleared only when its region has had no write in flight and none completed
 //!   for a whole tick, resync no longer needs it, and the members were flushed *after* that
@@ -344,12 +344,3 @@ impl<D: BlockDev> Array<D> {
 /// How often the server's bitmap daemon runs (md's bitmap daemon sleeps 5 s): a region is
 /// cleared after it has been idle for one to two periods.
 pub const BITMAP_TICK: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Volume byte ranges covered by the regions set in `words` (merged where adjacent).
-pub fn dirty_ranges(g: &Geometry, chunk: u64, words: &[u64]) -> Vec<std::ops::Range<u64>> {
-    let sdb = g.stripe_data_bytes();
-    fmt::dirty_units(g, chunk, words)
-        .into_iter()
-        .map(|u| u.start * sdb..u.end * sdb)
-        .collect()
-}

@@ -149,7 +149,8 @@ impl<D: BlockDev> Volume<D> {
         join_all(reads).await.into_iter().collect()
     }
 
-    /// Before the first write or trim of a session: writes every map page from memory to
+    /// Before the first write or trim of a session: marks the array dirty (`ensure_dirty`),
+    /// then writes every map page from memory to
     /// every live member. The map in memory is the union of the members' copies, and a bit
     /// may have been on one member only (a fill whose page write a crash cut short on the
     /// others, never flushed). A write into such a granule takes the fast path and writes
@@ -164,6 +165,8 @@ impl<D: BlockDev> Volume<D> {
         Box::pin(async {
             let _g = self.map_sync.lock().await;
             if !self.map_synced.load(Ordering::Acquire) {
+                // The superblocks say "not clean" before any metadata or data is written.
+                self.array.ensure_dirty().await;
                 let pages = (0..self.map.page_locks.len()).map(|p| self.persist_page(p, &[], &[]));
                 for r in join_all(pages).await {
                     r?;
@@ -182,7 +185,6 @@ impl<D: BlockDev> Volume<D> {
         if len == 0 {
             return Ok(());
         }
-        self.array.ensure_dirty().await;
         self.sync_map().await?;
         let gr = self.map.granule;
         let (g0, g1) = (off / gr, (off + len - 1) / gr);
@@ -281,7 +283,6 @@ impl<D: BlockDev> Volume<D> {
         if len == 0 {
             return Ok(());
         }
-        self.array.ensure_dirty().await;
         self.sync_map().await?;
         let gr = self.map.granule;
         let end = off + len;

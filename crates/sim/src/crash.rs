@@ -180,7 +180,7 @@ pub fn cached_volume(
         .map(|(i, img)| cached_dev(format!("mem{i}"), img, clock))
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let array = Array::new_with_bitmap(
+    let array = Array::new(
         crate::sim_superblock(g),
         crate::sim_ids(members),
         devs.into_iter().map(Some).collect(),
@@ -411,7 +411,7 @@ fn build(
         d.faults.yield_ops.store(true, Ordering::Relaxed);
     }
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let array = Array::new_with_bitmap(
+    let array = Array::new(
         crate::sim_superblock(g),
         crate::sim_ids(cfg.members),
         devs.into_iter().map(Some).collect(),
@@ -457,7 +457,7 @@ pub fn reassemble_with(
         }
     }
     let (words, _) = uraid_engine::alloc::merge_map_copies(&g, &copies);
-    let array = Array::new_with_bitmap(
+    let array = Array::new(
         plan.sb.clone(),
         plan.ids(),
         devs,

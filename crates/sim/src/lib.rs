@@ -402,7 +402,7 @@ pub fn mem_array_with(
         .map(|(i, img)| MemDev::from_image(format!("mem{i}"), img))
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let array = Array::new_with_bitmap(
+    let array = Array::new(
         sim_superblock(geometry),
         sim_ids(members),
         devs.into_iter().map(Some).collect(),

@@ -82,7 +82,6 @@ pub(crate) struct ResyncState {
     given_up: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Units whose degraded reads were refused (not yet resynced: parity untrusted).
     reported: std::sync::Mutex<std::collections::HashSet<u64>>,
-    pub(crate) units: u64,
 }
 
 impl ResyncState {
@@ -106,7 +105,6 @@ impl ResyncState {
             due,
             given_up: Default::default(),
             reported: Default::default(),
-            units,
         }
     }
 
@@ -171,11 +169,6 @@ impl<D: BlockDev> Array<D> {
     /// redundancy) that has not finished.
     pub fn needs_resync(&self) -> bool {
         self.resync.is_pending()
-    }
-
-    /// Stripes (parity levels) or mirror rows (RAID1/10) resync walks.
-    pub(crate) fn resync_units(&self) -> u64 {
-        self.resync.units
     }
 
     /// Resyncs `unit` if it is still unsynced. Caller holds its stripe lock (a client write
@@ -309,7 +302,7 @@ impl<D: BlockDev> Array<D> {
         p.start();
         let unit_bytes = p.unit_bytes;
         let (name, _, _) = self.identity();
-        let of = self.resync_units();
+        let of = self.geo.units();
         tracing::info!(
             target: "uraid_engine::recovery",
             "array '{name}': resync started: {units} of {of} stripes ({}): it was not stopped cleanly",
