@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use uraid_core::format::{uuid_string, Superblock};
+use uraid_core::format::{uuid_string, JournalMode, Superblock};
 use uraid_core::geometry::CHUNK_DEFAULT;
 use uraid_core::Level;
 use uraid_engine::assemble::{self, CreateOptions, Plan};
@@ -59,8 +59,23 @@ enum Cmd {
         /// 455,168 regions do not cover them); none on RAID0.
         #[arg(long, value_parser = parse_bitmap_chunk)]
         bitmap_chunk: Option<u64>,
+        /// A journal device (a faster device or file, at least four full stripes plus 8 KiB):
+        /// every stripe update is logged there before the members are written, which closes
+        /// the RAID write hole (no resync after a crash, safe degraded start). Parity levels.
+        /// Give it with the members to `serve`, `status`.
+        #[arg(long, value_name = "DEV")]
+        journal: Option<PathBuf>,
+        /// write-through: FLUSH still flushes the members; write-back: FLUSH and FUA are
+        /// satisfied by the journal (one journal write), members flushed at checkpoints.
+        #[arg(long, default_value = "write-through", value_parser = parse_journal_mode)]
+        journal_mode: JournalMode,
         #[arg(required = true)]
         members: Vec<PathBuf>,
+    },
+    /// Add a journal device to a stopped array, or remove it (mdadm --add-journal).
+    Journal {
+        #[command(subcommand)]
+        cmd: JournalCmd,
     },
     /// Print the superblock of one member.
     Examine {
@@ -94,6 +109,30 @@ enum Cmd {
     /// Export the array formed by MEMBERs over NBD (TCP and/or Unix sockets) until SIGINT,
     /// SIGTERM or SIGHUP. With no MEMBERs, serves the embedded default volume under ./uraid-data.
     Serve(serve::ServeArgs),
+}
+
+#[derive(Subcommand)]
+enum JournalCmd {
+    /// Format DEV as the journal of the (cleanly stopped) array formed by MEMBERs.
+    Add {
+        #[arg(long, value_name = "DEV")]
+        journal: PathBuf,
+        #[arg(long, default_value = "write-through", value_parser = parse_journal_mode)]
+        mode: JournalMode,
+        /// Overwrite a device that holds a uraid superblock or journal.
+        #[arg(short, long)]
+        force: bool,
+        #[arg(required = true)]
+        members: Vec<PathBuf>,
+    },
+    /// Stop using the journal of the array formed by MEMBERs (and its journal device, if
+    /// given among them). Refused after an unclean stop unless --force.
+    Remove {
+        #[arg(short, long)]
+        force: bool,
+        #[arg(required = true)]
+        members: Vec<PathBuf>,
+    },
 }
 
 /// Which array, and where its server's control socket is.
@@ -213,6 +252,8 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             force,
             size,
             bitmap_chunk,
+            journal,
+            journal_mode,
             members,
         } => {
             let level = Level::parse(&level, parity)?;
@@ -233,6 +274,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                     name,
                     force,
                     bitmap_chunk,
+                    journal: journal.map(|j| (j, journal_mode)),
                 },
             )?;
             let g = sb.geometry;
@@ -246,9 +288,19 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                 size::human(g.volume_size()),
                 g.volume_size()
             );
+            if let Some((u, m)) = sb.journal {
+                println!("uraid: journal {} ({})", uuid_string(&u), m.name());
+            }
             Ok(())
         }
+        Cmd::Journal { cmd } => journal_cmd(cmd),
         Cmd::Examine { member, json } => {
+            if let (Err(_), Ok(j)) = (
+                assemble::read_superblock(&member),
+                assemble::read_journal_super(&member),
+            ) {
+                return print_journal_examine(&member, &j, json);
+            }
             let sb = assemble::read_superblock(&member)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&sb_json(&member, &sb))?);
@@ -325,6 +377,7 @@ pub fn default_volume() -> Result<Vec<PathBuf>> {
             name: "default".into(),
             force: false,
             bitmap_chunk: None,
+            journal: None,
         },
     )?;
     eprintln!(
@@ -333,6 +386,93 @@ pub fn default_volume() -> Result<Vec<PathBuf>> {
         dir.display()
     );
     Ok(members)
+}
+
+fn parse_journal_mode(s: &str) -> Result<JournalMode, String> {
+    match s {
+        "write-through" | "wt" => Ok(JournalMode::WriteThrough),
+        "write-back" | "wb" => Ok(JournalMode::WriteBack),
+        _ => Err(format!("{s}: write-through or write-back")),
+    }
+}
+
+fn journal_cmd(cmd: JournalCmd) -> Result<()> {
+    match cmd {
+        JournalCmd::Add {
+            journal,
+            mode,
+            force,
+            members,
+        } => {
+            let plan = assemble::plan(&members)?;
+            let sb = assemble::add_journal(&plan, &journal, mode, force)?;
+            let (u, m) = sb.journal.context("journal recorded")?;
+            println!(
+                "uraid: array '{}' now journals to {} (journal {}, {}); give it with the \
+                 members when serving",
+                sb.name,
+                journal.display(),
+                uuid_string(&u),
+                m.name()
+            );
+            Ok(())
+        }
+        JournalCmd::Remove { force, members } => {
+            let plan = assemble::plan(&members)?;
+            let sb = assemble::remove_journal(&plan, force)?;
+            println!(
+                "uraid: array '{}' has no journal any more (events {})",
+                sb.name, sb.events
+            );
+            Ok(())
+        }
+    }
+}
+
+fn print_journal_examine(
+    path: &Path,
+    j: &uraid_core::journal::JournalSuper,
+    json: bool,
+) -> Result<()> {
+    if json {
+        let v = json!({
+            "path": path.display().to_string(),
+            "kind": "journal",
+            "array_uuid": uuid_string(&j.array_uuid),
+            "journal_uuid": uuid_string(&j.journal_uuid),
+            "epoch": j.epoch,
+            "generation": j.gen,
+            "log_start": j.log_start,
+            "log_len": j.log_len,
+            "tail": j.tail,
+            "tail_seq": j.tail_seq,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{}:", path.display());
+    println!("          Magic : uraid-jn (journal device)");
+    println!("     Array UUID : {}", uuid_string(&j.array_uuid));
+    println!("   Journal UUID : {}", uuid_string(&j.journal_uuid));
+    println!(
+        "       Log Area : {} ({} bytes at offset {})",
+        size::human(j.log_len),
+        j.log_len,
+        j.log_start
+    );
+    println!("          Epoch : {}", j.epoch);
+    println!(
+        "     Checkpoint : record {} at log position {}",
+        j.tail_seq, j.tail
+    );
+    Ok(())
+}
+
+fn journal_word(sb: &Superblock) -> String {
+    match sb.journal {
+        Some((u, m)) => format!("{} ({})", uuid_string(&u), m.name()),
+        None => "none".into(),
+    }
 }
 
 /// `--bitmap-chunk`: a size, or "none" (0).
@@ -388,6 +528,7 @@ fn print_examine(path: &Path, sb: &Superblock) {
     println!("   Device Index : {}", sb.index);
     println!("         Events : {}", sb.events);
     println!("   Bitmap Chunk : {}", bitmap_word(sb));
+    println!("        Journal : {}", journal_word(sb));
     println!("          State : {}", state_word(sb));
     let states: String = (0..g.members)
         .map(|i| if sb.is_failed(i) { 'F' } else { 'A' })
@@ -414,6 +555,7 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
         "events": sb.events,
         "clean": sb.clean,
         "bitmap_chunk": sb.bitmap_chunk,
+        "journal": sb.journal.map(|(u, m)| json!({"uuid": uuid_string(&u), "mode": m.name()})),
         "ctime": sb.ctime,
         "utime": sb.utime,
         "member_states": (0..g.members).map(|i| if sb.is_failed(i) { "failed" } else { "active" }).collect::<Vec<_>>(),
@@ -445,6 +587,12 @@ fn health(plan: &Plan) -> String {
             "FAILED ({missing} of {} members unavailable)",
             plan.slots.len()
         ),
+        (Ok(()), n) if !plan.sb.clean && plan.sb.journal.is_some() && plan.journal.is_some() => {
+            format!(
+                "{}not stopped cleanly: serve replays the journal first thing (no resync)",
+                if n > 0 { "degraded; " } else { "healthy; " }
+            )
+        }
         (Ok(()), 0) if !plan.sb.clean => match plan.dirty_ranges() {
             Some(r) if r.is_empty() => "healthy; not stopped cleanly, but the write-intent \
                                         bitmap has no dirty region: nothing to resync"
@@ -495,6 +643,15 @@ fn print_status(plan: &Plan) {
     for (i, path, st) in member_states(plan) {
         println!("      [{i:>2}] {st:<8} {path}");
     }
+    if sb.journal.is_some() {
+        let at = plan
+            .journal
+            .as_ref()
+            .map_or("MISSING (not given)".to_string(), |p| {
+                p.display().to_string()
+            });
+        println!("      journal  {} {at}", journal_word(sb));
+    }
     for r in &plan.refused {
         println!("      refused: {r}");
     }
@@ -517,5 +674,10 @@ fn status_json(plan: &Plan) -> serde_json::Value {
         "fault_tolerance": g.fault_tolerance(),
         "slots": member_states(plan).into_iter().map(|(i, p, s)| json!({"index": i, "path": p, "state": s})).collect::<Vec<_>>(),
         "refused": plan.refused,
+        "journal": sb.journal.map(|(u, m)| json!({
+            "uuid": uuid_string(&u),
+            "mode": m.name(),
+            "path": plan.journal.as_ref().map(|p| p.display().to_string()),
+        })),
     })
 }

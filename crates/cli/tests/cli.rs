@@ -45,14 +45,15 @@ fn superblock_matches_docs() {
             }
         }
     }
-    assert_eq!(fields.len(), 21, "docs table rows: {fields:?}");
+    // Superblock (23 rows), journal superblock (10), record header (8 of fixed size).
+    assert_eq!(fields.len(), 41, "docs table rows: {fields:?}");
     let get = |name: &str| -> &[u8] {
         let (o, s) = fields[name];
         &sb[o..o + s]
     };
     let le = |b: &[u8]| b.iter().rev().fold(0u64, |a, &x| a << 8 | x as u64);
     assert_eq!(get("magic"), b"uraid-sb");
-    assert_eq!(le(get("version")), 4);
+    assert_eq!(le(get("version")), 5);
     assert_eq!(le(get("sb_size")), 4096);
     assert_eq!(&get("name")[..6], b"docvol");
     assert_eq!(le(get("level")), 6);
@@ -68,6 +69,8 @@ fn superblock_matches_docs() {
     assert_eq!(le(get("events")), 1);
     assert_eq!(get("member_states")[..6], [0; 6]);
     assert_eq!(le(get("bitmap_chunk")), 64 << 20, "the default region");
+    assert_eq!(get("journal_uuid"), [0u8; 16], "no journal");
+    assert_eq!(le(get("journal_mode")), 0);
     assert_eq!(le(get("crc32c")) as u32, crc32c_of(&sb[..4092]));
     // The allocation map as docs/format.md describes it: a fresh array has every page sealed
     // with no bit set; 47 MiB members of a 4+2 raid6 with 64K chunks -> 752 granules, 1 page.
@@ -116,6 +119,33 @@ fn superblock_matches_docs() {
         j["array_uuid"].as_str().unwrap().replace('-', ""),
         hex(get("array_uuid"))
     );
+    // With a journal: the superblock names it, the journal superblock is as documented.
+    std::fs::File::create(dir.join("jn"))
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    create(
+        &dir,
+        "6",
+        6,
+        &["--force", "--journal", "jn", "--journal-mode", "write-back"],
+    );
+    let sb = std::fs::read(dir.join("m2")).unwrap();
+    let jn = std::fs::read(dir.join("jn")).unwrap();
+    let at = |b: &[u8], name: &str| -> Vec<u8> {
+        let (o, s) = fields[name];
+        b[o..o + s].to_vec()
+    };
+    assert_eq!(le(&at(&sb, "journal_mode")), 2, "write-back");
+    assert_eq!(at(&sb, "journal_uuid"), at(&jn, "j_journal_uuid"));
+    assert_ne!(at(&sb, "journal_uuid"), vec![0u8; 16]);
+    assert_eq!(at(&sb, "array_uuid"), at(&jn, "j_array_uuid"));
+    assert_eq!(at(&jn, "jmagic"), b"uraid-jn");
+    assert_eq!(le(&at(&jn, "jversion")), 1);
+    assert_eq!(le(&at(&jn, "log_start")), 8192);
+    assert_eq!(le(&at(&jn, "log_len")), (8 << 20) - 8192);
+    assert_eq!(le(&at(&jn, "tail")), 0);
+    assert_eq!(le(&jn[4092..4096]) as u32, crc32c_of(&jn[..4092]));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -9,10 +9,12 @@ use crate::geometry::{Geometry, GeometryError, Level};
 
 pub const SB_SIZE: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"uraid-sb";
-pub const VERSION: u32 = 4;
-/// Version 3 (before the write-intent bitmap) is read as version 4 with no bitmap; the next
-/// superblock round writes version 4.
+pub const VERSION: u32 = 5;
+/// Version 3 (before the write-intent bitmap) is read as version 5 with no bitmap and no
+/// journal, version 4 (before the journal device) as version 5 with no journal; the next
+/// superblock round writes version 5.
 pub const VERSION_NO_BITMAP: u32 = 3;
+pub const VERSION_NO_JOURNAL: u32 = 4;
 /// Superblock slots: rounds alternate between the copy at offset 0 and the one at 4096
 /// (slot = events % 2), so a torn round leaves the previous superblock intact.
 pub const SB_SLOTS: usize = 2;
@@ -42,6 +44,8 @@ pub mod off {
     pub const UTIME: usize = 128;
     pub const DEVICE_UUID: usize = 136;
     pub const BITMAP_CHUNK: usize = 152;
+    pub const JOURNAL_UUID: usize = 160;
+    pub const JOURNAL_MODE: usize = 176;
     pub const STATES: usize = 256;
     pub const CRC: usize = 4092;
 }
@@ -52,6 +56,26 @@ pub const FLAG_CLEAN: u32 = 1;
 pub enum MemberState {
     Active = 0,
     Failed = 1,
+}
+
+/// How the array uses its journal device (`Superblock::journal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalMode {
+    /// Every stripe update is logged before the members are written; FLUSH still flushes the
+    /// members. Closes the write hole.
+    WriteThrough = 1,
+    /// As write-through, and FLUSH/FUA are satisfied by the journal (durable before the
+    /// member writes); members are flushed when the journal is checkpointed.
+    WriteBack = 2,
+}
+
+impl JournalMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            JournalMode::WriteThrough => "write-through",
+            JournalMode::WriteBack => "write-back",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +93,8 @@ pub struct Superblock {
     pub states: Vec<MemberState>,
     /// Write-intent bitmap region size in member data-area bytes; 0: no bitmap.
     pub bitmap_chunk: u64,
+    /// The journal device (its uuid) and mode; None: no journal.
+    pub journal: Option<([u8; 16], JournalMode)>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -134,6 +160,10 @@ impl Superblock {
         put64(&mut b, off::CTIME, self.ctime);
         put64(&mut b, off::UTIME, self.utime);
         put64(&mut b, off::BITMAP_CHUNK, self.bitmap_chunk);
+        if let Some((uuid, mode)) = self.journal {
+            b[off::JOURNAL_UUID..off::JOURNAL_UUID + 16].copy_from_slice(&uuid);
+            put32(&mut b, off::JOURNAL_MODE, mode as u32);
+        }
         b[off::DEVICE_UUID..off::DEVICE_UUID + 16].copy_from_slice(&self.device_uuid);
         for (i, s) in self.states.iter().enumerate() {
             b[off::STATES + i] = *s as u8;
@@ -152,7 +182,7 @@ impl Superblock {
             return Err(FormatError::BadMagic);
         }
         let version = u32_at(b, off::VERSION);
-        if version != VERSION && version != VERSION_NO_BITMAP {
+        if !(VERSION_NO_BITMAP..=VERSION).contains(&version) {
             return Err(FormatError::Version(version));
         }
         let stored = u32_at(b, off::CRC);
@@ -239,6 +269,23 @@ impl Superblock {
         };
         crate::bitmap::check_chunk(&geometry, bitmap_chunk)
             .map_err(|e| field("bitmap_chunk", e))?;
+        let journal = if version < VERSION {
+            None
+        } else {
+            let mut uuid = [0u8; 16];
+            uuid.copy_from_slice(&b[off::JOURNAL_UUID..off::JOURNAL_UUID + 16]);
+            match u32_at(b, off::JOURNAL_MODE) {
+                0 if uuid == [0; 16] => None,
+                1 if level.is_parity() => Some((uuid, JournalMode::WriteThrough)),
+                2 if level.is_parity() => Some((uuid, JournalMode::WriteBack)),
+                m => {
+                    return Err(field(
+                        "journal_mode",
+                        format!("mode {m} (journal {}) on {level}", uuid_string(&uuid)),
+                    ))
+                }
+            }
+        };
         let mut array_uuid = [0u8; 16];
         array_uuid.copy_from_slice(&b[off::ARRAY_UUID..off::ARRAY_UUID + 16]);
         let mut device_uuid = [0u8; 16];
@@ -256,6 +303,7 @@ impl Superblock {
             device_uuid,
             states,
             bitmap_chunk,
+            journal,
         })
     }
 }
@@ -311,6 +359,7 @@ mod tests {
             device_uuid: [9; 16],
             states: vec![MemberState::Active; 10],
             bitmap_chunk: 64 << 20,
+            journal: Some(([5; 16], JournalMode::WriteBack)),
         }
     }
 
@@ -403,10 +452,29 @@ mod tests {
                 ..
             })
         ));
-        // Version 3 superblocks (no bitmap) are read with the bitmap off.
+        // Version 3 superblocks (no bitmap) are read with the bitmap off, version 4 without a
+        // journal.
         let mut b = good;
         b[off::VERSION] = 3;
         assert_eq!(Superblock::decode(&reseal(b)).unwrap().bitmap_chunk, 0);
+        let mut b = good;
+        b[off::VERSION] = 4;
+        let v4 = Superblock::decode(&reseal(b)).unwrap();
+        assert_eq!((v4.bitmap_chunk, v4.journal), (64 << 20, None));
+        let mut b = good;
+        b[off::JOURNAL_MODE] = 3;
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field {
+                field: "journal_mode",
+                ..
+            })
+        ));
+        // A journal on a level without parity is refused (it has no write hole to close).
+        let mut b = good;
+        b[off::LEVEL..off::LEVEL + 4].copy_from_slice(&1u32.to_le_bytes());
+        b[off::PARITY..off::PARITY + 4].copy_from_slice(&0u32.to_le_bytes());
+        assert!(Superblock::decode(&reseal(b)).is_err());
         let mut b = good;
         b[off::NAME] = 0xff;
         assert!(matches!(

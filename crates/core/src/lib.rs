@@ -12,6 +12,7 @@ pub mod fuzz;
 pub mod geometry;
 pub mod gf;
 pub mod http;
+pub mod journal;
 pub mod members;
 pub mod plan;
 

@@ -134,8 +134,16 @@ pub struct Array<D: BlockDev> {
     pub(crate) resync: crate::recovery::ResyncState,
     pub(crate) recovery: crate::recovery::Progress,
     pub(crate) intent: crate::bitmap::WriteIntent,
+    /// The journal device, once attached (`attach_journal`, after replay).
+    pub(crate) journal: std::sync::OnceLock<crate::journal::Journal<D>>,
+    /// Member data-area writes that bypassed the journal (allocation-map pages), and how
+    /// many of them the last completed member flush covered (journal.rs, write-back FLUSH).
+    pub(crate) unjournaled: AtomicU64,
+    pub(crate) unjournaled_flushed: AtomicU64,
     /// The reactors this array runs on, if any (background work is sent there).
     pub(crate) rt: Option<RuntimeHandle>,
+    /// This array (background work started from `&self` holds it).
+    pub(crate) me: std::sync::Weak<Self>,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -185,7 +193,7 @@ impl<D: BlockDev> Array<D> {
             _ => std::iter::once(0..units).collect(),
         });
         let intent = crate::bitmap::WriteIntent::new(&geo, bc, bitmap, opts.frozen_metadata);
-        let a = Arc::new(Array {
+        let a = Arc::new_cyclic(|me| Array {
             geo,
             codec,
             members: Members::new(devs, recorded, sb.data_offset, opts.policy),
@@ -195,7 +203,11 @@ impl<D: BlockDev> Array<D> {
             resync: crate::recovery::ResyncState::new(units, due),
             recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
             intent,
+            journal: std::sync::OnceLock::new(),
+            unjournaled: AtomicU64::new(0),
+            unjournaled_flushed: AtomicU64::new(0),
             rt: rt_handle,
+            me: me.clone(),
         });
         spawn_watchdog(&a);
         a
@@ -338,13 +350,33 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// Makes every acknowledged write durable on every live member; returns once any member
-    /// that failed on the way is recorded failed in the survivors' superblocks.
+    /// Makes every acknowledged write durable: on every live member, or, with a write-back
+    /// journal, in the journal (where every acknowledged write already is, journal.rs);
+    /// returns once any member that failed on the way is recorded failed in the survivors'
+    /// superblocks.
     pub async fn flush(&self) -> Result<(), ArrayError> {
+        if self.flush_needs_members() {
+            self.flush_members().await;
+        } else {
+            self.failure_barrier().await;
+        }
+        self.check_serving().map(|_| ())
+    }
+
+    /// Flushes every live member (whatever the journal mode) and waits for the failure
+    /// barrier.
+    pub(crate) async fn flush_members(&self) {
+        let seen = self.unjournaled.load(Ordering::Acquire);
         let all = MemberSet::all(self.geo.members);
         self.each_live(all, |i| self.members.flush(i)).await;
         self.failure_barrier().await;
-        self.check_serving().map(|_| ())
+        self.unjournaled_flushed.fetch_max(seen, Ordering::AcqRel);
+    }
+
+    /// A member data-area write that does not go through the journal is about to be issued
+    /// (allocation-map pages): the next FLUSH flushes the members.
+    pub(crate) fn note_unjournaled(&self) {
+        self.unjournaled.fetch_add(1, Ordering::AcqRel);
     }
 
     // ------------------------------------------------------------ reads

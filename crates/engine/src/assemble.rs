@@ -8,8 +8,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use uraid_core::format::{
-    self, uuid_string, FormatError, MemberState, Superblock, DATA_OFFSET, SB_SIZE, SB_SLOTS,
+    self, uuid_string, FormatError, JournalMode, MemberState, Superblock, DATA_OFFSET, SB_SIZE,
+    SB_SLOTS,
 };
+use uraid_core::journal::{JournalSuper, JSB_SIZE, JSB_SLOTS};
 use uraid_core::{Geometry, Level};
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,18 @@ pub enum AssembleError {
     },
     #[error("--bitmap-chunk: {0}")]
     BitmapChunk(String),
+    #[error(
+        "array '{name}' uses journal device {uuid} ({mode}) and it was not given (or could not \
+         be read): give its path with the members, or remove it from the array with `uraid \
+         journal remove` (a dirty array then resyncs from its write-intent bitmap)"
+    )]
+    JournalMissing {
+        name: String,
+        uuid: String,
+        mode: &'static str,
+    },
+    #[error("journal: {0}")]
+    Journal(String),
     #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
     TooManyMissing {
         level: Level,
@@ -83,6 +97,8 @@ pub struct CreateOptions {
     /// Write-intent bitmap region size in member bytes: None picks the default
     /// (`uraid_core::bitmap::default_chunk`), Some(0) creates no bitmap.
     pub bitmap_chunk: Option<u64>,
+    /// A journal device and its mode (parity levels only).
+    pub journal: Option<(PathBuf, JournalMode)>,
 }
 
 /// Reads and validates the superblock of `path`: the fresher valid one of its two slots.
@@ -147,11 +163,41 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         .bitmap_chunk
         .unwrap_or_else(|| uraid_core::bitmap::default_chunk(&geometry));
     uraid_core::bitmap::check_chunk(&geometry, bitmap_chunk).map_err(AssembleError::BitmapChunk)?;
+    let array_uuid = *uuid::Uuid::new_v4().as_bytes();
+    let journal = match &opts.journal {
+        Some((jp, mode)) => {
+            if paths.iter().any(|q| same_file(jp, q)) {
+                return Err(AssembleError::Duplicate {
+                    path: jp.display().to_string(),
+                });
+            }
+            if !geometry.level.is_parity() {
+                return Err(AssembleError::Journal(format!(
+                    "{} has no parity and so no write hole: a journal is for RAID5, RAID6, \
+                     RAID7.3 and ec levels",
+                    geometry.level
+                )));
+            }
+            if !opts.force {
+                if let Ok(j) = read_journal_super(jp) {
+                    return Err(AssembleError::InUse {
+                        path: jp.display().to_string(),
+                        uuid: uuid_string(&j.array_uuid),
+                        name: "journal".into(),
+                    });
+                }
+            }
+            let uuid = *uuid::Uuid::new_v4().as_bytes();
+            write_new_journal(jp, &geometry, array_uuid, uuid)?;
+            Some((uuid, *mode))
+        }
+        None => None,
+    };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let mut sb = Superblock {
-        array_uuid: *uuid::Uuid::new_v4().as_bytes(),
+        array_uuid,
         name: opts.name.chars().take(format::NAME_LEN).collect(),
         geometry,
         index: 0,
@@ -163,6 +209,7 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         device_uuid: [0; 16],
         states: vec![MemberState::Active; paths.len()],
         bitmap_chunk,
+        journal,
     };
     while sb.name.len() > format::NAME_LEN {
         sb.name.pop();
@@ -259,6 +306,9 @@ pub struct Plan {
     /// The write-intent bitmap merged from the usable members (`load_bitmap`; bit r of word
     /// r/64: region r dirty). None: no bitmap, or not read.
     pub bitmap: Option<Vec<u64>>,
+    /// The array's journal device among the paths given (its superblock names this
+    /// array and the journal the array's superblock records).
+    pub journal: Option<PathBuf>,
 }
 
 impl Plan {
@@ -286,6 +336,11 @@ impl Plan {
     pub fn check_dirty_degraded(&self, allow: bool) -> Result<(), AssembleError> {
         let missing = self.missing();
         if allow || self.sb.clean || !self.sb.geometry.level.is_parity() || missing.is_empty() {
+            return Ok(());
+        }
+        if self.sb.journal.is_some() && self.journal.is_some() {
+            // Replay makes every stripe consistent before anything is read (or the start
+            // fails if the journal cannot be replayed).
             return Ok(());
         }
         let regions = match self.dirty_ranges() {
@@ -342,6 +397,7 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
 pub fn plan_with(paths: &[PathBuf], force: bool) -> Result<Plan, AssembleError> {
     let mut found = Vec::new();
     let mut refused = Vec::new();
+    let mut journals = Vec::new();
     for p in paths {
         match read_superblock_slot(p) {
             Ok((sb, slot)) => found.push(Found {
@@ -349,12 +405,212 @@ pub fn plan_with(paths: &[PathBuf], force: bool) -> Result<Plan, AssembleError> 
                 sb,
                 slot,
             }),
-            Err(e) => refused.push(format!("{e}")),
+            Err(e) => match read_journal_super(p) {
+                Ok(j) => journals.push((p.clone(), j)),
+                Err(_) => refused.push(format!("{e}")),
+            },
         }
     }
     let mut plan = decide(found, refused, force)?;
+    for (p, j) in journals {
+        let ours = plan
+            .sb
+            .journal
+            .is_some_and(|(u, _)| u == j.journal_uuid && j.array_uuid == plan.sb.array_uuid);
+        if ours && plan.journal.is_none() {
+            plan.journal = Some(p);
+        } else {
+            plan.refused.push(format!(
+                "{}: journal {} of array {}, not a journal of this array",
+                p.display(),
+                uuid_string(&j.journal_uuid),
+                uuid_string(&j.array_uuid)
+            ));
+        }
+    }
     plan.bitmap = load_bitmap(&plan)?;
     Ok(plan)
+}
+
+/// Reads the journal superblock of `path` (the fresher valid slot).
+pub fn read_journal_super(path: &Path) -> Result<JournalSuper, AssembleError> {
+    let f = File::open(path).map_err(io_err(path))?;
+    let mut b = vec![0u8; JSB_SIZE * JSB_SLOTS];
+    f.read_exact_at(&mut b, 0).map_err(io_err(path))?;
+    uraid_core::journal::pick_super(&b[..JSB_SIZE], &b[JSB_SIZE..])
+        .map_err(|e| AssembleError::Journal(format!("{}: {e}", path.display())))
+}
+
+/// Formats `path` as a journal of the array `array_uuid` (both superblock slots, synced).
+fn write_new_journal(
+    path: &Path,
+    g: &Geometry,
+    array_uuid: [u8; 16],
+    journal_uuid: [u8; 16],
+) -> Result<JournalSuper, AssembleError> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    let size = device_size(&f).map_err(io_err(path))?;
+    let need = uraid_core::journal::LOG_START + uraid_core::journal::min_log(g.members, g.chunk);
+    if size < need {
+        return Err(AssembleError::TooSmall {
+            path: path.display().to_string(),
+            size,
+            need,
+        });
+    }
+    let mut sb = JournalSuper::new(array_uuid, journal_uuid, size);
+    for gen in [2, 1] {
+        sb.gen = gen;
+        f.write_all_at(&sb.encode(), (sb.slot() * JSB_SIZE) as u64)
+            .map_err(io_err(path))?;
+    }
+    // A stale record at the log start must never look like one of this journal's: the
+    // journal uuid is new, but the epoch and sequence numbers start over.
+    f.write_all_at(&[0u8; 4096], uraid_core::journal::LOG_START)
+        .map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))?;
+    Ok(sb)
+}
+
+/// Rewrites the superblocks of a stopped array's members (offline: `uraid journal add`,
+/// `remove`): `change` edits the array's superblock, which is written with the next event
+/// count into each usable member's other slot and synced. Every member and `claim_also`
+/// are held exclusively meanwhile (a running server is refused).
+fn rewrite_superblocks(
+    plan: &Plan,
+    claim_also: Option<&Path>,
+    change: impl FnOnce(&mut Superblock),
+) -> Result<Superblock, AssembleError> {
+    let mut claims = Vec::new();
+    for (i, p) in plan.slots.iter().enumerate() {
+        if let Some(p) = p {
+            claims.push(open_exclusive(p, Access::ReadWrite, false).map_err(member_open_err(i))?);
+        }
+    }
+    if let Some(p) = claim_also {
+        claims.push(
+            open_exclusive(p, Access::ReadWrite, false).map_err(member_open_err(usize::MAX))?,
+        );
+    }
+    let mut sb = plan.sb.clone();
+    change(&mut sb);
+    sb.events += 1;
+    sb.utime = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for (i, p) in plan.slots.iter().enumerate() {
+        let Some(p) = p else { continue };
+        if plan.sb.is_failed(i) {
+            continue;
+        }
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .map_err(io_err(p))?;
+        let mut m = sb.clone();
+        m.index = i;
+        m.device_uuid = plan.device_uuids[i];
+        let slot = 1 - plan.sb_slots[i];
+        f.write_all_at(&m.encode(), (slot * SB_SIZE) as u64)
+            .map_err(io_err(p))?;
+        f.sync_all().map_err(io_err(p))?;
+    }
+    drop(claims);
+    Ok(sb)
+}
+
+/// Adds a journal device to a stopped, cleanly shut down parity array (`uraid journal
+/// add`): formats it, then records it in the members' superblocks.
+pub fn add_journal(
+    plan: &Plan,
+    path: &Path,
+    mode: JournalMode,
+    force: bool,
+) -> Result<Superblock, AssembleError> {
+    let g = plan.sb.geometry;
+    if !g.level.is_parity() {
+        return Err(AssembleError::Journal(format!(
+            "{} has no parity and so no write hole: a journal is for RAID5, RAID6, RAID7.3 \
+             and ec levels",
+            g.level
+        )));
+    }
+    if let Some((u, m)) = plan.sb.journal {
+        return Err(AssembleError::Journal(format!(
+            "array '{}' already has journal {} ({}); remove it first",
+            plan.sb.name,
+            uuid_string(&u),
+            m.name()
+        )));
+    }
+    if !plan.sb.clean {
+        return Err(AssembleError::Journal(format!(
+            "array '{}' was not stopped cleanly: serve it once with every member (it resyncs) \
+             and stop it, then add the journal",
+            plan.sb.name
+        )));
+    }
+    if plan.slots.iter().flatten().any(|q| same_file(path, q)) {
+        return Err(AssembleError::Duplicate {
+            path: path.display().to_string(),
+        });
+    }
+    if !force {
+        if let Ok(sb) = read_superblock(path) {
+            return Err(AssembleError::InUse {
+                path: path.display().to_string(),
+                uuid: uuid_string(&sb.array_uuid),
+                name: sb.name,
+            });
+        }
+        if let Ok(j) = read_journal_super(path) {
+            return Err(AssembleError::InUse {
+                path: path.display().to_string(),
+                uuid: uuid_string(&j.array_uuid),
+                name: "journal".into(),
+            });
+        }
+    }
+    let uuid = *uuid::Uuid::new_v4().as_bytes();
+    let _claim =
+        open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(usize::MAX))?;
+    write_new_journal(path, &g, plan.sb.array_uuid, uuid)?;
+    drop(_claim);
+    rewrite_superblocks(plan, None, |sb| sb.journal = Some((uuid, mode)))
+}
+
+/// Removes the journal from a stopped array (`uraid journal remove`). Refused unless the
+/// array was stopped cleanly (its journal then holds nothing the members lack) or `force`
+/// (a dirty array then resyncs from its bitmap; with a write-back journal, writes that were
+/// acknowledged but only in the journal are lost).
+pub fn remove_journal(plan: &Plan, force: bool) -> Result<Superblock, AssembleError> {
+    let Some((u, mode)) = plan.sb.journal else {
+        return Err(AssembleError::Journal(format!(
+            "array '{}' has no journal",
+            plan.sb.name
+        )));
+    };
+    if !plan.sb.clean && !force {
+        return Err(AssembleError::Journal(format!(
+            "array '{}' was not stopped cleanly and its journal {} ({}) may hold updates the \
+             members lack: serve it once with the journal (replay), stop it, then remove it; \
+             --force removes it anyway (dirty regions are resynced from the bitmap{})",
+            plan.sb.name,
+            uuid_string(&u),
+            mode.name(),
+            if mode == JournalMode::WriteBack {
+                "; writes acknowledged only to the write-back journal are lost"
+            } else {
+                ""
+            }
+        )));
+    }
+    rewrite_superblocks(plan, plan.journal.as_deref(), |sb| sb.journal = None)
 }
 
 /// "N regions dirty: volume bytes a..b, c..d, ..." (the first few ranges).
@@ -487,6 +743,7 @@ pub fn decide(
                 member_events: member_events.clone(),
                 refused: Vec::new(),
                 bitmap: None,
+                journal: None,
             };
             probe.can_start().is_ok()
         };
@@ -510,6 +767,7 @@ pub fn decide(
         member_events,
         refused,
         bitmap: None,
+        journal: None,
     })
 }
 
@@ -565,11 +823,19 @@ pub fn create_exclusive(
             });
         }
     }
-    let _claims = paths
+    let mut _claims = paths
         .iter()
         .enumerate()
         .map(|(i, p)| open_exclusive(p, Access::ReadWrite, false).map_err(member_open_err(i)))
         .collect::<Result<Vec<File>, _>>()?;
+    if let Some((jp, _)) = &opts.journal {
+        if !paths.iter().any(|q| same_file(jp, q)) {
+            _claims.push(
+                open_exclusive(jp, Access::ReadWrite, false)
+                    .map_err(member_open_err(usize::MAX))?,
+            );
+        }
+    }
     create(paths, opts)
 }
 
@@ -631,6 +897,7 @@ pub fn open_volume_with(
 ) -> Result<std::sync::Arc<crate::Volume<FileDev>>, AssembleError> {
     debug_assert!(access == Access::ReadWrite || opts.frozen_metadata);
     let devs = open_members_with(plan, access)?;
+    let journal = open_journal(plan, &devs, opts.frozen_metadata, access)?;
     let (map, bad) = load_map(plan)?;
     if bad > 0 {
         tracing::warn!(
@@ -638,13 +905,46 @@ pub fn open_volume_with(
              treated as allocated"
         );
     }
-    let array = crate::Array::new(
-        plan.sb.clone(),
-        plan.ids(),
-        devs,
-        rt,
-        opts,
-        plan.bitmap.clone(),
-    );
+    let mut sb = plan.sb.clone();
+    if journal.is_some() {
+        // Replayed: every stripe is consistent, nothing to resync.
+        sb.clean = true;
+    }
+    let array = crate::Array::new(sb, plan.ids(), devs, rt, opts, plan.bitmap.clone());
+    if let Some(j) = journal {
+        array.attach_journal(j);
+    }
     Ok(crate::Volume::new(array, Some(map)))
+}
+
+/// Opens the plan's journal device and replays it onto the members (`journal::replay`).
+/// None when the array has no journal, or when nothing may be written (read-only or frozen
+/// metadata: the journal is then left as it is).
+fn open_journal(
+    plan: &Plan,
+    devs: &[Option<FileDev>],
+    frozen: bool,
+    access: Access,
+) -> Result<Option<crate::journal::Journal<FileDev>>, AssembleError> {
+    let Some((uuid, mode)) = plan.sb.journal else {
+        return Ok(None);
+    };
+    let missing = || AssembleError::JournalMissing {
+        name: plan.sb.name.clone(),
+        uuid: uuid_string(&uuid),
+        mode: mode.name(),
+    };
+    let path = plan.journal.as_ref().ok_or_else(missing)?;
+    if frozen || access == Access::ReadOnly {
+        return Ok(None);
+    }
+    let dev = FileDev::open_with(path, access).map_err(member_open_err(usize::MAX))?;
+    let report = crate::journal::replay(&dev, &plan.sb, devs).map_err(AssembleError::Journal)?;
+    let jsb = report.sb.ok_or_else(missing)?;
+    Ok(Some(crate::journal::Journal::new(
+        dev,
+        mode,
+        jsb,
+        report.records,
+    )))
 }

@@ -249,7 +249,8 @@ impl<D: BlockDev> Array<D> {
         // Everything written into the candidates so far becomes durable. Nothing is cleared
         // while a member is failed or missing (md's rule): its last writes may never have
         // become durable, and a forced reassembly could bring it back.
-        if self.flush().await.is_err() || !self.members.failed().is_empty() {
+        self.flush_members().await;
+        if self.check_serving().is_err() || !self.members.failed().is_empty() {
             return 0;
         }
         let _io = wi.io.lock().await;
@@ -288,18 +289,27 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// One pass of the bitmap daemon: clears the bits of regions idle since the previous
-    /// pass (the server runs it every `BITMAP_TICK`). Returns how many it cleared. Runs on
+    /// pass (the server runs it every `BITMAP_TICK`), and checkpoints the journal (bounding
+    /// what a replay has to do). Returns how many bits it cleared. Runs on
     /// a reactor when the array has them (io_uring I/O with the member timeouts: a hung
     /// member fails instead of holding the bitmap lock), else here.
     pub async fn bitmap_tick(self: &Arc<Self>) -> u64 {
         match &self.rt {
             Some(rt) => {
                 let a = self.clone();
-                rt.spawn_on(0, move || async move { a.clear_idle(false).await })
-                    .await
-                    .unwrap_or(0)
+                rt.spawn_on(0, move || async move {
+                    let n = a.clear_idle(false).await;
+                    a.journal_checkpoint().await;
+                    n
+                })
+                .await
+                .unwrap_or(0)
             }
-            None => self.clear_idle(false).await,
+            None => {
+                let n = self.clear_idle(false).await;
+                self.journal_checkpoint().await;
+                n
+            }
         }
     }
 

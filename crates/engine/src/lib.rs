@@ -5,6 +5,7 @@
 //! * `metadata`: superblock rounds, dirty/clean, the failure barrier;
 //! * `stripe`: the stripe lock table, stripe reads and decode, stripe write execution;
 //! * `array`: request execution over all of the above for every level;
+//! * `journal`: the journal device (write-ahead log of stripe updates, replay, checkpoints);
 //! * `recovery`: background work under the stripe locks (resync);
 //! * `alloc`, `volume`: the allocation map and the client-facing volume on top of the array;
 //! * `shard`, `metrics`: per-thread counters and latency histograms, summed when read;
@@ -16,6 +17,7 @@ pub mod assemble;
 pub mod bitmap;
 pub mod buf;
 pub mod dev;
+pub mod journal;
 pub mod members;
 pub mod metadata;
 pub mod metrics;

@@ -242,6 +242,23 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
+    /// Whether superblocks are never written (read-only benchmarks).
+    pub(crate) fn meta_frozen(&self) -> bool {
+        self.meta.frozen
+    }
+
+    /// A superblock round recording that the array has no journal any more (the journal
+    /// failed: bitmap mode from now on, journal.rs).
+    pub(crate) async fn drop_journal_from_superblocks(&self) {
+        if self.meta.frozen {
+            return;
+        }
+        let mut meta = self.meta.state.lock().await;
+        if meta.sb.journal.take().is_some() {
+            self.persist(&mut meta, true).await;
+        }
+    }
+
     /// Before the first write of a session: superblocks say "not clean".
     pub(crate) async fn ensure_dirty(&self) {
         if self.meta.dirty.load(Ordering::Acquire) {
@@ -270,7 +287,10 @@ impl<D: BlockDev> Array<D> {
     /// still due, records a clean shutdown in the superblocks. A session that only read leaves them untouched: members
     /// that were merely absent are not marked failed, since their data is still current.
     pub async fn close(&self) -> Result<(), crate::ArrayError> {
-        self.flush().await?;
+        self.flush_members().await;
+        self.check_serving()?;
+        // Everything is on the members: the journal is emptied (nothing to replay).
+        self.journal_checkpoint().await;
         // Regions written this session are idle and flushed: their bits go (resync's
         // unfinished regions keep theirs, so the next start resumes there).
         self.bitmap_close().await;

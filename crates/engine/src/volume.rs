@@ -383,6 +383,7 @@ impl<D: BlockDev> Volume<D> {
         let at = MAP_OFFSET + (p * PAGE) as u64;
         let all = MemberSet::all(self.geometry().members);
         let members = &self.array.members;
+        self.array.note_unjournaled();
         self.array
             .each_live(all, |i| members.write_raw(i, at, buf::copy_of(&image)))
             .await;

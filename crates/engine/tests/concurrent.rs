@@ -174,6 +174,7 @@ fn files_through_io_uring_and_reassembly() {
             name: "t".into(),
             force: false,
             bitmap_chunk: None,
+            journal: None,
         },
     )
     .unwrap();

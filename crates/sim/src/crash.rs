@@ -24,7 +24,7 @@ use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use uraid_core::format::{pick_superblock_slot, SB_SIZE};
+use uraid_core::format::{pick_superblock_slot, JournalMode, SB_SIZE};
 use uraid_core::geometry::SECTOR;
 use uraid_core::{Geometry, Level};
 use uraid_engine::assemble::{decide, Found};
@@ -229,6 +229,16 @@ pub struct TrialConfig {
     /// Run the bitmap daemon's pass (`Array::bitmap_tick`) concurrently with the workload,
     /// so the cut also lands while bits are being cleared.
     pub bitmap_daemon: bool,
+    /// A journal device in this mode (one more device on the clock, small enough to wrap
+    /// and checkpoint during the workload): every reassembly replays it, so nothing may be
+    /// refused, with members lost or not.
+    pub journal: Option<JournalMode>,
+}
+
+/// Size of the trial journal: eight of the array's largest records.
+pub fn trial_journal_size(g: &Geometry) -> usize {
+    (uraid_core::journal::LOG_START + 8 * uraid_core::journal::max_record(g.members, g.chunk))
+        as usize
 }
 
 #[derive(Debug, Clone)]
@@ -276,6 +286,10 @@ impl Run {
         (!self.clock.is_off()).then(|| self.now())
     }
 }
+
+/// Journal checkpoints taken during trial workloads (all threads): the journal tests check
+/// that the log really filled, wrapped and was checkpointed under the cut.
+pub static JOURNAL_CHECKPOINTS: AtomicU64 = AtomicU64::new(0);
 
 /// Regions the bitmap daemon cleared in trials with `bitmap_daemon` (all threads): the
 /// daemon test checks that clearing really happened under the cut.
@@ -402,7 +416,7 @@ fn build(
     let g = Geometry::new(cfg.level, cfg.members, cfg.chunk, cfg.rows * cfg.chunk)
         .expect("valid trial geometry");
     let clock = Clock::new(crash_at, cfg.seed);
-    let devs: Vec<MemDev> = fresh_images(g)
+    let devs: Vec<MemDev> = crate::fresh_images_with(g, cfg.journal)
         .into_iter()
         .enumerate()
         .map(|(i, img)| cached_dev(format!("mem{i}"), img, &clock))
@@ -411,8 +425,10 @@ fn build(
         d.faults.yield_ops.store(true, Ordering::Relaxed);
     }
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
+    let mut sb = crate::sim_superblock(g);
+    sb.journal = cfg.journal.map(|m| (crate::SIM_JOURNAL_UUID, m));
     let array = Array::new(
-        crate::sim_superblock(g),
+        sb.clone(),
         crate::sim_ids(cfg.members),
         devs.into_iter().map(Some).collect(),
         None,
@@ -420,6 +436,15 @@ fn build(
         // A fresh array: its bitmap is known to be empty.
         Some(Vec::new()),
     );
+    if let Some(mode) = cfg.journal {
+        let img = crate::journal_image(trial_journal_size(&g));
+        // Read off the clock (the power cut counts member operations from the workload on).
+        let jsb = uraid_engine::journal::check_journal(&MemDev::from_image("j", img.clone()), &sb)
+            .expect("fresh journal");
+        let jdev = cached_dev(format!("mem{}", cfg.members), img, &clock);
+        jdev.faults.yield_ops.store(true, Ordering::Relaxed);
+        array.attach_journal(uraid_engine::journal::Journal::new(jdev, mode, jsb, 0));
+    }
     (Volume::new(array, Some(Vec::new())), faults, clock)
 }
 
@@ -441,6 +466,7 @@ pub fn reassemble_with(
     let plan = plan_from(images, present)?;
     plan.can_start()
         .map_err(|e| format!("{e}; refused: {:?}", plan.refused))?;
+    let members = present.len();
     let g = plan.sb.geometry;
     let mo = uraid_core::alloc::MAP_OFFSET as usize;
     let len = uraid_core::alloc::pages(&g) * uraid_core::alloc::PAGE;
@@ -457,14 +483,33 @@ pub fn reassemble_with(
         }
     }
     let (words, _) = uraid_engine::alloc::merge_map_copies(&g, &copies);
+    // The journal (the image after the members'), replayed as `assemble::open_volume` does.
+    let mut sb = plan.sb.clone();
+    let journal = match (plan.sb.journal, images.get(members)) {
+        (Some((_, mode)), Some(img)) => {
+            let jdev = make_dev(members, img.clone());
+            let r = uraid_engine::journal::replay(&jdev, &plan.sb, &devs)
+                .map_err(|e| format!("journal replay: {e}"))?;
+            sb.clean = true;
+            let jsb = r.sb.ok_or("replay wrote no superblock")?;
+            Some(uraid_engine::journal::Journal::new(
+                jdev, mode, jsb, r.records,
+            ))
+        }
+        (Some(_), None) => return Err("the array has a journal and none was given".into()),
+        _ => None,
+    };
     let array = Array::new(
-        plan.sb.clone(),
+        sb,
         plan.ids(),
         devs,
         None,
         sim_options(),
         plan.bitmap.clone(),
     );
+    if let Some(j) = journal {
+        array.attach_journal(j);
+    }
     Ok(Volume::new(array, Some(words)))
 }
 
@@ -556,7 +601,7 @@ pub fn dirty_degraded_refused(images: &[Vec<u8>], present: &[bool]) -> bool {
 fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assemble::Plan, String> {
     let mut found = Vec::new();
     let mut refused = Vec::new();
-    for (i, img) in images.iter().enumerate() {
+    for (i, img) in images.iter().enumerate().take(present.len()) {
         if !present[i] {
             continue;
         }
@@ -570,6 +615,9 @@ fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assem
         }
     }
     let mut plan = decide(found, refused, false).map_err(|e| e.to_string())?;
+    if plan.sb.journal.is_some() && images.len() > present.len() {
+        plan.journal = Some("journal".into());
+    }
     // The write-intent bitmap as the product loads it: the union of the usable members'
     // valid copies.
     let (g, bc) = (plan.sb.geometry, plan.sb.bitmap_chunk);
@@ -725,6 +773,9 @@ fn stage(
         time: RefCell::new(0),
     });
     workload(cfg, &vol, faults, &run);
+    if let Some(j) = vol.array().journal_status() {
+        JOURNAL_CHECKPOINTS.fetch_add(j.checkpoints, Ordering::Relaxed);
+    }
     let ops = clock.ops();
     clock.power_cut();
     drop(vol);
@@ -898,8 +949,17 @@ pub fn run_two_stage(
         })
     });
     let clock = Clock::new(crash2, cfg2.seed);
-    let vol = on_clock(&clock).map_err(|e| ctx(format!("stage 2 does not assemble: {e}")))?;
-    let (events2, images2, ops2) = stage(&cfg2, vol, &[], &clock);
+    let (events2, images2, ops2) = match on_clock(&clock) {
+        Ok(vol) => stage(&cfg2, vol, &[], &clock),
+        // The cut landed in the assembly itself (a journal replay): stage 2 wrote nothing,
+        // and the next assembly must replay again from what the media hold.
+        Err(_) if clock.is_off() => (
+            Vec::new(),
+            clock.images().expect("power was cut"),
+            clock.ops(),
+        ),
+        Err(e) => return Err(ctx(format!("stage 2 does not assemble: {e}"))),
+    };
     let (_, mut refused) = verify(&cfg2, &events2, &images2, &got1, &[], false)
         .map_err(|e| ctx(format!("stage 2, crash_at {crash2}: {e}")))?;
     if Geometry::new(cfg.level, cfg.members, cfg.chunk, cfg.rows * cfg.chunk)

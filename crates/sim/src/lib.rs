@@ -319,8 +319,12 @@ pub fn sim_superblock(geometry: Geometry) -> Superblock {
         device_uuid: [0; 16],
         states: vec![MemberState::Active; geometry.members],
         bitmap_chunk: sim_bitmap_chunk(&geometry),
+        journal: None,
     }
 }
+
+/// The journal uuid of in-memory arrays with a journal.
+pub const SIM_JOURNAL_UUID: [u8; 16] = [0x4a; 16];
 
 /// The write-intent bitmap region of in-memory arrays: two chunk rows, so that small trial
 /// arrays have several regions and resync after a crash covers only some of them.
@@ -337,7 +341,17 @@ pub fn sim_bitmap_chunk(g: &Geometry) -> u64 {
 /// reused disk: the allocation map must keep every never-written byte reading as zero, and
 /// no parity may ever be computed from stale bytes.
 pub fn fresh_images(geometry: Geometry) -> Vec<Vec<u8>> {
+    fresh_images_with(geometry, None)
+}
+
+/// `fresh_images` of an array whose superblock records a journal in `mode` (the journal
+/// device itself: `journal_image`).
+pub fn fresh_images_with(
+    geometry: Geometry,
+    journal: Option<uraid_core::format::JournalMode>,
+) -> Vec<Vec<u8>> {
     let mut sb = sim_superblock(geometry);
+    sb.journal = journal.map(|m| (SIM_JOURNAL_UUID, m));
     let map = uraid_engine::alloc::empty_map_image(&geometry);
     (0..geometry.members)
         .map(|i| {
@@ -357,6 +371,15 @@ pub fn fresh_images(geometry: Geometry) -> Vec<Vec<u8>> {
             img
         })
         .collect()
+}
+
+/// A formatted, empty journal device of `size` bytes for the array `sim_superblock` makes
+/// (garbage in its log area, as on a reused disk).
+pub fn journal_image(size: usize) -> Vec<u8> {
+    let d = MemDev::from_image("journal", payload(0x10a1, size).to_vec());
+    uraid_engine::journal::format_journal(&d, [1; 16], SIM_JOURNAL_UUID)
+        .expect("in-memory journal formats");
+    d.snapshot()
 }
 
 pub fn device_uuid(i: usize) -> [u8; 16] {

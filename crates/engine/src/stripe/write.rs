@@ -233,12 +233,15 @@ impl<D: BlockDev> Array<D> {
             for (j, b) in parity.into_iter().enumerate() {
                 writes.push((g.parity_member(stripe, j), b));
             }
-            let writes: Vec<(usize, IoBuf)> = writes
+            let writes: Vec<(usize, u64, IoBuf)> = writes
                 .into_iter()
                 .filter(|(mem, _)| !failed.contains(*mem))
+                .map(|(mem, b)| (mem, at, b))
                 .collect();
-            self.write_members(writes.into_iter().map(|(mem, b)| (mem, at, b)).collect())
-                .await;
+            // With a journal: the whole update is durable there before any member sees it.
+            let record = self.journal_log(&writes).await;
+            self.write_members(writes).await;
+            self.journal_applied(record);
             return self.check_serving().map(|_| ());
         }
     }

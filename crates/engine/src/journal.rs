@@ -1,0 +1,518 @@
+//! The journal device at run time (format: `uraid_core::journal`, docs/format.md).
+//!
+//! Rules (ARCHITECTURE.md invariant 15):
+//! * Every stripe operation of a parity array with an active journal writes one record — the
+//!   complete new contents of every member range it is about to write, data and parity —
+//!   and the record is *durable* (written, and a journal flush completed after it and after
+//!   every earlier record was written) before any of those member writes is issued
+//!   (`journal_log`). A power cut therefore leaves every stripe either untouched since its
+//!   last durable state or described completely by a durable record: replay at assembly
+//!   (`replay`) rewrites the records in order, which makes every stripe consistent, so a
+//!   dirty array needs no resync and a dirty *degraded* one is safe to start.
+//! * Durability is a prefix: a journal flush covers exactly the records whose writes
+//!   completed before it began, and a record counts as durable only when every record
+//!   before it does too (group commit: one flush serves every record written meanwhile).
+//!   Replay stops at the first invalid record, so no durable record ever follows a gap.
+//! * Space is reclaimed by checkpoints: the tail moves past a record only after its member
+//!   writes completed *and* a member flush finished after that; then the journal
+//!   superblock (alternating slots, generation counter) records the new tail, flushed.
+//! * Write-back mode: a client FLUSH (or FUA) needs no member flush: every acknowledged
+//!   write's record is already durable. Member writes that bypass the journal (allocation
+//!   map pages) are counted (`note_unjournaled`); a FLUSH after one flushes the members.
+//! * A journal I/O error switches the array to bitmap mode before any member write goes
+//!   unlogged: the journal is marked failed in memory, a superblock round records "no
+//!   journal", the members are flushed (write-back: what only the journal held), and only
+//!   then do stripe operations continue without it. The write-intent bitmap runs under the
+//!   journal all along, so its dirty regions cover everything written since.
+
+use crate::array::Array;
+use crate::buf::{self, IoBuf};
+use crate::dev::BlockDev;
+use futures::executor::block_on;
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use uraid_core::format::{JournalMode, Superblock};
+use uraid_core::journal::{self as fmt, Entry, JournalSuper, JSB_SIZE};
+use uraid_core::MemberSet;
+
+/// The journal of a running array.
+pub struct Journal<D: BlockDev> {
+    dev: D,
+    pub(crate) mode: JournalMode,
+    uuid: [u8; 16],
+    log_len: u64,
+    epoch: u64,
+    st: Mutex<LogState>,
+    /// Group commit: whoever holds it flushes for every record written so far.
+    flush_lock: futures::lock::Mutex<()>,
+    /// The journal superblock as last written (checkpoints are serialised by it).
+    sb: futures::lock::Mutex<JournalSuper>,
+    /// Set once an I/O error took the journal out of service (bitmap mode from then on).
+    failed: AtomicBool,
+    /// Serialises the switch to bitmap mode; true once it is durable.
+    fallback: futures::lock::Mutex<bool>,
+    checkpoint_running: AtomicBool,
+    pub(crate) stats: JournalStats,
+}
+
+#[derive(Default)]
+pub(crate) struct JournalStats {
+    pub(crate) records: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) checkpoints: AtomicU64,
+    pub(crate) replayed: AtomicU64,
+}
+
+struct LogState {
+    /// Next free logical position and sequence number.
+    head: u64,
+    next_seq: u64,
+    /// Oldest logical position still needed (as the durable superblock says).
+    tail: u64,
+    /// Records reserved whose member writes have not all completed: seq → position.
+    inflight: BTreeMap<u64, u64>,
+    /// Records reserved whose journal write has not completed.
+    unwritten: BTreeMap<u64, ()>,
+    /// Every record up to this sequence number is durable.
+    durable: u64,
+}
+
+/// A snapshot for status and metrics.
+#[derive(Debug, Clone, Default)]
+pub struct JournalStatus {
+    pub device: String,
+    pub mode: &'static str,
+    /// "active", or "failed" (the array runs in bitmap mode).
+    pub state: &'static str,
+    pub log_bytes: u64,
+    pub used_bytes: u64,
+    pub records: u64,
+    pub bytes: u64,
+    /// Journal flushes (each makes every record written before it durable).
+    pub commits: u64,
+    pub checkpoints: u64,
+    /// Records replayed when the array was assembled.
+    pub replayed: u64,
+}
+
+/// What replay did at assembly.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayReport {
+    pub records: u64,
+    pub bytes: u64,
+    /// The journal superblock written after the replay (a new epoch, empty log).
+    pub sb: Option<JournalSuper>,
+}
+
+/// Reads both superblock slots of a journal device.
+fn read_super<J: BlockDev>(dev: &J) -> Result<JournalSuper, String> {
+    let (r, b) = block_on(dev.read(0, buf::alloc(2 * JSB_SIZE)));
+    r.map_err(|e| format!("{}: cannot read the journal superblock: {e}", dev.name()))?;
+    fmt::pick_super(&b[..JSB_SIZE], &b[JSB_SIZE..]).map_err(|e| format!("{}: {e}", dev.name()))
+}
+
+/// Writes `sb` into its slot and flushes.
+async fn write_super<J: BlockDev>(dev: &J, sb: &JournalSuper) -> io::Result<()> {
+    let at = (sb.slot() * JSB_SIZE) as u64;
+    dev.write(at, buf::copy_of(&sb.encode())).await.0?;
+    dev.flush().await
+}
+
+/// Writes a fresh journal superblock (both slots) on `dev` for the array `array_uuid`.
+pub fn format_journal<J: BlockDev>(
+    dev: &J,
+    array_uuid: [u8; 16],
+    journal_uuid: [u8; 16],
+) -> io::Result<JournalSuper> {
+    let mut sb = JournalSuper::new(array_uuid, journal_uuid, dev.size());
+    for g in [2, 1] {
+        sb.gen = g;
+        let at = (sb.slot() * JSB_SIZE) as u64;
+        block_on(dev.write(at, buf::copy_of(&sb.encode()))).0?;
+    }
+    block_on(dev.flush())?;
+    Ok(sb)
+}
+
+/// Checks that `dev` is the journal `sb` names: its superblock, the array and journal
+/// uuids, and a log large enough for this array's records.
+pub fn check_journal<J: BlockDev>(dev: &J, sb: &Superblock) -> Result<JournalSuper, String> {
+    let Some((uuid, _)) = sb.journal else {
+        return Err("the array has no journal".into());
+    };
+    let j = read_super(dev)?;
+    if j.array_uuid != sb.array_uuid || j.journal_uuid != uuid {
+        return Err(format!(
+            "{} is journal {} of array {}, not this array's journal {}",
+            dev.name(),
+            uraid_core::format::uuid_string(&j.journal_uuid),
+            uraid_core::format::uuid_string(&j.array_uuid),
+            uraid_core::format::uuid_string(&uuid)
+        ));
+    }
+    let g = &sb.geometry;
+    if j.log_start + j.log_len > dev.size() || j.log_len < fmt::min_log(g.members, g.chunk) {
+        return Err(format!(
+            "{}: the journal's log area ({} bytes) does not fit the device or holds fewer than \
+             four of this array's largest records",
+            dev.name(),
+            j.log_len
+        ));
+    }
+    Ok(j)
+}
+
+/// Replays the journal onto the members at assembly (sync; before the array is built):
+/// every record after the checkpoint is written to the members present (`members[i]` None:
+/// missing or failed, its entries are skipped), in order; the members written are flushed;
+/// then the journal superblock starts a new epoch with an empty log, so the old records
+/// are never replayed again. Idempotent: a crash anywhere in here replays the same records
+/// again next time.
+pub fn replay<J: BlockDev, D: BlockDev>(
+    dev: &J,
+    sb: &Superblock,
+    members: &[Option<D>],
+) -> Result<ReplayReport, String> {
+    let j = check_journal(dev, sb)?;
+    let g = &sb.geometry;
+    let max_payload = g.members as u64 * g.chunk;
+    let mut err: Option<String> = None;
+    let mut written = MemberSet::EMPTY;
+    let walk = fmt::walk(
+        &j,
+        g.members,
+        max_payload,
+        |at, len| {
+            let (r, b) = block_on(dev.read(at, buf::alloc(len)));
+            r.ok().map(|()| b.to_vec())
+        },
+        |h, payload| {
+            let mut p = 0usize;
+            for e in &h.entries {
+                let bytes = &payload[p..p + e.len as usize];
+                p += e.len as usize;
+                let m = e.member as usize;
+                let Some(d) = members.get(m).and_then(|d| d.as_ref()) else {
+                    continue;
+                };
+                if e.off + e.len as u64 > g.member_data {
+                    err.get_or_insert(format!(
+                        "journal record {} writes past member {m}'s data area",
+                        h.seq
+                    ));
+                    continue;
+                }
+                let r = block_on(d.write(sb.data_offset + e.off, buf::copy_of(bytes))).0;
+                match r {
+                    Ok(()) => written = written.with(m),
+                    Err(e) => {
+                        err.get_or_insert(format!("replay to member {m} ({}): {e}", d.name()));
+                    }
+                }
+            }
+        },
+    );
+    if let Some(e) = err {
+        return Err(e);
+    }
+    for m in written.iter() {
+        if let Some(d) = &members[m] {
+            block_on(d.flush()).map_err(|e| format!("replay: flushing member {m}: {e}"))?;
+        }
+    }
+    let next = JournalSuper {
+        epoch: j.epoch + 1,
+        gen: j.gen + 1,
+        tail: walk.end,
+        tail_seq: walk.next_seq,
+        ..j
+    };
+    block_on(write_super(dev, &next)).map_err(|e| format!("{}: {e}", dev.name()))?;
+    if walk.records > 0 {
+        tracing::warn!(
+            "journal {}: replayed {} record(s), {} bytes, onto the members: every stripe written \
+             when the array stopped is consistent again (no resync needed)",
+            dev.name(),
+            walk.records,
+            walk.bytes
+        );
+    }
+    Ok(ReplayReport {
+        records: walk.records,
+        bytes: walk.bytes,
+        sb: Some(next),
+    })
+}
+
+impl<D: BlockDev> Journal<D> {
+    /// A journal whose superblock `sb` was just written by `replay` (empty log).
+    pub fn new(dev: D, mode: JournalMode, sb: JournalSuper, replayed: u64) -> Journal<D> {
+        let st = LogState {
+            head: sb.tail,
+            next_seq: sb.tail_seq,
+            tail: sb.tail,
+            inflight: BTreeMap::new(),
+            unwritten: BTreeMap::new(),
+            durable: sb.tail_seq - 1,
+        };
+        let j = Journal {
+            mode,
+            uuid: sb.journal_uuid,
+            log_len: sb.log_len,
+            epoch: sb.epoch,
+            dev,
+            st: Mutex::new(st),
+            flush_lock: futures::lock::Mutex::new(()),
+            sb: futures::lock::Mutex::new(sb),
+            failed: AtomicBool::new(false),
+            fallback: futures::lock::Mutex::new(false),
+            checkpoint_running: AtomicBool::new(false),
+            stats: JournalStats::default(),
+        };
+        j.stats.replayed.store(replayed, Ordering::Relaxed);
+        j
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn active(&self) -> bool {
+        !self.failed.load(Ordering::Acquire)
+    }
+
+    pub fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    fn used(&self) -> u64 {
+        let st = self.lock();
+        st.head - st.tail
+    }
+
+    /// Makes record `seq` durable (group commit, module docs).
+    async fn commit(&self, seq: u64) -> io::Result<()> {
+        loop {
+            if self.lock().durable >= seq {
+                return Ok(());
+            }
+            let _g = self.flush_lock.lock().await;
+            // Every record before the first unwritten one is written.
+            let target = {
+                let st = self.lock();
+                if st.durable >= seq {
+                    return Ok(());
+                }
+                st.unwritten
+                    .keys()
+                    .next()
+                    .map_or(st.next_seq - 1, |&s| s - 1)
+            };
+            if target < seq {
+                // An earlier record's write is still in flight: let it finish.
+                drop(_g);
+                crate::reactor::yield_now().await;
+                continue;
+            }
+            self.dev.flush().await?;
+            self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            let mut st = self.lock();
+            st.durable = st.durable.max(target);
+        }
+    }
+}
+
+impl<D: BlockDev> Array<D> {
+    /// The journal, while it is in service.
+    pub(crate) fn journal_active(&self) -> Option<&Journal<D>> {
+        self.journal.get().filter(|j| j.active())
+    }
+
+    /// Attaches the journal (after `replay`). Only parity levels have one.
+    pub fn attach_journal(&self, j: Journal<D>) {
+        if self.geo.level.is_parity() && !self.meta_frozen() {
+            let _ = self.journal.set(j);
+        }
+    }
+
+    /// Logs the member writes of one stripe operation (`writes`: member, data-area offset,
+    /// bytes) and returns once the record is durable: the token for `journal_applied`.
+    /// None: no journal in service (also after this call switched to bitmap mode).
+    pub(crate) async fn journal_log(&self, writes: &[(usize, u64, IoBuf)]) -> Option<u64> {
+        let j = self.journal_active()?;
+        let entries: Vec<Entry> = writes
+            .iter()
+            .map(|(m, at, b)| Entry {
+                member: *m as u16,
+                len: b.len() as u32,
+                off: *at,
+            })
+            .collect();
+        let plen: u64 = writes.iter().map(|w| w.2.len() as u64).sum();
+        let size = fmt::HEADER as u64 + fmt::align_up(plen);
+        // Reserve space (checkpointing when the log is full).
+        let (seq, pos) = loop {
+            {
+                let mut st = j.lock();
+                let pos = fmt::next_lap(st.head, size, j.log_len);
+                if pos + size - st.tail <= j.log_len {
+                    let seq = st.next_seq;
+                    st.next_seq += 1;
+                    st.head = pos + size;
+                    st.inflight.insert(seq, pos);
+                    st.unwritten.insert(seq, ());
+                    break (seq, pos);
+                }
+            }
+            if !self.journal_checkpoint().await {
+                crate::reactor::yield_now().await;
+            }
+            if !j.active() {
+                return self.journal_failed_wait().await;
+            }
+        };
+        let mut rec = Vec::new();
+        let payload: Vec<&[u8]> = writes.iter().map(|w| &w.2[..]).collect();
+        fmt::encode_record(j.epoch, seq, pos, &entries, &payload, &mut rec);
+        let at = fmt::LOG_START + pos % j.log_len;
+        let r = j.dev.write(at, buf::copy_of(&rec)).await.0;
+        j.lock().unwritten.remove(&seq);
+        let r = match r {
+            Ok(()) => j.commit(seq).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            j.lock().inflight.remove(&seq);
+            self.journal_failed(&e).await;
+            return None;
+        }
+        j.stats.records.fetch_add(1, Ordering::Relaxed);
+        j.stats.bytes.fetch_add(plen, Ordering::Relaxed);
+        if j.used() > j.log_len / 2 {
+            self.spawn_checkpoint();
+        }
+        Some(seq)
+    }
+
+    /// The member writes of record `seq` completed (or failed their members).
+    pub(crate) fn journal_applied(&self, seq: Option<u64>) {
+        if let (Some(seq), Some(j)) = (seq, self.journal.get()) {
+            j.lock().inflight.remove(&seq);
+        }
+    }
+
+    fn spawn_checkpoint(&self) {
+        let Some(j) = self.journal.get() else { return };
+        if j.checkpoint_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match (&self.rt, self.me.upgrade()) {
+            (Some(rt), Some(a)) => {
+                rt.run_on(0, move || {
+                    crate::reactor::spawn_local(async move {
+                        a.journal_checkpoint().await;
+                        if let Some(j) = a.journal.get() {
+                            j.checkpoint_running.store(false, Ordering::Release);
+                        }
+                    })
+                });
+            }
+            // No reactors (tests): writers checkpoint when the log is full.
+            _ => j.checkpoint_running.store(false, Ordering::Release),
+        }
+    }
+
+    /// Moves the journal's tail past every record whose member writes completed: members
+    /// flushed, then the superblock. Returns whether space was freed.
+    pub async fn journal_checkpoint(&self) -> bool {
+        let Some(j) = self.journal_active() else {
+            return false;
+        };
+        let mut sb = j.sb.lock().await;
+        let (tail, tail_seq) = {
+            let st = j.lock();
+            match st.inflight.iter().next() {
+                Some((&seq, &pos)) => (pos, seq),
+                None => (st.head, st.next_seq),
+            }
+        };
+        if tail == sb.tail {
+            return false;
+        }
+        // Every record before `tail` has completed its member writes: make them durable.
+        self.flush_members().await;
+        let next = JournalSuper {
+            tail,
+            tail_seq,
+            gen: sb.gen + 1,
+            ..sb.clone()
+        };
+        if let Err(e) = write_super(&j.dev, &next).await {
+            drop(sb);
+            self.journal_failed(&e).await;
+            return false;
+        }
+        *sb = next;
+        j.lock().tail = tail;
+        j.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// A journal I/O error: switch to bitmap mode durably (module docs), then return.
+    async fn journal_failed(&self, e: &io::Error) {
+        let Some(j) = self.journal.get() else { return };
+        if !j.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                "journal {} failed: {e}; the array continues in write-intent bitmap mode (the \
+                 write hole is open again until a journal is added back)",
+                j.dev.name()
+            );
+        }
+        self.journal_failed_wait().await;
+    }
+
+    /// Waits until the switch to bitmap mode is durable (doing it if nobody has).
+    async fn journal_failed_wait(&self) -> Option<u64> {
+        let j = self.journal.get()?;
+        let mut done = j.fallback.lock().await;
+        if !*done {
+            self.drop_journal_from_superblocks().await;
+            self.flush_members().await;
+            *done = true;
+        }
+        None
+    }
+
+    /// Journal state for status (None: the array has no journal).
+    pub fn journal_status(&self) -> Option<JournalStatus> {
+        let j = self.journal.get()?;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Some(JournalStatus {
+            device: j.dev.name().to_string(),
+            mode: j.mode.name(),
+            state: if j.active() { "active" } else { "failed" },
+            log_bytes: j.log_len,
+            used_bytes: j.used(),
+            records: l(&j.stats.records),
+            bytes: l(&j.stats.bytes),
+            commits: l(&j.stats.commits),
+            checkpoints: l(&j.stats.checkpoints),
+            replayed: l(&j.stats.replayed),
+        })
+    }
+
+    /// Whether a client FLUSH must flush the members: always without a write-back journal;
+    /// with one, only after member writes that bypassed it.
+    pub(crate) fn flush_needs_members(&self) -> bool {
+        match self.journal_active() {
+            Some(j) if j.mode == JournalMode::WriteBack => {
+                self.unjournaled.load(Ordering::Acquire)
+                    != self.unjournaled_flushed.load(Ordering::Acquire)
+            }
+            _ => true,
+        }
+    }
+}
