@@ -125,6 +125,19 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
         "      connections: {} open, {} accepted, {} protocol errors; requests: {}, {} error replies",
         c["open"], c["accepted"], c["protocol_errors"], r["total"], r["errors"]
     );
+    if let Some(j) = v["journal"].as_object() {
+        println!(
+            "      journal: {} {} ({}), {} of {} used, {} records, {} commits, {} checkpoints",
+            j["device"].as_str().unwrap_or("?"),
+            j["state"].as_str().unwrap_or("?"),
+            j["mode"].as_str().unwrap_or("?"),
+            size::human(j["used_bytes"].as_u64().unwrap_or(0)),
+            size::human(j["log_bytes"].as_u64().unwrap_or(0)),
+            j["records"],
+            j["commits"],
+            j["checkpoints"]
+        );
+    }
     let bg = background_lines(v);
     if bg.is_empty() {
         println!("      background: none");

@@ -617,6 +617,12 @@ pub fn status(state: &State) -> Value {
             "set_rounds": a.bitmap_rounds().0, "clear_rounds": a.bitmap_rounds().1,
         },
         "unsynced_stripes_refused": a.unsynced_stripes_refused(),
+        "journal": a.journal_status().map(|j| json!({
+            "device": j.device, "mode": j.mode, "state": j.state,
+            "log_bytes": j.log_bytes, "used_bytes": j.used_bytes,
+            "records": j.records, "bytes": j.bytes, "commits": j.commits,
+            "checkpoints": j.checkpoints, "replayed_records": j.replayed,
+        })),
     })
 }
 
@@ -875,6 +881,36 @@ pub fn metrics(state: &State) -> String {
             "Write-intent bitmap regions set (writes in them recently; resynced after a crash).",
         );
         p.sample("uraid_bitmap_dirty_regions", &[arr()], dirty);
+    }
+    if let Some(j) = a.journal_status() {
+        p.family(
+            "uraid_journal_active",
+            "gauge",
+            "1 while the journal device is in service, 0 after it failed (bitmap mode).",
+        );
+        p.sample(
+            "uraid_journal_active",
+            &[arr(), ("mode", j.mode.to_string())],
+            u64::from(j.state == "active"),
+        );
+        p.family(
+            "uraid_journal_used_bytes",
+            "gauge",
+            "Journal log bytes not yet checkpointed.",
+        );
+        p.sample("uraid_journal_used_bytes", &[arr()], j.used_bytes);
+        p.family(
+            "uraid_journal_records_total",
+            "counter",
+            "Stripe updates logged to the journal.",
+        );
+        p.sample("uraid_journal_records_total", &[arr()], j.records);
+        p.family(
+            "uraid_journal_commits_total",
+            "counter",
+            "Journal flushes (each makes every record written before it durable).",
+        );
+        p.sample("uraid_journal_commits_total", &[arr()], j.commits);
     }
     p.family(
         "uraid_background_repaired_total",

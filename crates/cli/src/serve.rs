@@ -341,8 +341,12 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     } else {
         None
     };
-    // The write-intent bitmap daemon: clears the bits of regions idle for a tick.
-    let bitmap_daemon = if array.array().bitmap_state().0 > 0 && !args.read_only {
+    // The write-intent bitmap daemon: clears the bits of regions idle for a tick, and
+    // checkpoints the journal.
+    let bitmap_daemon = if (array.array().bitmap_state().0 > 0
+        || array.array().journal_status().is_some())
+        && !args.read_only
+    {
         let (vol, stop) = (array.clone(), resync_stop.clone());
         Some(
             std::thread::Builder::new()

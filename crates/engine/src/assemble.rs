@@ -897,7 +897,6 @@ pub fn open_volume_with(
 ) -> Result<std::sync::Arc<crate::Volume<FileDev>>, AssembleError> {
     debug_assert!(access == Access::ReadWrite || opts.frozen_metadata);
     let devs = open_members_with(plan, access)?;
-    let journal = open_journal(plan, &devs, opts.frozen_metadata, access)?;
     let (map, bad) = load_map(plan)?;
     if bad > 0 {
         tracing::warn!(
@@ -905,46 +904,46 @@ pub fn open_volume_with(
              treated as allocated"
         );
     }
-    let mut sb = plan.sb.clone();
-    if journal.is_some() {
-        // Replayed: every stripe is consistent, nothing to resync.
-        sb.clean = true;
-    }
-    let array = crate::Array::new(sb, plan.ids(), devs, rt, opts, plan.bitmap.clone());
-    if let Some(j) = journal {
-        array.attach_journal(j);
-    }
+    let build = |sb: Superblock, devs: Vec<Option<FileDev>>| {
+        crate::Array::new(sb, plan.ids(), devs, rt, opts, plan.bitmap.clone())
+    };
+    let array = match open_journal(plan, opts.frozen_metadata, access)? {
+        Some((dev, mode)) => crate::journal::replay(dev, mode, &plan.sb, devs, build)
+            .map_err(AssembleError::Journal)?,
+        None => build(plan.sb.clone(), devs),
+    };
     Ok(crate::Volume::new(array, Some(map)))
 }
 
-/// Opens the plan's journal device and replays it onto the members (`journal::replay`).
-/// None when the array has no journal, or when nothing may be written (read-only or frozen
-/// metadata: the journal is then left as it is).
+/// Opens the plan's journal device (`journal::replay` replays it). None when the array has
+/// no journal, or when nothing may be written (read-only or frozen metadata) and the array
+/// was stopped cleanly (a clean stop leaves nothing in the journal the members lack).
 fn open_journal(
     plan: &Plan,
-    devs: &[Option<FileDev>],
     frozen: bool,
     access: Access,
-) -> Result<Option<crate::journal::Journal<FileDev>>, AssembleError> {
+) -> Result<Option<(FileDev, JournalMode)>, AssembleError> {
     let Some((uuid, mode)) = plan.sb.journal else {
         return Ok(None);
     };
-    let missing = || AssembleError::JournalMissing {
-        name: plan.sb.name.clone(),
-        uuid: uuid_string(&uuid),
-        mode: mode.name(),
-    };
-    let path = plan.journal.as_ref().ok_or_else(missing)?;
+    let path = plan
+        .journal
+        .as_ref()
+        .ok_or_else(|| AssembleError::JournalMissing {
+            name: plan.sb.name.clone(),
+            uuid: uuid_string(&uuid),
+            mode: mode.name(),
+        })?;
     if frozen || access == Access::ReadOnly {
+        if !plan.sb.clean {
+            return Err(AssembleError::Journal(format!(
+                "array '{}' was not stopped cleanly: its journal must be replayed onto the \
+                 members first, which this read-only open cannot do; serve it once",
+                plan.sb.name
+            )));
+        }
         return Ok(None);
     }
     let dev = FileDev::open_with(path, access).map_err(member_open_err(usize::MAX))?;
-    let report = crate::journal::replay(&dev, &plan.sb, devs).map_err(AssembleError::Journal)?;
-    let jsb = report.sb.ok_or_else(missing)?;
-    Ok(Some(crate::journal::Journal::new(
-        dev,
-        mode,
-        jsb,
-        report.records,
-    )))
+    Ok(Some((dev, mode)))
 }

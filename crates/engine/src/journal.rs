@@ -98,15 +98,6 @@ pub struct JournalStatus {
     pub replayed: u64,
 }
 
-/// What replay did at assembly.
-#[derive(Debug, Clone, Default)]
-pub struct ReplayReport {
-    pub records: u64,
-    pub bytes: u64,
-    /// The journal superblock written after the replay (a new epoch, empty log).
-    pub sb: Option<JournalSuper>,
-}
-
 /// Reads both superblock slots of a journal device.
 fn read_super<J: BlockDev>(dev: &J) -> Result<JournalSuper, String> {
     let (r, b) = block_on(dev.read(0, buf::alloc(2 * JSB_SIZE)));
@@ -165,18 +156,23 @@ pub fn check_journal<J: BlockDev>(dev: &J, sb: &Superblock) -> Result<JournalSup
     Ok(j)
 }
 
-/// Replays the journal onto the members at assembly (sync; before the array is built):
-/// every record after the checkpoint is written to the members present (`members[i]` None:
-/// missing or failed, its entries are skipped), in order; the members written are flushed;
-/// then the journal superblock starts a new epoch with an empty log, so the old records
-/// are never replayed again. Idempotent: a crash anywhere in here replays the same records
-/// again next time.
-pub fn replay<J: BlockDev, D: BlockDev>(
-    dev: &J,
+/// Replays the journal `dev` onto the members and builds the array with it attached
+/// (assembly; sync). Every record after the checkpoint is written, in order, to the members
+/// present (`members[i]` None: missing or failed, its entries are skipped) and the members
+/// written are flushed; the array is built by `build` from `sb` marked clean (every stripe
+/// is consistent now: nothing to resync); if records were replayed while members were
+/// absent, a superblock round records them failed (they missed the replay: their chunks
+/// are stale) before the journal is emptied; then the journal superblock starts a new epoch
+/// with an empty log, so the old records are never replayed again. A crash anywhere in here
+/// replays the same records again next time (idempotent).
+pub fn replay<D: BlockDev>(
+    dev: D,
+    mode: JournalMode,
     sb: &Superblock,
-    members: &[Option<D>],
-) -> Result<ReplayReport, String> {
-    let j = check_journal(dev, sb)?;
+    members: Vec<Option<D>>,
+    build: impl FnOnce(Superblock, Vec<Option<D>>) -> std::sync::Arc<Array<D>>,
+) -> Result<std::sync::Arc<Array<D>>, String> {
+    let j = check_journal(&dev, sb)?;
     let g = &sb.geometry;
     let max_payload = g.members as u64 * g.chunk;
     let mut err: Option<String> = None;
@@ -205,8 +201,7 @@ pub fn replay<J: BlockDev, D: BlockDev>(
                     ));
                     continue;
                 }
-                let r = block_on(d.write(sb.data_offset + e.off, buf::copy_of(bytes))).0;
-                match r {
+                match block_on(d.write(sb.data_offset + e.off, buf::copy_of(bytes))).0 {
                     Ok(()) => written = written.with(m),
                     Err(e) => {
                         err.get_or_insert(format!("replay to member {m} ({}): {e}", d.name()));
@@ -223,6 +218,15 @@ pub fn replay<J: BlockDev, D: BlockDev>(
             block_on(d.flush()).map_err(|e| format!("replay: flushing member {m}: {e}"))?;
         }
     }
+    let absent = members.iter().any(|d| d.is_none());
+    let mut clean = sb.clone();
+    clean.clean = true;
+    let array = build(clean, members);
+    if walk.records > 0 && absent {
+        // Marks the absent members failed (a forced round; also "not clean" until the
+        // next clean stop, which is true from the first write on anyway).
+        block_on(array.ensure_dirty());
+    }
     let next = JournalSuper {
         epoch: j.epoch + 1,
         gen: j.gen + 1,
@@ -230,7 +234,7 @@ pub fn replay<J: BlockDev, D: BlockDev>(
         tail_seq: walk.next_seq,
         ..j
     };
-    block_on(write_super(dev, &next)).map_err(|e| format!("{}: {e}", dev.name()))?;
+    block_on(write_super(&dev, &next)).map_err(|e| format!("{}: {e}", dev.name()))?;
     if walk.records > 0 {
         tracing::warn!(
             "journal {}: replayed {} record(s), {} bytes, onto the members: every stripe written \
@@ -240,11 +244,8 @@ pub fn replay<J: BlockDev, D: BlockDev>(
             walk.bytes
         );
     }
-    Ok(ReplayReport {
-        records: walk.records,
-        bytes: walk.bytes,
-        sb: Some(next),
-    })
+    array.attach_journal(Journal::new(dev, mode, next, walk.records));
+    Ok(array)
 }
 
 impl<D: BlockDev> Journal<D> {
@@ -329,6 +330,11 @@ impl<D: BlockDev> Array<D> {
     /// The journal, while it is in service.
     pub(crate) fn journal_active(&self) -> Option<&Journal<D>> {
         self.journal.get().filter(|j| j.active())
+    }
+
+    /// The journal device, if one is attached (tests snapshot it).
+    pub fn journal_dev(&self) -> Option<&D> {
+        self.journal.get().map(|j| &j.dev)
     }
 
     /// Attaches the journal (after `replay`). Only parity levels have one.

@@ -6,7 +6,7 @@
 
 use uraid_core::format::JournalMode;
 use uraid_core::Level;
-use uraid_sim::crash::{run_trial, run_two_stage, TrialConfig};
+use uraid_sim::crash::{run_replay_then_member_returns, run_trial, run_two_stage, TrialConfig};
 
 fn trials(default: u64) -> u64 {
     std::env::var("URAID_CRASH_TRIALS")
@@ -502,6 +502,23 @@ fn journal_survives_two_power_cuts() {
             let crash1 = 1 + (t * 37) % 180;
             let r = run_two_stage(&cfg, crash1, None).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(r.refused_sectors, 0, "{cfg:?}: refused after replay");
+        }
+    }
+}
+
+/// A member absent while the journal is replayed missed the replay's writes: when it is
+/// given again later it must not be trusted (it is recorded failed by the replaying
+/// assembly), and nothing reads wrong.
+#[test]
+fn member_absent_at_replay_is_not_trusted_when_it_returns() {
+    for (li, &(level, members)) in LEVELS.iter().enumerate().skip(3) {
+        for t in 0..trials(20) {
+            let mut cfg = config(level, members, 4242 + li as u64 * 101 + t);
+            cfg.journal = Some(JournalMode::WriteBack);
+            let absent = (t as usize) % members;
+            let r = run_replay_then_member_returns(&cfg, absent, None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.refused_sectors, 0);
         }
     }
 }

@@ -484,32 +484,25 @@ pub fn reassemble_with(
     }
     let (words, _) = uraid_engine::alloc::merge_map_copies(&g, &copies);
     // The journal (the image after the members'), replayed as `assemble::open_volume` does.
-    let mut sb = plan.sb.clone();
-    let journal = match (plan.sb.journal, images.get(members)) {
+    let build = |sb, devs| {
+        Array::new(
+            sb,
+            plan.ids(),
+            devs,
+            None,
+            sim_options(),
+            plan.bitmap.clone(),
+        )
+    };
+    let array = match (plan.sb.journal, images.get(members)) {
         (Some((_, mode)), Some(img)) => {
             let jdev = make_dev(members, img.clone());
-            let r = uraid_engine::journal::replay(&jdev, &plan.sb, &devs)
-                .map_err(|e| format!("journal replay: {e}"))?;
-            sb.clean = true;
-            let jsb = r.sb.ok_or("replay wrote no superblock")?;
-            Some(uraid_engine::journal::Journal::new(
-                jdev, mode, jsb, r.records,
-            ))
+            uraid_engine::journal::replay(jdev, mode, &plan.sb, devs, build)
+                .map_err(|e| format!("journal replay: {e}"))?
         }
         (Some(_), None) => return Err("the array has a journal and none was given".into()),
-        _ => None,
+        _ => build(plan.sb.clone(), devs),
     };
-    let array = Array::new(
-        sb,
-        plan.ids(),
-        devs,
-        None,
-        sim_options(),
-        plan.bitmap.clone(),
-    );
-    if let Some(j) = journal {
-        array.attach_journal(j);
-    }
     Ok(Volume::new(array, Some(words)))
 }
 
@@ -982,4 +975,43 @@ pub fn run_two_stage(
         }
     }
     Ok(report(&events2, ops2, crash2, refused))
+}
+
+/// A journal replayed while a member is absent must not let that member come back later
+/// with the chunks it missed: power cut (`crash_at`, None: random), reassembly with member
+/// `absent` left out (the replay writes to the others), then reassembly of *its* members'
+/// images plus the absent member's old image: every sector must be right (the product
+/// refuses the stale member as failed, so it serves degraded from the replayed ones).
+pub fn run_replay_then_member_returns(
+    cfg: &TrialConfig,
+    absent: usize,
+    crash_at: Option<u64>,
+) -> Result<TrialReport, String> {
+    let crash_at = crash_at.unwrap_or_else(|| {
+        pick_crash(cfg.seed, || {
+            let (vol, faults, clock) = build(cfg, 0);
+            stage(cfg, vol, &faults, &clock).2
+        })
+    });
+    let ctx = |e: String| format!("{:?} crash_at {crash_at}: {e}", cfg);
+    let (vol, faults, clock) = build(cfg, crash_at);
+    let (events, images, ops) = stage(cfg, vol, &faults, &clock);
+    let present: Vec<bool> = (0..cfg.members).map(|i| i != absent).collect();
+    let vol = reassemble(&images, &present).map_err(|e| ctx(format!("degraded: {e}")))?;
+    let a = vol.array();
+    let mut after = images.clone();
+    for slot in 0..cfg.members {
+        if let (Some(d), Some(name)) = (a.member_dev(slot), a.member_name(slot)) {
+            let i: usize = name[3..].parse().map_err(|_| format!("member {name}"))?;
+            after[i] = d.snapshot();
+        }
+    }
+    if let Some(j) = a.journal_dev() {
+        after[cfg.members] = j.snapshot();
+    }
+    drop(vol);
+    let zeros = vec![0u8; images_volume_size(cfg) as usize];
+    let (_, refused) = verify(cfg, &events, &after, &zeros, &[], false)
+        .map_err(|e| ctx(format!("member {absent} back after the replay: {e}")))?;
+    Ok(report(&events, ops, crash_at, refused))
 }
