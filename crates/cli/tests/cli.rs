@@ -473,3 +473,76 @@ fn default_volume_is_created_then_reused() {
     assert!(e.contains("some default member files exist"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The journal commands as a user runs them: add to a stopped array, examine both kinds of
+/// superblock, a missing journal named by status and refused by serve, remove; refusals for
+/// a level without parity, a device too small, and a second journal.
+#[test]
+fn journal_add_examine_missing_and_remove() {
+    let dir = tmp("journal-cmds");
+    create(&dir, "5", 4, &["--name", "jv"]);
+    let mk = |name: &str, size: u64| {
+        std::fs::File::create(dir.join(name))
+            .unwrap()
+            .set_len(size)
+            .unwrap()
+    };
+    mk("jn", 8 << 20);
+    mk("tiny", 64 << 10);
+    let add = |j: &str, extra: &[&str]| {
+        let mut a = vec!["journal", "add", "--journal", j];
+        a.extend_from_slice(extra);
+        on_members(&a, 4, &dir)
+    };
+    let e = one_line_error(&add("tiny", &[]));
+    assert!(e.contains("too small"), "{e}");
+    let out = ok(&add("jn", &["--mode", "write-back"]));
+    assert!(out.contains("now journals to jn"), "{out}");
+    let e = one_line_error(&add("jn", &["--force"]));
+    assert!(e.contains("already has journal"), "{e}");
+    let ex = ok(&uraid(&["examine", "m1"], &dir));
+    assert!(ex.contains("(write-back)"), "{ex}");
+    let ex = ok(&uraid(&["examine", "jn"], &dir));
+    assert!(ex.contains("uraid-jn (journal device)"), "{ex}");
+    // Without the journal: status names it missing, serve refuses and says what to do.
+    let st = ok(&on_members(&["status", "--offline"], 4, &dir));
+    assert!(st.contains("MISSING"), "{st}");
+    let e = one_line_error(&on_members(
+        &["serve", "--listen", "unix:x.sock", "--control", "none"],
+        4,
+        &dir,
+    ));
+    assert!(
+        e.contains("uses journal device") && e.contains("uraid journal remove"),
+        "{e}"
+    );
+    // With it among the members, status shows where it is.
+    let st = ok(&on_members(&["status", "--offline", "jn"], 4, &dir));
+    assert!(
+        st.contains("journal") && st.contains("jn") && !st.contains("MISSING"),
+        "{st}"
+    );
+    let out = ok(&on_members(&["journal", "remove", "jn"], 4, &dir));
+    assert!(out.contains("has no journal any more"), "{out}");
+    let ex = ok(&uraid(&["examine", "m1"], &dir));
+    assert!(ex.contains("Journal : none"), "{ex}");
+    let e = one_line_error(&on_members(&["journal", "remove"], 4, &dir));
+    assert!(e.contains("has no journal"), "{e}");
+    // RAID1 has no write hole: no journal.
+    let e = one_line_error(&on_members(
+        &[
+            "create",
+            "--level",
+            "1",
+            "--size",
+            "48M",
+            "--force",
+            "--journal",
+            "jn",
+        ],
+        2,
+        &dir,
+    ));
+    assert!(e.contains("no parity"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -485,3 +485,114 @@ fn idle_regions_are_cleared_so_a_later_crash_leaves_nothing_to_resync() {
     qemu_io(&srv.uri(), &["read -P 0x6b 0 1M".into()]);
     srv.stop();
 }
+
+/// A write-back journal on a running server: FLUSH and FUA writes go to the journal (records
+/// and commits counted in status and metrics, no member flush on the client path), promtool
+/// accepts the journal families, `uraid status` names the journal; a clean stop empties it
+/// (its checkpoint moves to the end) and records a clean array.
+#[test]
+fn journal_shows_in_status_and_metrics_and_a_clean_stop_empties_it() {
+    let dir = tmp("ctl-journal");
+    let m: Vec<PathBuf> = (0..6).map(|i| dir.join(format!("m{i}"))).collect();
+    let jn = dir.join("jn");
+    std::fs::File::create(&jn)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["create", "--level", "6", "-N", "vol", "--size", "32M"])
+        .args(["--journal-mode", "write-back", "--journal"])
+        .arg(&jn)
+        .args(&m));
+    let mut all = m.clone();
+    all.push(jn.clone());
+    let srv = Srv::start(&dir, &all);
+    let flushes_before: u64 = status_json(&srv)["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["flush"]["count"].as_u64().unwrap())
+        .sum();
+    let mut cmds = Vec::new();
+    // FUA writes and write + FLUSH pairs.
+    for i in 0..40 {
+        if i % 2 == 0 {
+            cmds.push(format!("write -f -P {} {} 4k", i + 1, i * 8192));
+        } else {
+            cmds.push(format!("write -P {} {} 4k", i + 1, i * 8192));
+            cmds.push("flush".to_string());
+        }
+    }
+    qemu_io(&srv.uri(), &cmds);
+    let v = status_json(&srv);
+    let j = &v["journal"];
+    assert_eq!(j["state"], "active", "{v}");
+    assert_eq!(j["mode"], "write-back");
+    assert!(j["records"].as_u64().unwrap() >= 40, "{j}");
+    assert!(j["commits"].as_u64().unwrap() >= 1, "{j}");
+    assert!(j["used_bytes"].as_u64().unwrap() > 0, "{j}");
+    // 40 FUAs and FLUSHes, yet the members were flushed only for the session's first map
+    // and bitmap writes (a handful), not once per FLUSH.
+    let flushes: u64 = v["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["flush"]["count"].as_u64().unwrap())
+        .sum();
+    assert!(
+        flushes - flushes_before < 6 * 20,
+        "member flushes {} for 40 client FLUSHes: write-back should absorb them",
+        flushes - flushes_before
+    );
+    let metrics = curl(&[&srv.metrics]);
+    assert!(sample(&metrics, "uraid_journal_records_total{array=\"vol\"}") >= 40.0);
+    let prom = dir.join("metrics.txt");
+    std::fs::write(&prom, &metrics).unwrap();
+    let o = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&prom).unwrap())
+        .output()
+        .expect("promtool");
+    assert!(
+        o.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "uraid_journal_active{array=\"vol\",mode=\"write-back\"}"
+        ),
+        1.0
+    );
+    let status = String::from_utf8(
+        run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .arg("status")
+            .arg(format!("--control=unix:{}", srv.ctl.display()))
+            .args(&all))
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        status.contains("journal:") && status.contains("write-back"),
+        "{status}"
+    );
+    srv.stop();
+    let ex: serde_json::Value = serde_json::from_slice(
+        &run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .args(["examine", "--json"])
+            .arg(&jn))
+        .stdout,
+    )
+    .unwrap();
+    assert!(ex["tail_seq"].as_u64().unwrap() > 40, "checkpointed: {ex}");
+    assert!(examine_clean(&m[0]));
+    // Restarted: nothing to replay, the data is there.
+    let srv = Srv::start(&dir, &all);
+    let v = status_json(&srv);
+    assert_eq!(v["journal"]["replayed_records"], 0, "{v}");
+    qemu_io(&srv.uri(), &["read -P 7 -q 49152 4k".to_string()]);
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -72,3 +72,60 @@ pub fn http_head(data: &[u8]) {
         );
     }
 }
+
+/// Journal bytes (untrusted at assembly): the superblock decoder on the first 4 KiB (as is
+/// and resealed, so the field checks are reached; whatever decodes re-encodes the same),
+/// the record-header decoder on every 4 KiB block, and a replay walk over the input as a
+/// journal device (log from offset 8192, the superblock resealed with its epoch and tail
+/// taken from the input): it must end, and every record it hands out must lie inside the
+/// device with a payload of the length its entries add up to.
+pub fn journal(data: &[u8]) {
+    use crate::journal::{self as j, JournalSuper, JSB_SIZE};
+    let _ = JournalSuper::decode(data);
+    for b in data.chunks(j::HEADER) {
+        let _ = j::decode_header(b, 64, u64::MAX);
+    }
+    if data.len() < JSB_SIZE {
+        return;
+    }
+    let mut b = data[..JSB_SIZE].to_vec();
+    let crc = crc32c::crc32c(&b[..j::joff::CRC]);
+    b[j::joff::CRC..JSB_SIZE].copy_from_slice(&crc.to_le_bytes());
+    if let Ok(sb) = JournalSuper::decode(&b) {
+        assert_eq!(JournalSuper::decode(&sb.encode()).unwrap(), sb);
+    }
+    // A walk over the input as a small device.
+    let dev = data;
+    let log_len = (dev.len() as u64).saturating_sub(j::LOG_START) / j::ALIGN * j::ALIGN;
+    if log_len < 2 * j::ALIGN {
+        return;
+    }
+    let word = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().expect("8 bytes"));
+    let sb = JournalSuper {
+        epoch: word(j::joff::EPOCH),
+        tail: word(j::joff::TAIL) / j::ALIGN * j::ALIGN,
+        tail_seq: word(j::joff::TAIL_SEQ),
+        log_len,
+        ..JournalSuper::new([0; 16], [0; 16], dev.len() as u64)
+    };
+    let mut n = 0u64;
+    let w = j::walk(
+        &sb,
+        8,
+        1 << 20,
+        |at, len| {
+            dev.get(at as usize..(at as usize).checked_add(len)?)
+                .map(|s| s.to_vec())
+        },
+        |h, p| {
+            n += 1;
+            assert_eq!(p.len() as u64, h.payload_len);
+            assert_eq!(
+                h.entries.iter().map(|e| e.len as u64).sum::<u64>(),
+                h.payload_len
+            );
+        },
+    );
+    assert_eq!(w.records, n);
+    assert!(w.end - sb.tail <= log_len, "the walk stays within one lap");
+}

@@ -204,8 +204,11 @@ impl JournalSuper {
             return Err(field("log_len", format!("{log_len}")));
         }
         let tail = u64_at(b, joff::TAIL);
-        if !tail.is_multiple_of(ALIGN) {
-            return Err(field("tail", format!("{tail} not 4 KiB aligned")));
+        if !tail.is_multiple_of(ALIGN) || tail > u64::MAX / 2 {
+            return Err(field(
+                "tail",
+                format!("{tail} not 4 KiB aligned or beyond any reachable position"),
+            ));
         }
         let mut array_uuid = [0u8; 16];
         array_uuid.copy_from_slice(&b[joff::ARRAY_UUID..joff::ARRAY_UUID + 16]);
@@ -387,7 +390,8 @@ pub fn walk(
         let mut found = None;
         // The record is at `pos`, or at the next lap's start if the writer wrapped there
         // (it did not fit in the rest of this lap).
-        for cand in [pos, pos - pos % len + len] {
+        let next_lap = (pos - pos % len).checked_add(len);
+        for cand in [Some(pos), next_lap].into_iter().flatten() {
             if cand >= limit || (cand != pos && pos.is_multiple_of(len)) {
                 continue;
             }
@@ -403,7 +407,7 @@ pub fn walk(
             if h.epoch != sb.epoch || h.seq != seq || h.pos != cand {
                 continue;
             }
-            if cand % len + h.size() > len || cand + h.size() > limit {
+            if cand % len + h.size() > len || cand.saturating_add(h.size()) > limit {
                 continue;
             }
             found = Some((cand, h));
@@ -474,6 +478,7 @@ mod tests {
             (joff::LOG_LEN, 4096, "log_len"),
             (joff::LOG_LEN, u64::MAX - 4095, "log_len"),
             (joff::TAIL, 5, "tail"),
+            (joff::TAIL, u64::MAX - 4095, "tail"),
         ] {
             let mut b = good;
             b[o..o + 8].copy_from_slice(&v.to_le_bytes());

@@ -46,3 +46,8 @@ fn http_head_corpus() {
 fn bitmap_corpus() {
     replay("bitmap", uraid_core::bitmap::fuzz_copies);
 }
+
+#[test]
+fn journal_corpus() {
+    replay("journal", uraid_core::fuzz::journal);
+}
