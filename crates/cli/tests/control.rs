@@ -100,6 +100,23 @@ fn sample(text: &str, name_and_labels: &str) -> f64 {
         .unwrap()
 }
 
+/// promtool lints the exposition format.
+fn promtool_check(dir: &Path, text: &str) {
+    let prom = dir.join("metrics.txt");
+    std::fs::write(&prom, text).unwrap();
+    let o = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&prom).unwrap())
+        .output()
+        .expect("promtool (Debian package prometheus; scripts/setup.sh installs it)");
+    assert!(
+        o.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 fn qemu_io(uri: &str, cmds: &[String]) {
     let mut c = Command::new("qemu-io");
     c.args(["-f", "raw"]);
@@ -161,20 +178,7 @@ fn status_and_metrics_follow_the_load() {
     }
     let tcp = curl(&[&srv.metrics]);
     assert!(tcp.contains("uraid_nbd_requests_total"), "{tcp}");
-    // promtool lints the exposition format.
-    let prom = dir.join("metrics.txt");
-    std::fs::write(&prom, &tcp).unwrap();
-    let o = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&prom).unwrap())
-        .output()
-        .expect("promtool (Debian package prometheus; scripts/setup.sh installs it)");
-    assert!(
-        o.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    promtool_check(&dir, &tcp);
     // The TCP listener serves metrics only.
     let st = curl(&[
         "-o",
@@ -546,19 +550,7 @@ fn journal_shows_in_status_and_metrics_and_a_clean_stop_empties_it() {
     );
     let metrics = curl(&[&srv.metrics]);
     assert!(sample(&metrics, "uraid_journal_records_total{array=\"vol\"}") >= 40.0);
-    let prom = dir.join("metrics.txt");
-    std::fs::write(&prom, &metrics).unwrap();
-    let o = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&prom).unwrap())
-        .output()
-        .expect("promtool");
-    assert!(
-        o.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    promtool_check(&dir, &metrics);
     assert_eq!(
         sample(
             &metrics,

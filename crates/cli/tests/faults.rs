@@ -651,7 +651,7 @@ fn power_cut_behind_volatile_caches_then_resync_then_member_lost() {
     let dir = tmp("powercut");
     const SIZE: u64 = 16 << 20;
     const N: usize = 6;
-    let mut mems: Vec<FaultyMember> = (0..N)
+    let mems: Vec<FaultyMember> = (0..N)
         .map(|i| FaultyMember::start_with(&dir.join(format!("c{i}")), SIZE, "5ms", true, true))
         .collect();
     let paths: Vec<PathBuf> = mems.iter().map(|m| m.path().to_path_buf()).collect();
@@ -661,54 +661,8 @@ fn power_cut_behind_volatile_caches_then_resync_then_member_lost() {
     let (sock, log) = (dir.join("nbd.sock"), dir.join("serve.log"));
     let uri = format!("nbd+unix:///pc?socket={}", sock.display());
     let vol_len: usize = 4 << 20;
-    let mut base = vec![0u8; vol_len];
-    random_into(&mut base, 0, vol_len, 11);
-    let mut srv = Srv::start(&dir, &sock, &log, &paths);
-    write_ranges(&dir, &uri, &base, &[(0, vol_len)], "base");
-    // nbdcopy does not flush unless asked: an explicit NBD FLUSH makes the base durable.
-    run(Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "flush"])
-        .arg(&uri));
-    // Unflushed random 4 KiB writes, one qemu-io process, cut while it runs.
-    let mut x = 0x9e37_79b9_u64;
-    let mut touched = std::collections::BTreeSet::new();
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", "-t", "none"]);
-    for i in 0..2000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let blk = (x % (vol_len as u64 / 4096)) as usize;
-        touched.insert(blk);
-        cmd.arg("-c")
-            .arg(format!("aio_write -P 0xc3 {} 4k", blk * 4096));
-        // A FLUSH now and then: each member's cache writes back at its own moment, so a
-        // cut lands with some members holding a stripe's new chunks and others not.
-        if i % 8 == 7 {
-            cmd.arg("-c").arg("flush");
-        }
-    }
-    // Stay connected (closing would flush everything).
-    cmd.arg("-c").arg("sleep 100000");
-    let mut writer = cmd
-        .arg(&uri)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    // The server first (SIGKILL: it must not see its members vanish one by one and record
-    // failures, which a real power cut gives it no time for), then every cache.
-    let _ = srv.child.kill();
-    let _ = srv.child.wait();
-    for m in &mut mems {
-        m.power_cut();
-    }
-    let _ = writer.kill();
-    let _ = writer.wait();
-    drop(srv);
-    drop(mems); // unmounts nbdfuse
-                // Power back: the backing files as they are, no cache.
+    let (base, touched) = base_then_power_cut(&dir, &uri, &paths, mems, vol_len, 11);
+    // Power back: the backing files as they are, no cache.
     let mems: Vec<FaultyMember> = (0..N)
         .map(|i| FaultyMember::start_with(&dir.join(format!("c{i}")), SIZE, "0ms", false, false))
         .collect();
@@ -764,6 +718,68 @@ fn power_cut_behind_volatile_caches_then_resync_then_member_lost() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Serves `paths` (members behind volatile caches, `mems`), writes a random base pattern
+/// (seeded) over the first `vol_len` bytes and FLUSHes it; then unflushed random 4 KiB writes
+/// of 0xc3 from one qemu-io process with a FLUSH every 8, and a power cut while they run:
+/// the server SIGKILLed first (it must not see its members vanish one by one and record
+/// failures, which a real power cut gives it no time for), then every cache. Returns the
+/// base and the 4 KiB blocks the writes touched. The caches are gone afterwards.
+fn base_then_power_cut(
+    dir: &Path,
+    uri: &str,
+    paths: &[PathBuf],
+    mut mems: Vec<FaultyMember>,
+    vol_len: usize,
+    seed: u64,
+) -> (Vec<u8>, std::collections::BTreeSet<usize>) {
+    let (sock, log) = (dir.join("nbd.sock"), dir.join("serve.log"));
+    let mut base = vec![0u8; vol_len];
+    random_into(&mut base, 0, vol_len, seed);
+    let mut srv = Srv::start(dir, &sock, &log, paths);
+    write_ranges(dir, uri, &base, &[(0, vol_len)], "base");
+    // nbdcopy does not flush unless asked: an explicit NBD FLUSH makes the base durable.
+    run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "flush"])
+        .arg(uri));
+    let mut x = 0x9e37_79b9_u64 ^ seed;
+    let mut touched = std::collections::BTreeSet::new();
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw", "-t", "none"]);
+    for i in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let blk = (x % (vol_len as u64 / 4096)) as usize;
+        touched.insert(blk);
+        cmd.arg("-c")
+            .arg(format!("aio_write -P 0xc3 {} 4k", blk * 4096));
+        // A FLUSH now and then: each member's cache writes back at its own moment, so a
+        // cut lands with some members holding a stripe's new chunks and others not.
+        if i % 8 == 7 {
+            cmd.arg("-c").arg("flush");
+        }
+    }
+    // Stay connected (closing would flush everything).
+    cmd.arg("-c").arg("sleep 100000");
+    let mut writer = cmd
+        .arg(uri)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = srv.child.kill();
+    let _ = srv.child.wait();
+    for m in &mut mems {
+        m.power_cut();
+    }
+    let _ = writer.kill();
+    let _ = writer.wait();
+    drop(srv);
+    drop(mems); // unmounts nbdfuse
+    (base, touched)
+}
+
 /// Whether the server in `dir` (control socket ctl.sock) still reports a resync.
 fn status_live_resyncing(dir: &Path) -> bool {
     let o = Command::new("curl")
@@ -791,7 +807,7 @@ fn power_cut_with_a_journal_then_degraded_at_once() {
     let dir = tmp("journalcut");
     const SIZE: u64 = 16 << 20;
     const N: usize = 6;
-    let mut mems: Vec<FaultyMember> = (0..=N)
+    let mems: Vec<FaultyMember> = (0..=N)
         .map(|i| FaultyMember::start_with(&dir.join(format!("c{i}")), SIZE, "2ms", true, true))
         .collect();
     let paths: Vec<PathBuf> = mems.iter().map(|m| m.path().to_path_buf()).collect();
@@ -803,46 +819,7 @@ fn power_cut_with_a_journal_then_degraded_at_once() {
     let (sock, log) = (dir.join("nbd.sock"), dir.join("serve.log"));
     let uri = format!("nbd+unix:///jc?socket={}", sock.display());
     let vol_len: usize = 4 << 20;
-    let mut base = vec![0u8; vol_len];
-    random_into(&mut base, 0, vol_len, 12);
-    let mut srv = Srv::start(&dir, &sock, &log, &paths);
-    write_ranges(&dir, &uri, &base, &[(0, vol_len)], "base");
-    run(Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "flush"])
-        .arg(&uri));
-    let mut x = 0x51ed_2701_u64;
-    let mut touched = std::collections::BTreeSet::new();
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", "-t", "none"]);
-    for i in 0..2000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let blk = (x % (vol_len as u64 / 4096)) as usize;
-        touched.insert(blk);
-        cmd.arg("-c")
-            .arg(format!("aio_write -P 0xc3 {} 4k", blk * 4096));
-        if i % 8 == 7 {
-            cmd.arg("-c").arg("flush");
-        }
-    }
-    cmd.arg("-c").arg("sleep 100000");
-    let mut writer = cmd
-        .arg(&uri)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    let _ = srv.child.kill();
-    let _ = srv.child.wait();
-    for m in &mut mems {
-        m.power_cut();
-    }
-    let _ = writer.kill();
-    let _ = writer.wait();
-    drop(srv);
-    drop(mems);
+    let (base, touched) = base_then_power_cut(&dir, &uri, &paths, mems, vol_len, 12);
     for lost in [0, 3, 5] {
         // A fresh copy of what the cut left, for each start (a replay changes the members).
         let run_dir = dir.join(format!("after{lost}"));

@@ -171,22 +171,7 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
                     path: jp.display().to_string(),
                 });
             }
-            if !geometry.level.is_parity() {
-                return Err(AssembleError::Journal(format!(
-                    "{} has no parity and so no write hole: a journal is for RAID5, RAID6, \
-                     RAID7.3 and ec levels",
-                    geometry.level
-                )));
-            }
-            if !opts.force {
-                if let Ok(j) = read_journal_super(jp) {
-                    return Err(AssembleError::InUse {
-                        path: jp.display().to_string(),
-                        uuid: uuid_string(&j.array_uuid),
-                        name: "journal".into(),
-                    });
-                }
-            }
+            check_journal_target(geometry.level, jp, opts.force)?;
             let uuid = *uuid::Uuid::new_v4().as_bytes();
             write_new_journal(jp, &geometry, array_uuid, uuid)?;
             Some((uuid, *mode))
@@ -441,6 +426,31 @@ pub fn read_journal_super(path: &Path) -> Result<JournalSuper, AssembleError> {
         .map_err(|e| AssembleError::Journal(format!("{}: {e}", path.display())))
 }
 
+/// Whether `path` may become a journal of a `level` array: parity levels only, and (unless
+/// `force`) not a device that holds a uraid superblock or journal.
+fn check_journal_target(level: Level, path: &Path, force: bool) -> Result<(), AssembleError> {
+    if !level.is_parity() {
+        return Err(AssembleError::Journal(format!(
+            "{level} has no parity and so no write hole: a journal is for RAID5, RAID6, RAID7.3 \
+             and ec levels"
+        )));
+    }
+    if force {
+        return Ok(());
+    }
+    let held = read_superblock(path)
+        .map(|sb| (sb.array_uuid, sb.name))
+        .or_else(|_| read_journal_super(path).map(|j| (j.array_uuid, "journal".to_string())));
+    match held {
+        Ok((uuid, name)) => Err(AssembleError::InUse {
+            path: path.display().to_string(),
+            uuid: uuid_string(&uuid),
+            name,
+        }),
+        Err(_) => Ok(()),
+    }
+}
+
 /// Formats `path` as a journal of the array `array_uuid` (both superblock slots, synced).
 fn write_new_journal(
     path: &Path,
@@ -533,13 +543,6 @@ pub fn add_journal(
     force: bool,
 ) -> Result<Superblock, AssembleError> {
     let g = plan.sb.geometry;
-    if !g.level.is_parity() {
-        return Err(AssembleError::Journal(format!(
-            "{} has no parity and so no write hole: a journal is for RAID5, RAID6, RAID7.3 \
-             and ec levels",
-            g.level
-        )));
-    }
     if let Some((u, m)) = plan.sb.journal {
         return Err(AssembleError::Journal(format!(
             "array '{}' already has journal {} ({}); remove it first",
@@ -560,22 +563,7 @@ pub fn add_journal(
             path: path.display().to_string(),
         });
     }
-    if !force {
-        if let Ok(sb) = read_superblock(path) {
-            return Err(AssembleError::InUse {
-                path: path.display().to_string(),
-                uuid: uuid_string(&sb.array_uuid),
-                name: sb.name,
-            });
-        }
-        if let Ok(j) = read_journal_super(path) {
-            return Err(AssembleError::InUse {
-                path: path.display().to_string(),
-                uuid: uuid_string(&j.array_uuid),
-                name: "journal".into(),
-            });
-        }
-    }
+    check_journal_target(g.level, path, force)?;
     let uuid = *uuid::Uuid::new_v4().as_bytes();
     let _claim =
         open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(usize::MAX))?;
