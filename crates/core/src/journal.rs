@@ -210,6 +210,10 @@ impl JournalSuper {
                 format!("{tail} not 4 KiB aligned or beyond any reachable position"),
             ));
         }
+        let tail_seq = u64_at(b, joff::TAIL_SEQ);
+        if tail_seq == 0 || tail_seq > u64::MAX / 2 {
+            return Err(field("tail_seq", format!("{tail_seq} out of range")));
+        }
         let mut array_uuid = [0u8; 16];
         array_uuid.copy_from_slice(&b[joff::ARRAY_UUID..joff::ARRAY_UUID + 16]);
         let mut journal_uuid = [0u8; 16];
@@ -222,7 +226,7 @@ impl JournalSuper {
             log_start,
             log_len,
             tail,
-            tail_seq: u64_at(b, joff::TAIL_SEQ),
+            tail_seq,
         })
     }
 }
@@ -414,6 +418,9 @@ pub fn walk(
             break;
         }
         let Some((at, h)) = found else { break };
+        let Some(next_seq) = seq.checked_add(1) else {
+            break;
+        };
         let Some(payload) = read(
             sb.log_start + at % len + HEADER as u64,
             align_up(h.payload_len) as usize,
@@ -428,7 +435,7 @@ pub fn walk(
         w.records += 1;
         w.bytes += h.payload_len;
         pos = at + h.size();
-        seq += 1;
+        seq = next_seq;
         w.end = pos;
         w.next_seq = seq;
     }
@@ -479,6 +486,8 @@ mod tests {
             (joff::LOG_LEN, u64::MAX - 4095, "log_len"),
             (joff::TAIL, 5, "tail"),
             (joff::TAIL, u64::MAX - 4095, "tail"),
+            (joff::TAIL_SEQ, 0, "tail_seq"),
+            (joff::TAIL_SEQ, u64::MAX, "tail_seq"),
         ] {
             let mut b = good;
             b[o..o + 8].copy_from_slice(&v.to_le_bytes());
