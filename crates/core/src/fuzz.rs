@@ -114,8 +114,8 @@ pub fn journal(data: &[u8]) {
         8,
         1 << 20,
         |at, len| {
-            dev.get(at as usize..(at as usize).checked_add(len)?)
-                .map(|s| s.to_vec())
+            let end = (at as usize).checked_add(len).ok_or(())?;
+            dev.get(at as usize..end).map(|s| s.to_vec()).ok_or(())
         },
         |h, p| {
             n += 1;
@@ -126,6 +126,8 @@ pub fn journal(data: &[u8]) {
             );
         },
     );
-    assert_eq!(w.records, n);
-    assert!(w.end - sb.tail <= log_len, "the walk stays within one lap");
+    if let Ok(w) = w {
+        assert_eq!(w.records, n);
+        assert!(w.end - sb.tail <= log_len, "the walk stays within one lap");
+    }
 }

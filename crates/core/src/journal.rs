@@ -191,11 +191,8 @@ impl JournalSuper {
         let field = |f: &'static str, why: String| JournalError::Field(f, why);
         let log_start = u64_at(b, joff::LOG_START);
         let log_len = u64_at(b, joff::LOG_LEN);
-        if log_start < LOG_START || !log_start.is_multiple_of(ALIGN) {
-            return Err(field(
-                "log_start",
-                format!("{log_start} not 4 KiB aligned at or past {LOG_START}"),
-            ));
+        if log_start != LOG_START {
+            return Err(field("log_start", format!("{log_start} != {LOG_START}")));
         }
         if log_len < ALIGN * 2
             || !log_len.is_multiple_of(ALIGN)
@@ -337,7 +334,10 @@ pub fn decode_header(b: &[u8], members: usize, max_payload: u64) -> Option<Recor
             len: u32_at(b, o + 4),
             off: u64_at(b, o + 8),
         };
-        if e.member as usize >= members || e.off.checked_add(e.len as u64).is_none() {
+        if e.member as usize >= members
+            || b[o + 2..o + 4] != [0, 0]
+            || e.off.checked_add(e.len as u64).is_none()
+        {
             return None;
         }
         sum += e.len as u64;
@@ -368,18 +368,19 @@ pub struct Walk {
 }
 
 /// Walks the log from the checkpoint: calls `apply(header, payload)` for every valid record
-/// in order and returns where the log ends. `read(device offset, len)` reads the journal
-/// (None: unreadable, which ends the walk). `members`: the array's member count;
+/// in order and returns where the log ends. `read(device offset, len)` reads the journal; an
+/// error aborts the walk (an unreadable log must fail the assembly, never silently end the
+/// log: durable records after it would be dropped). `members`: the array's member count;
 /// `max_payload`: the largest payload a record of this array can have. A record is valid
 /// when its header decodes, carries the superblock's epoch, the expected sequence number
 /// and its own position, and its payload checksum matches.
-pub fn walk(
+pub fn walk<E>(
     sb: &JournalSuper,
     members: usize,
     max_payload: u64,
-    mut read: impl FnMut(u64, usize) -> Option<Vec<u8>>,
+    mut read: impl FnMut(u64, usize) -> Result<Vec<u8>, E>,
     mut apply: impl FnMut(&RecordHeader, &[u8]),
-) -> Walk {
+) -> Result<Walk, E> {
     let mut pos = sb.tail;
     let mut seq = sb.tail_seq;
     let mut w = Walk {
@@ -402,9 +403,7 @@ pub fn walk(
             if len - cand % len < HEADER as u64 {
                 continue;
             }
-            let Some(hb) = read(sb.log_start + cand % len, HEADER) else {
-                continue;
-            };
+            let hb = read(sb.log_start + cand % len, HEADER)?;
             let Some(h) = decode_header(&hb, members, max_payload) else {
                 continue;
             };
@@ -421,12 +420,10 @@ pub fn walk(
         let Some(next_seq) = seq.checked_add(1) else {
             break;
         };
-        let Some(payload) = read(
+        let payload = read(
             sb.log_start + at % len + HEADER as u64,
             align_up(h.payload_len) as usize,
-        ) else {
-            break;
-        };
+        )?;
         let payload = &payload[..h.payload_len as usize];
         if crc32c::crc32c(payload) != h.payload_crc {
             break;
@@ -439,7 +436,7 @@ pub fn walk(
         w.end = pos;
         w.next_seq = seq;
     }
-    w
+    Ok(w)
 }
 
 #[cfg(test)]
@@ -547,9 +544,15 @@ mod tests {
                 &self.sb,
                 4,
                 1 << 20,
-                |o, l| self.dev.get(o as usize..o as usize + l).map(|s| s.to_vec()),
+                |o, l| {
+                    self.dev
+                        .get(o as usize..o as usize + l)
+                        .map(|s| s.to_vec())
+                        .ok_or(())
+                },
                 |h, p| got.push((h.seq, p.to_vec())),
-            );
+            )
+            .expect("in range");
             (w, got)
         }
     }

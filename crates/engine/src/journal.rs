@@ -169,7 +169,7 @@ pub fn replay<D: BlockDev>(
     dev: D,
     mode: JournalMode,
     sb: &Superblock,
-    members: Vec<Option<D>>,
+    mut members: Vec<Option<D>>,
     build: impl FnOnce(Superblock, Vec<Option<D>>) -> std::sync::Arc<Array<D>>,
 ) -> Result<std::sync::Arc<Array<D>>, String> {
     let j = check_journal(&dev, sb)?;
@@ -177,13 +177,15 @@ pub fn replay<D: BlockDev>(
     let max_payload = g.members as u64 * g.chunk;
     let mut err: Option<String> = None;
     let mut written = MemberSet::EMPTY;
+    // Members whose replay write failed: left out (failed) like absent ones.
+    let mut bad = MemberSet::EMPTY;
     let walk = fmt::walk(
         &j,
         g.members,
         max_payload,
         |at, len| {
             let (r, b) = block_on(dev.read(at, buf::alloc(len)));
-            r.ok().map(|()| b.to_vec())
+            r.map(|()| b.to_vec())
         },
         |h, payload| {
             let mut p = 0usize;
@@ -194,6 +196,9 @@ pub fn replay<D: BlockDev>(
                 let Some(d) = members.get(m).and_then(|d| d.as_ref()) else {
                     continue;
                 };
+                if bad.contains(m) {
+                    continue;
+                }
                 if e.off + e.len as u64 > g.member_data {
                     err.get_or_insert(format!(
                         "journal record {} writes past member {m}'s data area",
@@ -204,28 +209,57 @@ pub fn replay<D: BlockDev>(
                 match block_on(d.write(sb.data_offset + e.off, buf::copy_of(bytes))).0 {
                     Ok(()) => written = written.with(m),
                     Err(e) => {
-                        err.get_or_insert(format!("replay to member {m} ({}): {e}", d.name()));
+                        tracing::error!(
+                            "member {m} ({}): journal replay write failed: {e}; leaving it out \
+                             of the array (faulty)",
+                            d.name()
+                        );
+                        bad = bad.with(m);
                     }
                 }
             }
         },
-    );
+    )
+    .map_err(|e| format!("{}: reading the journal: {e}", dev.name()))?;
     if let Some(e) = err {
         return Err(e);
     }
-    for m in written.iter() {
+    for m in written.minus(bad).iter() {
         if let Some(d) = &members[m] {
-            block_on(d.flush()).map_err(|e| format!("replay: flushing member {m}: {e}"))?;
+            if let Err(e) = block_on(d.flush()) {
+                tracing::error!(
+                    "member {m} ({}): flush after the journal replay failed: {e}; leaving it \
+                     out of the array (faulty)",
+                    d.name()
+                );
+                bad = bad.with(m);
+            }
         }
     }
-    let absent = members.iter().any(|d| d.is_none());
+    for m in bad.iter() {
+        members[m] = None;
+    }
+    let absent: MemberSet = (0..g.members).filter(|&i| members[i].is_none()).collect();
+    if !g.survives(absent) {
+        return Err(format!(
+            "after the journal replay {} of {} members are missing or failed; {} tolerates {}",
+            absent.len(),
+            g.members,
+            g.level,
+            g.fault_tolerance()
+        ));
+    }
     let mut clean = sb.clone();
     clean.clean = true;
     let array = build(clean, members);
-    if walk.records > 0 && absent {
+    if walk.records > 0 && !absent.is_empty() {
         // Marks the absent members failed (a forced round; also "not clean" until the
         // next clean stop, which is true from the first write on anyway).
         block_on(array.ensure_dirty());
+    } else if !sb.clean {
+        // The superblocks still say "not clean": the next clean stop must say otherwise,
+        // written or not (replayed, the array is consistent).
+        array.clean_round_due();
     }
     let next = JournalSuper {
         epoch: j.epoch + 1,
@@ -296,7 +330,11 @@ impl<D: BlockDev> Journal<D> {
 
     /// Makes record `seq` durable (group commit, module docs).
     async fn commit(&self, seq: u64) -> io::Result<()> {
+        let poisoned = || io::Error::other("the journal failed: an earlier record was lost");
         loop {
+            if !self.active() {
+                return Err(poisoned());
+            }
             if self.lock().durable >= seq {
                 return Ok(());
             }
@@ -319,9 +357,34 @@ impl<D: BlockDev> Journal<D> {
                 continue;
             }
             self.dev.flush().await?;
+            // A record at or below `target` whose write failed (or was abandoned) was taken
+            // out of `unwritten` only after the journal was marked failed: nothing past it
+            // may count as durable.
+            if !self.active() {
+                return Err(poisoned());
+            }
             self.stats.commits.fetch_add(1, Ordering::Relaxed);
             let mut st = self.lock();
             st.durable = st.durable.max(target);
+        }
+    }
+}
+
+/// A record reserved whose write has not finished: dropping it (a cancelled request)
+/// poisons the journal (journal_log).
+struct Abandon<'a, D: BlockDev> {
+    j: &'a Journal<D>,
+    seq: u64,
+    armed: bool,
+}
+
+impl<D: BlockDev> Drop for Abandon<'_, D> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.j.failed.store(true, Ordering::SeqCst);
+            let mut st = self.j.lock();
+            st.unwritten.remove(&self.seq);
+            st.inflight.remove(&self.seq);
         }
     }
 }
@@ -346,9 +409,24 @@ impl<D: BlockDev> Array<D> {
 
     /// Logs the member writes of one stripe operation (`writes`: member, data-area offset,
     /// bytes) and returns once the record is durable: the token for `journal_applied`.
-    /// None: no journal in service (also after this call switched to bitmap mode).
-    pub(crate) async fn journal_log(&self, writes: &[(usize, u64, IoBuf)]) -> Option<u64> {
-        let j = self.journal_active()?;
+    /// None: no journal in service (also after this call switched to bitmap mode, durably).
+    /// Err: the array stopped serving meanwhile (nothing may be written).
+    pub(crate) async fn journal_log(
+        &self,
+        writes: &[(usize, u64, IoBuf)],
+    ) -> Result<Option<u64>, crate::ArrayError> {
+        let Some(j) = self.journal.get() else {
+            return Ok(None);
+        };
+        if !j.active() {
+            // Failed: nothing goes to the members unlogged before "no journal" is durable.
+            return Ok(self.journal_failed_wait().await);
+        }
+        // Members left out of this record because they failed must be recorded failed
+        // before the record can be durable: else a cut brings them back trusted, and replay
+        // makes parity over their stale chunks "consistent" (two atomic loads when nothing
+        // failed since the last round).
+        self.failure_barrier().await;
         let entries: Vec<Entry> = writes
             .iter()
             .map(|(m, at, b)| Entry {
@@ -361,6 +439,11 @@ impl<D: BlockDev> Array<D> {
         let size = fmt::HEADER as u64 + fmt::align_up(plen);
         // Reserve space (checkpointing when the log is full).
         let (seq, pos) = loop {
+            if !j.active() {
+                return Ok(self.journal_failed_wait().await);
+            }
+            // An array past its tolerance frees no space (checkpoints stop): fail the write.
+            self.check_serving()?;
             {
                 let mut st = j.lock();
                 let pos = fmt::next_lap(st.head, size, j.log_len);
@@ -376,16 +459,26 @@ impl<D: BlockDev> Array<D> {
             if !self.journal_checkpoint().await {
                 crate::reactor::yield_now().await;
             }
-            if !j.active() {
-                return self.journal_failed_wait().await;
-            }
+        };
+        // From here until the write's outcome is known, a dropped future (runtime shutdown)
+        // abandons the record: the journal is marked failed, never left with a gap that a
+        // later commit could count past.
+        let mut guard = Abandon {
+            j,
+            seq,
+            armed: true,
         };
         let mut rec = Vec::new();
         let payload: Vec<&[u8]> = writes.iter().map(|w| &w.2[..]).collect();
         fmt::encode_record(j.epoch, seq, pos, &entries, &payload, &mut rec);
         let at = fmt::LOG_START + pos % j.log_len;
         let r = j.dev.write(at, buf::copy_of(&rec)).await.0;
+        if r.is_err() {
+            // Failed first, then out of `unwritten` (commit's rule).
+            j.failed.store(true, Ordering::SeqCst);
+        }
         j.lock().unwritten.remove(&seq);
+        guard.armed = false;
         let r = match r {
             Ok(()) => j.commit(seq).await,
             Err(e) => Err(e),
@@ -393,14 +486,14 @@ impl<D: BlockDev> Array<D> {
         if let Err(e) = r {
             j.lock().inflight.remove(&seq);
             self.journal_failed(&e).await;
-            return None;
+            return Ok(None);
         }
         j.stats.records.fetch_add(1, Ordering::Relaxed);
         j.stats.bytes.fetch_add(plen, Ordering::Relaxed);
         if j.used() > j.log_len / 2 {
             self.spawn_checkpoint();
         }
-        Some(seq)
+        Ok(Some(seq))
     }
 
     /// The member writes of record `seq` completed (or failed their members).
@@ -450,6 +543,10 @@ impl<D: BlockDev> Array<D> {
         }
         // Every record before `tail` has completed its member writes: make them durable.
         self.flush_members().await;
+        if self.check_serving().is_err() {
+            // Past the level's tolerance: keep every record (a forced assembly may want it).
+            return false;
+        }
         let next = JournalSuper {
             tail,
             tail_seq,
@@ -485,8 +582,12 @@ impl<D: BlockDev> Array<D> {
         let j = self.journal.get()?;
         let mut done = j.fallback.lock().await;
         if !*done {
-            self.drop_journal_from_superblocks().await;
+            // Members first: until the round below is durable, assembly still trusts the
+            // journal's records over the members; after it, only the members count, so
+            // they must already hold everything acknowledged (write-back: what only the
+            // journal made durable).
             self.flush_members().await;
+            self.drop_journal_from_superblocks().await;
             *done = true;
         }
         None

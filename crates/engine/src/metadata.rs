@@ -46,6 +46,9 @@ pub(crate) struct Metadata {
     /// The failed set the superblocks on disk record.
     persisted: AtomicU64,
     dirty: AtomicBool,
+    /// The superblocks on disk say "not clean" although this session wrote nothing (a
+    /// journal replay made the array consistent): the clean stop writes "clean" anyway.
+    clean_round_due: AtomicBool,
     /// The superblocks' event count after the last round (status).
     events: AtomicU64,
     /// Array identity, for status without taking the superblock lock.
@@ -79,6 +82,7 @@ impl Metadata {
             first_write: futures::lock::Mutex::new(()),
             persisted: AtomicU64::new(persisted.bits()),
             dirty: AtomicBool::new(false),
+            clean_round_due: AtomicBool::new(false),
             frozen,
         }
     }
@@ -242,6 +246,12 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
+    /// The superblocks say "not clean" but the array is consistent (journal replayed): the
+    /// next clean stop records "clean" even if nothing is written meanwhile.
+    pub(crate) fn clean_round_due(&self) {
+        self.meta.clean_round_due.store(true, Ordering::Release);
+    }
+
     /// Whether superblocks are never written (read-only benchmarks).
     pub(crate) fn meta_frozen(&self) -> bool {
         self.meta.frozen
@@ -296,10 +306,13 @@ impl<D: BlockDev> Array<D> {
         self.bitmap_close().await;
         let mut meta = self.meta.state.lock().await;
         // An unfinished resync keeps the array "not clean": the next start resyncs again.
-        if self.meta.dirty.load(Ordering::Acquire) && !self.needs_resync() {
+        let due = self.meta.dirty.load(Ordering::Acquire)
+            || self.meta.clean_round_due.load(Ordering::Acquire);
+        if due && !self.needs_resync() {
             meta.sb.clean = true;
             self.persist(&mut meta, true).await;
             self.meta.dirty.store(false, Ordering::Release);
+            self.meta.clean_round_due.store(false, Ordering::Release);
         }
         drop(meta);
         self.check_serving().map(|_| ())

@@ -383,10 +383,12 @@ impl<D: BlockDev> Volume<D> {
         let at = MAP_OFFSET + (p * PAGE) as u64;
         let all = MemberSet::all(self.geometry().members);
         let members = &self.array.members;
-        self.array.note_unjournaled();
         self.array
             .each_live(all, |i| members.write_raw(i, at, buf::copy_of(&image)))
             .await;
+        // Counted once written: a member flush that began before the write completed
+        // must not count as covering it (journal.rs, write-back FLUSH).
+        self.array.note_unjournaled();
         for &g in set {
             self.map.change(g, true);
         }

@@ -233,6 +233,10 @@ pub struct TrialConfig {
     /// and checkpoint during the workload): every reassembly replays it, so nothing may be
     /// refused, with members lost or not.
     pub journal: Option<JournalMode>,
+    /// Kill the journal device at a random moment of the workload: the array falls back to
+    /// bitmap mode (stripes it then refuses on a degraded reassembly must be ones the bitmap
+    /// marks), and the cut can land inside the fallback.
+    pub journal_fault: bool,
 }
 
 /// Size of the trial journal: eight of the array's largest records.
@@ -363,9 +367,17 @@ fn workload(
                     }
                 } else if kind < 97 {
                     flush(&vol, &run).await;
-                } else if cfg.fail_members && *killed.borrow() < tol {
+                } else if cfg.journal_fault && kind >= 98 && faults.len() > cfg.members {
+                    let j = &faults[cfg.members];
+                    if rng.below(2) == 0 {
+                        j.kill();
+                    } else {
+                        j.kill_after(1 + rng.below(6) as i64);
+                    }
+                } else if cfg.fail_members && *killed.borrow() < tol.saturating_sub(cfg.lose_after)
+                {
                     *killed.borrow_mut() += 1;
-                    let m = rng.below(faults.len() as u64) as usize;
+                    let m = rng.below(cfg.members as u64) as usize;
                     if rng.below(2) == 0 {
                         faults[m].kill();
                     } else {
@@ -424,7 +436,7 @@ fn build(
     for d in &devs {
         d.faults.yield_ops.store(true, Ordering::Relaxed);
     }
-    let faults = devs.iter().map(|d| d.faults.clone()).collect();
+    let mut faults: Vec<Arc<crate::Faults>> = devs.iter().map(|d| d.faults.clone()).collect();
     let mut sb = crate::sim_superblock(g);
     sb.journal = cfg.journal.map(|m| (crate::SIM_JOURNAL_UUID, m));
     let array = Array::new(
@@ -443,6 +455,7 @@ fn build(
             .expect("fresh journal");
         let jdev = cached_dev(format!("mem{}", cfg.members), img, &clock);
         jdev.faults.yield_ops.store(true, Ordering::Relaxed);
+        faults.push(jdev.faults.clone());
         array.attach_journal(uraid_engine::journal::Journal::new(jdev, mode, jsb, 0));
     }
     (Volume::new(array, Some(Vec::new())), faults, clock)
@@ -962,9 +975,15 @@ pub fn run_two_stage(
         // wrong, and no flushed write lost (a bitmap clear or map fill of stage 1 that reached
         // only some members must not let stage 2's writes go unrecorded).
         for m in 0..cfg.members {
-            // Mirrors: a row the first cut left with differing copies may read as either
-            // copy (both are states the first history allows); stage 1 read the first.
-            let earlier = (!cfg.level.is_parity()).then_some(&events1[..]);
+            // A sector stage 2 did not write may read as any state the first history allows,
+            // not only the one stage 1's reassembly showed. Mirrors: a row the first cut left
+            // with differing copies may read as either copy; stage 1 read the first. Parity
+            // levels: an allocation-map bit the first cut left on one member only is written
+            // to the others at stage 2's first write — a second cut before any write (e.g.
+            // inside a journal replay) leaves it there, so with that member out the granule
+            // is a hole again: its data was never flushed, and a flushed sector of stage 1
+            // still has to read back (its floor rules out zeros).
+            let earlier = Some(&events1[..]);
             let (_, r) = verify_alt(&cfg2, &events2, &images2, &got1, earlier, &[m], false)
                 .map_err(|e| {
                     ctx(format!(
@@ -1014,4 +1033,108 @@ pub fn run_replay_then_member_returns(
     let (_, refused) = verify(cfg, &events, &after, &zeros, &[], false)
         .map_err(|e| ctx(format!("member {absent} back after the replay: {e}")))?;
     Ok(report(&events, ops, crash_at, refused))
+}
+
+/// Every power-cut point of a journal failure's fallback, one by one: a write-back journal
+/// holds two writes that were acknowledged and FLUSHed (whose member writes sit only in the
+/// members' volatile caches: a write-back FLUSH flushes no member), then the journal dies and
+/// the next writes switch the array to bitmap mode. The cut lands at every member operation
+/// from the journal's death to the end, with `seeds` different choices of which cached
+/// writes survive; reassembled (whole, and with each member left out), both writes must read
+/// back. Returns the cuts tried.
+pub fn journal_failure_every_cut(level: Level, members: usize, seeds: u64) -> Result<u64, String> {
+    let cfg = TrialConfig {
+        level,
+        members,
+        chunk: 4096,
+        rows: 8,
+        seed: 1,
+        tasks: 1,
+        ops_per_task: 0,
+        fail_members: false,
+        lose_after: 0,
+        resync: false,
+        bitmap_daemon: false,
+        journal: Some(JournalMode::WriteBack),
+        journal_fault: false,
+    };
+    let g = Geometry::new(level, members, cfg.chunk, cfg.rows * cfg.chunk)
+        .map_err(|e| e.to_string())?;
+    let sdb = g.stripe_data_bytes();
+    let w1 = crate::payload(7, sdb as usize);
+    let w2 = crate::payload(8, 4096);
+    // The script; returns the clock's operation count when the journal died. The first
+    // writes allocate their granules (map pages: that FLUSH does flush the members); the
+    // overwrites that follow are in the journal and the members' caches only.
+    let script = |vol: &Arc<Volume<MemDev>>, faults: &[Arc<crate::Faults>], clock: &Clock| {
+        block_on(async {
+            let ok = vol.write(0, crate::payload(5, sdb as usize)).await.is_ok()
+                && vol.write(2 * sdb, crate::payload(6, 4096)).await.is_ok()
+                && vol.flush().await.is_ok()
+                && vol.write(0, w1.clone()).await.is_ok()
+                && vol.write(2 * sdb, w2.clone()).await.is_ok()
+                && vol.flush().await.is_ok();
+            let at = clock.ops();
+            faults[members].kill();
+            // Into regions whose write-intent bits are already set (a bit set would flush
+            // the members first), and granules already allocated.
+            let _ = vol.write(sdb, crate::payload(9, 4096)).await;
+            let _ = vol.write(2 * sdb + 8192, crate::payload(10, 4096)).await;
+            let _ = vol.flush().await;
+            (ok, at)
+        })
+    };
+    let (vol, faults, clock) = build(&cfg, 0);
+    let (ok, died_at) = script(&vol, &faults, &clock);
+    if !ok {
+        return Err("the writes before the journal died failed".into());
+    }
+    let total = clock.ops();
+    drop(vol);
+    let mut tried = 0;
+    for crash_at in died_at + 1..=total + 1 {
+        for seed in 0..seeds {
+            let cfg = TrialConfig {
+                seed: seed + 1,
+                ..cfg.clone()
+            };
+            let (vol, faults, clock) = build(&cfg, crash_at);
+            let (ok, _) = script(&vol, &faults, &clock);
+            clock.power_cut();
+            drop(vol);
+            if !ok {
+                return Err(format!("crash_at {crash_at}: cut before the journal died"));
+            }
+            let images = clock.images().expect("power was cut");
+            for lost in std::iter::once(None).chain((0..members).map(Some)) {
+                let present: Vec<bool> = (0..members).map(|i| Some(i) != lost).collect();
+                let v = reassemble(&images, &present)
+                    .map_err(|e| format!("crash_at {crash_at}, member {lost:?} out: {e}"))?;
+                for (off, w) in [(0, &w1), (2 * sdb, &w2)] {
+                    let got = match block_on(v.read(off, w.len() as u64)) {
+                        Ok(seg) => seg.to_vec(),
+                        // Bitmap mode after the fallback: a degraded read of a stripe not
+                        // resynced since the cut is refused, which the product says.
+                        Err(uraid_engine::ArrayError::Unreadable { .. })
+                            if lost.is_some() && v.array().stripe_unsynced(off / sdb) =>
+                        {
+                            continue
+                        }
+                        Err(e) => {
+                            return Err(format!("crash_at {crash_at}, member {lost:?} out: {e}"))
+                        }
+                    };
+                    if got != w[..] {
+                        return Err(format!(
+                            "crash_at {crash_at} (journal died at {died_at}), seed {seed}, \
+                             member {lost:?} out: the write at {off}, acknowledged and \
+                             FLUSHed before the journal died, reads back wrong"
+                        ));
+                    }
+                }
+            }
+            tried += 1;
+        }
+    }
+    Ok(tried)
 }

@@ -239,7 +239,7 @@ impl<D: BlockDev> Array<D> {
                 .map(|(mem, b)| (mem, at, b))
                 .collect();
             // With a journal: the whole update is durable there before any member sees it.
-            let record = self.journal_log(&writes).await;
+            let record = self.journal_log(&writes).await?;
             self.write_members(writes).await;
             self.journal_applied(record);
             return self.check_serving().map(|_| ());
