@@ -923,10 +923,19 @@ fn open_journal(
             mode: mode.name(),
         })?;
     if frozen || access == Access::ReadOnly {
-        if !plan.sb.clean {
+        // Nothing may be written, so nothing can be replayed: only an array whose journal
+        // holds nothing the members lack opens this way.
+        let pending = if plan.sb.clean {
+            let dev =
+                FileDev::open_with(path, Access::ReadOnly).map_err(member_open_err(usize::MAX))?;
+            crate::journal::pending_records(&dev, &plan.sb).map_err(AssembleError::Journal)?
+        } else {
+            1
+        };
+        if pending > 0 {
             return Err(AssembleError::Journal(format!(
-                "array '{}' was not stopped cleanly: its journal must be replayed onto the \
-                 members first, which this read-only open cannot do; serve it once",
+                "array '{}' has journal records to replay onto its members first, which this \
+                 read-only open cannot do; serve it once",
                 plan.sb.name
             )));
         }

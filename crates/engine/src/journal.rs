@@ -20,9 +20,12 @@
 //!   write's record is already durable. Member writes that bypass the journal (allocation
 //!   map pages) are counted (`note_unjournaled`); a FLUSH after one flushes the members.
 //! * A journal I/O error switches the array to bitmap mode before any member write goes
-//!   unlogged: the journal is marked failed in memory, a superblock round records "no
-//!   journal", the members are flushed (write-back: what only the journal held), and only
-//!   then do stripe operations continue without it. The write-intent bitmap runs under the
+//!   unlogged: the journal is marked failed in memory (a failed or abandoned record poisons
+//!   it, so no commit counts past it), records already durable finish their member writes,
+//!   the members are flushed (write-back: what only the journal held), a superblock round
+//!   records "no journal", and only then do stripe operations continue without it.
+//! * Members a record leaves out because they failed are durably recorded failed before the
+//!   record is written (else a cut brings them back trusted under replayed parity). The write-intent bitmap runs under the
 //!   journal all along, so its dirty regions cover everything written since.
 
 use crate::array::Array;
@@ -51,8 +54,11 @@ pub struct Journal<D: BlockDev> {
     sb: futures::lock::Mutex<JournalSuper>,
     /// Set once an I/O error took the journal out of service (bitmap mode from then on).
     failed: AtomicBool,
-    /// Serialises the switch to bitmap mode; true once it is durable.
+    /// Serialises the switch to bitmap mode; true once it is durable (and `fallback_done`).
     fallback: futures::lock::Mutex<bool>,
+    fallback_done: AtomicBool,
+    /// The failure was logged.
+    reported: AtomicBool,
     checkpoint_running: AtomicBool,
     pub(crate) stats: JournalStats,
 }
@@ -256,9 +262,11 @@ pub fn replay<D: BlockDev>(
         // Marks the absent members failed (a forced round; also "not clean" until the
         // next clean stop, which is true from the first write on anyway).
         block_on(array.ensure_dirty());
-    } else if !sb.clean {
+    } else if !sb.clean && absent.is_empty() {
         // The superblocks still say "not clean": the next clean stop must say otherwise,
-        // written or not (replayed, the array is consistent).
+        // written or not (replayed, the array is consistent). Not while a member is
+        // absent: that round would record it failed, and a session that wrote nothing
+        // leaves absent members alone (their data is current).
         array.clean_round_due();
     }
     let next = JournalSuper {
@@ -280,6 +288,24 @@ pub fn replay<D: BlockDev>(
     }
     array.attach_journal(Journal::new(dev, mode, next, walk.records));
     Ok(array)
+}
+
+/// How many records a replay of `dev` would apply (a read-only look: nothing is written).
+pub fn pending_records<J: BlockDev>(dev: &J, sb: &Superblock) -> Result<u64, String> {
+    let j = check_journal(dev, sb)?;
+    let g = &sb.geometry;
+    fmt::walk(
+        &j,
+        g.members,
+        g.members as u64 * g.chunk,
+        |at, len| {
+            let (r, b) = block_on(dev.read(at, buf::alloc(len)));
+            r.map(|()| b.to_vec())
+        },
+        |_, _| {},
+    )
+    .map(|w| w.records)
+    .map_err(|e| format!("{}: reading the journal: {e}", dev.name()))
 }
 
 impl<D: BlockDev> Journal<D> {
@@ -304,6 +330,8 @@ impl<D: BlockDev> Journal<D> {
             sb: futures::lock::Mutex::new(sb),
             failed: AtomicBool::new(false),
             fallback: futures::lock::Mutex::new(false),
+            fallback_done: AtomicBool::new(false),
+            reported: AtomicBool::new(false),
             checkpoint_running: AtomicBool::new(false),
             stats: JournalStats::default(),
         };
@@ -356,7 +384,12 @@ impl<D: BlockDev> Journal<D> {
                 crate::reactor::yield_now().await;
                 continue;
             }
-            self.dev.flush().await?;
+            if let Err(e) = self.dev.flush().await {
+                // Poisoned before the flush lock goes: a later flush that succeeds may not
+                // cover what this one lost, so nobody may count past it.
+                self.failed.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
             // A record at or below `target` whose write failed (or was abandoned) was taken
             // out of `unwritten` only after the journal was marked failed: nothing past it
             // may count as durable.
@@ -389,6 +422,31 @@ impl<D: BlockDev> Drop for Abandon<'_, D> {
     }
 }
 
+/// A durable record whose member writes are being issued: `done()` once they all completed
+/// (or failed their members), which lets a checkpoint pass it. Dropped without `done` (a
+/// cancelled request: its stripe may be torn) it poisons the journal instead, so the record
+/// is never checkpointed away and the next assembly replays it.
+pub(crate) struct Applied<'a, D: BlockDev> {
+    j: &'a Journal<D>,
+    seq: u64,
+    done: bool,
+}
+
+impl<D: BlockDev> Applied<'_, D> {
+    pub(crate) fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl<D: BlockDev> Drop for Applied<'_, D> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.j.failed.store(true, Ordering::SeqCst);
+        }
+        self.j.lock().inflight.remove(&self.seq);
+    }
+}
+
 impl<D: BlockDev> Array<D> {
     /// The journal, while it is in service.
     pub(crate) fn journal_active(&self) -> Option<&Journal<D>> {
@@ -414,13 +472,14 @@ impl<D: BlockDev> Array<D> {
     pub(crate) async fn journal_log(
         &self,
         writes: &[(usize, u64, IoBuf)],
-    ) -> Result<Option<u64>, crate::ArrayError> {
+    ) -> Result<Option<Applied<'_, D>>, crate::ArrayError> {
         let Some(j) = self.journal.get() else {
             return Ok(None);
         };
         if !j.active() {
             // Failed: nothing goes to the members unlogged before "no journal" is durable.
-            return Ok(self.journal_failed_wait().await);
+            self.journal_failed_wait().await;
+            return Ok(None);
         }
         // Members left out of this record because they failed must be recorded failed
         // before the record can be durable: else a cut brings them back trusted, and replay
@@ -440,7 +499,8 @@ impl<D: BlockDev> Array<D> {
         // Reserve space (checkpointing when the log is full).
         let (seq, pos) = loop {
             if !j.active() {
-                return Ok(self.journal_failed_wait().await);
+                self.journal_failed_wait().await;
+                return Ok(None);
             }
             // An array past its tolerance frees no space (checkpoints stop): fail the write.
             self.check_serving()?;
@@ -493,14 +553,11 @@ impl<D: BlockDev> Array<D> {
         if j.used() > j.log_len / 2 {
             self.spawn_checkpoint();
         }
-        Ok(Some(seq))
-    }
-
-    /// The member writes of record `seq` completed (or failed their members).
-    pub(crate) fn journal_applied(&self, seq: Option<u64>) {
-        if let (Some(seq), Some(j)) = (seq, self.journal.get()) {
-            j.lock().inflight.remove(&seq);
-        }
+        Ok(Some(Applied {
+            j,
+            seq,
+            done: false,
+        }))
     }
 
     fn spawn_checkpoint(&self) {
@@ -567,7 +624,8 @@ impl<D: BlockDev> Array<D> {
     /// A journal I/O error: switch to bitmap mode durably (module docs), then return.
     async fn journal_failed(&self, e: &io::Error) {
         let Some(j) = self.journal.get() else { return };
-        if !j.failed.swap(true, Ordering::AcqRel) {
+        j.failed.store(true, Ordering::SeqCst);
+        if !j.reported.swap(true, Ordering::AcqRel) {
             tracing::error!(
                 "journal {} failed: {e}; the array continues in write-intent bitmap mode (the \
                  write hole is open again until a journal is added back)",
@@ -578,19 +636,31 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Waits until the switch to bitmap mode is durable (doing it if nobody has).
-    async fn journal_failed_wait(&self) -> Option<u64> {
-        let j = self.journal.get()?;
+    async fn journal_failed_wait(&self) {
+        let Some(j) = self.journal.get() else { return };
+        if j.fallback_done.load(Ordering::Acquire) {
+            return;
+        }
         let mut done = j.fallback.lock().await;
         if !*done {
-            // Members first: until the round below is durable, assembly still trusts the
+            // Records already durable finish their member writes first (their writers never
+            // wait for this lock), so every logged stripe operation is whole on the members.
+            while !j.lock().inflight.is_empty() {
+                crate::reactor::yield_now().await;
+            }
+            // Members next: until the round below is durable, assembly still trusts the
             // journal's records over the members; after it, only the members count, so
             // they must already hold everything acknowledged (write-back: what only the
             // journal made durable).
             self.flush_members().await;
-            self.drop_journal_from_superblocks().await;
+            if self.check_serving().is_ok() {
+                self.drop_journal_from_superblocks().await;
+            }
+            // Past the level's tolerance nothing is written any more; the journal stays
+            // named, its records kept for a forced assembly.
             *done = true;
+            j.fallback_done.store(true, Ordering::Release);
         }
-        None
     }
 
     /// Journal state for status (None: the array has no journal).

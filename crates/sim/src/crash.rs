@@ -291,6 +291,10 @@ impl Run {
     }
 }
 
+/// Trial workloads that ended with the journal failed (bitmap mode): the fault test checks
+/// that the fallback really ran.
+pub static JOURNAL_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
 /// Journal checkpoints taken during trial workloads (all threads): the journal tests check
 /// that the log really filled, wrapped and was checkpointed under the cut.
 pub static JOURNAL_CHECKPOINTS: AtomicU64 = AtomicU64::new(0);
@@ -781,6 +785,9 @@ fn stage(
     workload(cfg, &vol, faults, &run);
     if let Some(j) = vol.array().journal_status() {
         JOURNAL_CHECKPOINTS.fetch_add(j.checkpoints, Ordering::Relaxed);
+        if j.state == "failed" {
+            JOURNAL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+        }
     }
     let ops = clock.ops();
     clock.power_cut();
@@ -1042,7 +1049,12 @@ pub fn run_replay_then_member_returns(
 /// from the journal's death to the end, with `seeds` different choices of which cached
 /// writes survive; reassembled (whole, and with each member left out), both writes must read
 /// back. Returns the cuts tried.
-pub fn journal_failure_every_cut(level: Level, members: usize, seeds: u64) -> Result<u64, String> {
+pub fn journal_failure_every_cut(
+    level: Level,
+    members: usize,
+    mode: JournalMode,
+    seeds: u64,
+) -> Result<u64, String> {
     let cfg = TrialConfig {
         level,
         members,
@@ -1055,7 +1067,7 @@ pub fn journal_failure_every_cut(level: Level, members: usize, seeds: u64) -> Re
         lose_after: 0,
         resync: false,
         bitmap_daemon: false,
-        journal: Some(JournalMode::WriteBack),
+        journal: Some(mode),
         journal_fault: false,
     };
     let g = Geometry::new(level, members, cfg.chunk, cfg.rows * cfg.chunk)
@@ -1137,4 +1149,38 @@ pub fn journal_failure_every_cut(level: Level, members: usize, seeds: u64) -> Re
         }
     }
     Ok(tried)
+}
+
+/// A journal that cannot be read at assembly must fail the assembly, not end the log early
+/// (durable records after the bad spot would be dropped for good). Writes some records, cuts
+/// the power, and reassembles with every read of the log area failing. Returns whether the
+/// journal held records (the caller checks that the case is not vacuous).
+pub fn journal_read_error_fails_assembly(cfg: &TrialConfig) -> Result<bool, String> {
+    let (vol, _faults, clock) = build(cfg, 0);
+    let sdb = vol.geometry().stripe_data_bytes();
+    block_on(async {
+        for i in 0..6u64 {
+            let _ = vol.write(i * sdb, crate::payload(i, 4096)).await;
+        }
+        let _ = vol.flush().await;
+    });
+    let records = vol.array().journal_status().map_or(0, |j| j.records);
+    clock.power_cut();
+    drop(vol);
+    let images = clock.images().expect("power was cut");
+    let present = vec![true; cfg.members];
+    let members = cfg.members;
+    let r = reassemble_with(&images, &present, |i, img| {
+        let len = img.len() as u64;
+        let d = MemDev::from_image(format!("mem{i}"), img);
+        if i == members {
+            d.faults.bad_range(uraid_core::journal::LOG_START, len);
+        }
+        d
+    });
+    match r {
+        Err(e) if e.contains("reading the journal") => Ok(records > 0),
+        Err(e) => Err(format!("failed for another reason: {e}")),
+        Ok(_) => Err("assembled although the journal could not be read".into()),
+    }
 }

@@ -241,7 +241,9 @@ impl<D: BlockDev> Array<D> {
             // With a journal: the whole update is durable there before any member sees it.
             let record = self.journal_log(&writes).await?;
             self.write_members(writes).await;
-            self.journal_applied(record);
+            if let Some(r) = record {
+                r.done();
+            }
             return self.check_serving().map(|_| ());
         }
     }
