@@ -150,6 +150,10 @@ impl<D: BlockDev> HasMembers<D> for Array<D> {
     fn members(&self) -> &Members<D> {
         &self.members
     }
+
+    fn extra_device(&self) -> Option<(&crate::members::Health, &str)> {
+        self.journal.get().map(|j| (&j.health, j.name()))
+    }
 }
 
 impl<D: BlockDev> Array<D> {

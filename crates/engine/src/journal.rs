@@ -61,6 +61,10 @@ pub struct Journal<D: BlockDev> {
     reported: AtomicBool,
     checkpoint_running: AtomicBool,
     pub(crate) stats: JournalStats,
+    /// I/O timeouts: the array's watchdog ages the journal's I/Os like a member's and aborts
+    /// them (ETIMEDOUT: the journal fails, the array falls back to bitmap mode).
+    pub(crate) health: crate::members::Health,
+    watched: AtomicBool,
 }
 
 #[derive(Default)]
@@ -332,11 +336,38 @@ impl<D: BlockDev> Journal<D> {
             fallback: futures::lock::Mutex::new(false),
             fallback_done: AtomicBool::new(false),
             reported: AtomicBool::new(false),
+            health: Default::default(),
+            watched: AtomicBool::new(false),
             checkpoint_running: AtomicBool::new(false),
             stats: JournalStats::default(),
         };
         j.stats.replayed.store(replayed, Ordering::Relaxed);
         j
+    }
+
+    /// A write to the journal device, timed out by the array's watchdog.
+    async fn dev_write(&self, at: u64, b: IoBuf) -> io::Result<()> {
+        let w = self.watched.load(Ordering::Relaxed);
+        self.health
+            .timed(w, async { self.dev.write(at, b).await.0 }, Err)
+            .await
+    }
+
+    /// A flush of the journal device, timed out by the array's watchdog.
+    async fn dev_flush(&self) -> io::Result<()> {
+        let w = self.watched.load(Ordering::Relaxed);
+        self.health.timed(w, self.dev.flush(), Err).await
+    }
+
+    /// Writes `sb` into its slot and flushes (timed).
+    async fn write_super(&self, sb: &JournalSuper) -> io::Result<()> {
+        let at = (sb.slot() * JSB_SIZE) as u64;
+        self.dev_write(at, buf::copy_of(&sb.encode())).await?;
+        self.dev_flush().await
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        self.dev.name()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -384,7 +415,7 @@ impl<D: BlockDev> Journal<D> {
                 crate::reactor::yield_now().await;
                 continue;
             }
-            if let Err(e) = self.dev.flush().await {
+            if let Err(e) = self.dev_flush().await {
                 // Poisoned before the flush lock goes: a later flush that succeeds may not
                 // cover what this one lost, so nobody may count past it.
                 self.failed.store(true, Ordering::SeqCst);
@@ -460,6 +491,10 @@ impl<D: BlockDev> Array<D> {
 
     /// Attaches the journal (after `replay`). Only parity levels have one.
     pub fn attach_journal(&self, j: Journal<D>) {
+        j.watched.store(
+            self.members.policy().io_timeout.is_some(),
+            Ordering::Relaxed,
+        );
         if self.geo.level.is_parity() && !self.meta_frozen() {
             let _ = self.journal.set(j);
         }
@@ -532,7 +567,7 @@ impl<D: BlockDev> Array<D> {
         let payload: Vec<&[u8]> = writes.iter().map(|w| &w.2[..]).collect();
         fmt::encode_record(j.epoch, seq, pos, &entries, &payload, &mut rec);
         let at = fmt::LOG_START + pos % j.log_len;
-        let r = j.dev.write(at, buf::copy_of(&rec)).await.0;
+        let r = j.dev_write(at, buf::copy_of(&rec)).await;
         if r.is_err() {
             // Failed first, then out of `unwritten` (commit's rule).
             j.failed.store(true, Ordering::SeqCst);
@@ -610,7 +645,7 @@ impl<D: BlockDev> Array<D> {
             gen: sb.gen + 1,
             ..sb.clone()
         };
-        if let Err(e) = write_super(&j.dev, &next).await {
+        if let Err(e) = j.write_super(&next).await {
             drop(sb);
             self.journal_failed(&e).await;
             return false;

@@ -91,7 +91,7 @@ pub struct MemberIoSnapshot {
 }
 
 /// Per-member I/O accounting.
-struct Health {
+pub(crate) struct Health {
     /// Set by the watchdog: every outstanding and later I/O fails with ETIMEDOUT.
     aborted: AtomicBool,
     /// I/Os that are waiting (not finished): their wakers, woken on abort, and when each
@@ -103,6 +103,93 @@ struct Health {
     read_errors: Mutex<(u32, Option<Instant>)>,
     /// Totals for status and tests.
     pub(crate) corrected: AtomicU64,
+}
+
+impl Health {
+    /// Runs one I/O of this device; fails it with ETIMEDOUT (`aborted` builds the output)
+    /// once the watchdog aborted the device. `watched`: a watchdog runs (else the I/O just
+    /// runs). An I/O that completes on its first poll (tmpfs members copy inline) costs one
+    /// atomic load; one that waits registers its waker and start time so the watchdog can see
+    /// its age and an abort can wake it.
+    pub(crate) async fn timed<T>(
+        &self,
+        watched: bool,
+        op: impl std::future::Future<Output = T>,
+        aborted: impl FnOnce(io::Error) -> T,
+    ) -> T {
+        let h = self;
+        let timeout = || io::Error::from_raw_os_error(libc::ETIMEDOUT);
+        if h.aborted.load(Ordering::Acquire) {
+            return aborted(timeout());
+        }
+        if !watched {
+            return op.await;
+        }
+        let mut op = std::pin::pin!(op);
+        // Registered in the shard of the thread that first waits; removed from that shard
+        // (the future may be polled later on another thread).
+        let mut key: Option<(usize, usize)> = None;
+        let r = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = op.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            let shard = key.map_or_else(shard::index, |(s, _)| s);
+            let mut w = lock(h.waiting.get(shard));
+            if h.aborted.load(Ordering::Acquire) {
+                return Poll::Ready(None);
+            }
+            match key {
+                Some((_, k)) => {
+                    if let Some(slot) = w.get_mut(k) {
+                        slot.0.clone_from(cx.waker());
+                    }
+                }
+                None => key = Some((shard, w.insert((cx.waker().clone(), Instant::now())))),
+            }
+            Poll::Pending
+        })
+        .await;
+        if let Some((shard, k)) = key {
+            let mut w = lock(h.waiting.get(shard));
+            // An abort drains the slab (and no I/O registers after it), so a present key is
+            // still ours.
+            if w.contains(k) {
+                w.remove(k);
+            }
+        }
+        match r {
+            Some(r) => r,
+            None => aborted(timeout()),
+        }
+    }
+
+    /// The age of the oldest I/O waiting, and how many wait (the watchdog).
+    fn oldest(&self) -> (usize, Option<Instant>) {
+        let (mut n, mut oldest) = (0, None::<Instant>);
+        for s in self.waiting.iter() {
+            let w = lock(s);
+            n += w.len();
+            oldest = w.iter().map(|(_, (_, t))| *t).chain(oldest).min();
+        }
+        (n, oldest)
+    }
+
+    /// Fails every outstanding and later I/O with ETIMEDOUT.
+    pub(crate) fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        let wakers: Vec<Waker> = self
+            .waiting
+            .iter()
+            .flat_map(|s| lock(s).drain().map(|(w, _)| w).collect::<Vec<_>>())
+            .collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
 }
 
 impl Default for Health {
@@ -274,50 +361,9 @@ impl<D: BlockDev> Members<D> {
         op: impl std::future::Future<Output = T>,
         aborted: impl FnOnce(io::Error) -> T,
     ) -> T {
-        let h = &self.health[i];
-        let timeout = || io::Error::from_raw_os_error(libc::ETIMEDOUT);
-        if h.aborted.load(Ordering::Acquire) {
-            return aborted(timeout());
-        }
-        if self.policy.io_timeout.is_none() {
-            return op.await;
-        }
-        let mut op = std::pin::pin!(op);
-        // Registered in the shard of the thread that first waits; removed from that shard
-        // (the future may be polled later on another thread).
-        let mut key: Option<(usize, usize)> = None;
-        let r = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = op.as_mut().poll(cx) {
-                return Poll::Ready(Some(r));
-            }
-            let shard = key.map_or_else(shard::index, |(s, _)| s);
-            let mut w = lock(h.waiting.get(shard));
-            if h.aborted.load(Ordering::Acquire) {
-                return Poll::Ready(None);
-            }
-            match key {
-                Some((_, k)) => {
-                    if let Some(slot) = w.get_mut(k) {
-                        slot.0.clone_from(cx.waker());
-                    }
-                }
-                None => key = Some((shard, w.insert((cx.waker().clone(), Instant::now())))),
-            }
-            Poll::Pending
-        })
-        .await;
-        if let Some((shard, k)) = key {
-            let mut w = lock(h.waiting.get(shard));
-            // An abort drains the slab (and no I/O registers after it), so a present key is
-            // still ours.
-            if w.contains(k) {
-                w.remove(k);
-            }
-        }
-        match r {
-            Some(r) => r,
-            None => aborted(timeout()),
-        }
+        self.health[i]
+            .timed(self.policy.io_timeout.is_some(), op, aborted)
+            .await
     }
 
     /// Decides what a failed I/O on member `i` means. `read`: whether it was a data read
@@ -356,16 +402,7 @@ impl<D: BlockDev> Members<D> {
 
     /// Aborts every outstanding and future I/O of member `i` (ETIMEDOUT).
     fn abort(&self, i: usize) {
-        let h = &self.health[i];
-        h.aborted.store(true, Ordering::Release);
-        let wakers: Vec<Waker> = h
-            .waiting
-            .iter()
-            .flat_map(|s| lock(s).drain().map(|(w, _)| w).collect::<Vec<_>>())
-            .collect();
-        for w in wakers {
-            w.wake();
-        }
+        self.health[i].abort();
     }
 }
 
@@ -381,6 +418,10 @@ fn account(c: &OpCounters, bytes: u64, ok: bool, t0: Option<Instant>) {
 /// Something that owns a `Members` (the array); the watchdog holds it weakly.
 pub(crate) trait HasMembers<D: BlockDev>: Send + Sync + 'static {
     fn members(&self) -> &Members<D>;
+    /// Another device the watchdog times out (the journal), with its name.
+    fn extra_device(&self) -> Option<(&Health, &str)> {
+        None
+    }
 }
 
 /// Starts the I/O watchdog for `owner` if its policy has a timeout: a thread that checks
@@ -404,12 +445,7 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
                 if h.aborted.load(Ordering::Acquire) {
                     continue;
                 }
-                let (mut n, mut oldest) = (0, None::<Instant>);
-                for s in h.waiting.iter() {
-                    let w = lock(s);
-                    n += w.len();
-                    oldest = w.iter().map(|(_, (_, t))| *t).chain(oldest).min();
-                }
+                let (n, oldest) = h.oldest();
                 let Some(oldest) = oldest else { continue };
                 let age = oldest.elapsed();
                 if age >= timeout {
@@ -421,6 +457,20 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
                         timeout
                     );
                     m.abort(i);
+                }
+            }
+            // The journal device, when the owner has one: a hung journal is failed like a
+            // hung member (the array falls back to bitmap mode).
+            if let Some((h, name)) = a.extra_device() {
+                if let (n, Some(oldest)) = h.oldest() {
+                    let age = oldest.elapsed();
+                    if age >= timeout && !h.is_aborted() {
+                        tracing::error!(
+                            "journal {name}: an I/O has waited {age:.1?} (timeout {timeout:?}; \
+                             {n} waiting): timing it out"
+                        );
+                        h.abort();
+                    }
                 }
             }
         });

@@ -331,3 +331,52 @@ fn a_read_only_session_leaves_absent_members_alone() {
     assert_eq!(vol.array().events(), 2);
     assert!(vol.array().durable_failed().contains(1));
 }
+
+/// A journal device that stops answering is timed out like a member (`--io-timeout`): the
+/// write waiting on it completes, the array records "no journal" in its superblocks and goes
+/// on in bitmap mode, and everything written reads back.
+#[test]
+fn hung_journal_is_timed_out_and_the_array_falls_back_to_the_bitmap() {
+    let opts = ArrayOptions {
+        policy: ErrorPolicy {
+            io_timeout: Some(Duration::from_millis(200)),
+            ..ErrorPolicy::default()
+        },
+        frozen_metadata: false,
+    };
+    let (vol, faults, journal) = uraid_sim::mem_array_with_journal(
+        Level::Raid6,
+        6,
+        CHUNK,
+        8 * CHUNK,
+        opts,
+        uraid_core::format::JournalMode::WriteBack,
+        1 << 20,
+    );
+    let a = payload(1, 8192);
+    block_on(vol.write(0, a.clone())).unwrap();
+    assert_eq!(vol.array().journal_status().unwrap().state, "active");
+    journal.hold();
+    let b = payload(2, 8192);
+    let t0 = Instant::now();
+    block_on(vol.write(4 * CHUNK * 4, b.clone())).unwrap();
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+    assert_eq!(vol.array().journal_status().unwrap().state, "failed");
+    block_on(vol.flush()).unwrap();
+    assert_eq!(block_on(vol.read(0, 8192)).unwrap().to_vec(), a[..]);
+    assert_eq!(
+        block_on(vol.read(4 * CHUNK * 4, 8192)).unwrap().to_vec(),
+        b[..]
+    );
+    // The superblocks no longer name the journal; the members were never failed.
+    assert!(vol.array().failed().is_empty());
+    for i in 0..6 {
+        let img = vol.array().member_dev(i).unwrap().snapshot();
+        let sb = uraid_core::format::pick_superblock(&img[..4096], &img[4096..8192]).unwrap();
+        assert_eq!(sb.journal, None, "member {i}");
+    }
+    journal.release();
+    drop(faults);
+}

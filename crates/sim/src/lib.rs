@@ -437,6 +437,41 @@ pub fn mem_array_with(
     (Volume::new(array, Some(Vec::new())), faults)
 }
 
+/// `mem_array_with` on a parity level, with a journal device in `mode` (a fresh in-memory
+/// one of `journal_size` bytes): the volume, the members' fault switches and the journal's.
+pub fn mem_array_with_journal(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    member_data: u64,
+    opts: ArrayOptions,
+    mode: uraid_core::format::JournalMode,
+    journal_size: usize,
+) -> (Arc<Volume<MemDev>>, Vec<Arc<Faults>>, Arc<Faults>) {
+    let geometry = Geometry::new(level, members, chunk, member_data).expect("valid test geometry");
+    let devs: Vec<MemDev> = fresh_images_with(geometry, Some(mode))
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| MemDev::from_image(format!("mem{i}"), img))
+        .collect();
+    let faults = devs.iter().map(|d| d.faults.clone()).collect();
+    let mut sb = sim_superblock(geometry);
+    sb.journal = Some((SIM_JOURNAL_UUID, mode));
+    let jdev = MemDev::from_image("journal", journal_image(journal_size));
+    let jfaults = jdev.faults.clone();
+    let jsb = uraid_engine::journal::check_journal(&jdev, &sb).expect("fresh journal");
+    let array = Array::new(
+        sb,
+        sim_ids(members),
+        devs.into_iter().map(Some).collect(),
+        None,
+        opts,
+        Some(Vec::new()),
+    );
+    array.attach_journal(uraid_engine::journal::Journal::new(jdev, mode, jsb, 0));
+    (Volume::new(array, Some(Vec::new())), faults, jfaults)
+}
+
 /// Member `m`'s bytes as reads see them (to compare mirror copies, parity, ...).
 pub fn member_bytes(vol: &Volume<MemDev>, m: usize) -> Vec<u8> {
     vol.array()
