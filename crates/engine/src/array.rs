@@ -392,6 +392,9 @@ impl<D: BlockDev> Array<D> {
         self.check_serving()?;
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         let extents: Vec<Extent> = self.geo.map(off, len).collect();
+        if self.journal.get().is_some() {
+            self.wait_deferred(extents.iter().map(|e| e.stripe)).await;
+        }
         if !matches!(self.geo.level, Level::Raid1 | Level::Raid10) {
             if let Some(seg) = self.read_coalesced(&extents).await {
                 return Ok(seg);

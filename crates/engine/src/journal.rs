@@ -467,6 +467,22 @@ impl<D: BlockDev> Applied<'_, D> {
     pub(crate) fn done(mut self) {
         self.done = true;
     }
+
+    /// Hands the record's member writes to `Array::finish_deferred` (which marks it done).
+    pub(crate) fn defer(mut self, writes: Vec<(usize, u64, IoBuf)>) -> Deferred {
+        self.done = true;
+        let seq = self.seq;
+        // Still in flight: the deferred writer removes it when its writes completed.
+        self.seq = u64::MAX;
+        Deferred { seq, writes }
+    }
+}
+
+/// The member writes of a durable record whose client writes were acknowledged already
+/// (write-back journal on reactors): the stripe stays locked until they completed.
+pub(crate) struct Deferred {
+    seq: u64,
+    writes: Vec<(usize, u64, IoBuf)>,
 }
 
 impl<D: BlockDev> Drop for Applied<'_, D> {
@@ -474,7 +490,27 @@ impl<D: BlockDev> Drop for Applied<'_, D> {
         if !self.done {
             self.j.failed.store(true, Ordering::SeqCst);
         }
-        self.j.lock().inflight.remove(&self.seq);
+        if self.seq != u64::MAX {
+            self.j.lock().inflight.remove(&self.seq);
+        }
+    }
+}
+
+/// `Applied` for a deferred record, owned by the task that finishes it.
+struct OwnedApplied<D: BlockDev> {
+    a: std::sync::Arc<Array<D>>,
+    seq: u64,
+    done: bool,
+}
+
+impl<D: BlockDev> Drop for OwnedApplied<D> {
+    fn drop(&mut self) {
+        if let Some(j) = self.a.journal.get() {
+            if !self.done {
+                j.failed.store(true, Ordering::SeqCst);
+            }
+            j.lock().inflight.remove(&self.seq);
+        }
     }
 }
 
@@ -695,6 +731,74 @@ impl<D: BlockDev> Array<D> {
             // named, its records kept for a forced assembly.
             *done = true;
             j.fallback_done.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a stripe operation may acknowledge once its record is durable and finish its
+    /// member writes in the background: a write-back journal in service, on a reactor (the
+    /// background task runs there; without reactors the writes are done inline).
+    pub(crate) fn can_defer(&self) -> bool {
+        self.journal_active()
+            .is_some_and(|j| j.mode == JournalMode::WriteBack)
+            && crate::reactor::local().is_some()
+            && self.me.strong_count() > 0
+    }
+
+    /// Finishes a deferred stripe operation: its member writes, then the record is done and
+    /// the stripe unlocked — in a task of this reactor, so the acknowledged writers return
+    /// now. Readers of the stripe wait for the lock meanwhile (`wait_deferred`).
+    pub(crate) async fn finish_deferred(&self, stripe: u64, d: Deferred) {
+        let Some(a) = self.me.upgrade() else {
+            // Being dropped: finish here.
+            self.write_members(d.writes).await;
+            if let Some(j) = self.journal.get() {
+                j.lock().inflight.remove(&d.seq);
+            }
+            self.locks.unlock(stripe, true);
+            return;
+        };
+        crate::reactor::spawn_local(async move {
+            let mut rec = OwnedApplied {
+                a: a.clone(),
+                seq: d.seq,
+                done: false,
+            };
+            a.write_members(d.writes).await;
+            rec.done = true;
+            drop(rec);
+            a.locks.unlock(stripe, true);
+        });
+    }
+
+    /// Before a read of `stripes` goes to the members: with a write-back journal, a stripe
+    /// whose acknowledged writes may still be on their way to the members is locked by their
+    /// writer until they arrive; wait for it. (One check of the lock table per stripe; none
+    /// without a write-back journal.)
+    pub(crate) async fn wait_deferred(&self, stripes: impl Iterator<Item = u64>) {
+        let Some(j) = self.journal.get() else { return };
+        if j.mode != JournalMode::WriteBack {
+            return;
+        }
+        let mut last = None;
+        for st in stripes {
+            if last == Some(st) {
+                continue;
+            }
+            last = Some(st);
+            if self.locks.is_locked(st) {
+                self.locks.lock(st).await;
+                self.locks.unlock(st, false);
+            }
+        }
+    }
+
+    /// Waits until every journalled stripe operation finished its member writes (a clean
+    /// stop flushes the members after this).
+    pub(crate) async fn journal_drain(&self) {
+        if let Some(j) = self.journal.get() {
+            while !j.lock().inflight.is_empty() {
+                crate::reactor::yield_now().await;
+            }
         }
     }
 

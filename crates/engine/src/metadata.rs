@@ -297,6 +297,8 @@ impl<D: BlockDev> Array<D> {
     /// still due, records a clean shutdown in the superblocks. A session that only read leaves them untouched: members
     /// that were merely absent are not marked failed, since their data is still current.
     pub async fn close(&self) -> Result<(), crate::ArrayError> {
+        // Deferred member writes (write-back journal) land first.
+        self.journal_drain().await;
         self.flush_members().await;
         self.check_serving()?;
         // Everything is on the members: the journal is emptied (nothing to replay).

@@ -349,9 +349,9 @@ fn hung_journal_is_timed_out_and_the_array_falls_back_to_the_bitmap() {
         6,
         CHUNK,
         8 * CHUNK,
+        None,
         opts,
         uraid_core::format::JournalMode::WriteBack,
-        1 << 20,
     );
     let a = payload(1, 8192);
     block_on(vol.write(0, a.clone())).unwrap();

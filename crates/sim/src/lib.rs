@@ -438,15 +438,15 @@ pub fn mem_array_with(
 }
 
 /// `mem_array_with` on a parity level, with a journal device in `mode` (a fresh in-memory
-/// one of `journal_size` bytes): the volume, the members' fault switches and the journal's.
+/// one of 4 MiB): the volume, the members' fault switches and the journal's.
 pub fn mem_array_with_journal(
     level: Level,
     members: usize,
     chunk: u64,
     member_data: u64,
+    rt: Option<RuntimeHandle>,
     opts: ArrayOptions,
     mode: uraid_core::format::JournalMode,
-    journal_size: usize,
 ) -> (Arc<Volume<MemDev>>, Vec<Arc<Faults>>, Arc<Faults>) {
     let geometry = Geometry::new(level, members, chunk, member_data).expect("valid test geometry");
     let devs: Vec<MemDev> = fresh_images_with(geometry, Some(mode))
@@ -457,14 +457,14 @@ pub fn mem_array_with_journal(
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
     let mut sb = sim_superblock(geometry);
     sb.journal = Some((SIM_JOURNAL_UUID, mode));
-    let jdev = MemDev::from_image("journal", journal_image(journal_size));
+    let jdev = MemDev::from_image("journal", journal_image(4 << 20));
     let jfaults = jdev.faults.clone();
     let jsb = uraid_engine::journal::check_journal(&jdev, &sb).expect("fresh journal");
     let array = Array::new(
         sb,
         sim_ids(members),
         devs.into_iter().map(Some).collect(),
-        None,
+        rt,
         opts,
         Some(Vec::new()),
     );

@@ -56,6 +56,18 @@ struct StripeSlot {
     writer_turn: bool,
 }
 
+impl StripeSlot {
+    /// Registers a waiter's waker once: a task re-polled while it waits (a join of many
+    /// requests is polled whenever any of them is woken) would otherwise add a copy on every
+    /// poll, and a long hold (a write-back journal's deferred member writes) turned that into
+    /// a wake-up storm.
+    fn park(&mut self, w: &Waker) {
+        if !self.waiters.iter().any(|x| x.will_wake(w)) {
+            self.waiters.push_back(w.clone());
+        }
+    }
+}
+
 pub(crate) struct StripeLocks {
     shards: Vec<Mutex<HashMap<u64, StripeSlot>>>,
 }
@@ -93,6 +105,15 @@ impl StripeLocks {
         r
     }
 
+    /// Whether the stripe is locked now (a writer's batch or a locker holds it).
+    pub(crate) fn is_locked(&self, stripe: u64) -> bool {
+        self.shards[self.shard(stripe)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&stripe)
+            .is_some_and(|s| s.locked)
+    }
+
     /// Takes the stripe's lock. A locker that waits gets the lock before queued writers
     /// the next time it is released.
     pub(crate) async fn lock(&self, stripe: u64) {
@@ -117,7 +138,7 @@ impl StripeLocks {
                         s.lockers += 1;
                         guard.counted = true;
                     }
-                    s.waiters.push_back(cx.waker().clone());
+                    s.park(cx.waker());
                     Poll::Pending
                 }
             })
@@ -177,7 +198,7 @@ impl StripeLocks {
             }
             self.with_slot(stripe, |s| {
                 if s.locked {
-                    s.waiters.push_back(cx.waker().clone());
+                    s.park(cx.waker());
                     Poll::Pending
                 } else {
                     s.locked = true;

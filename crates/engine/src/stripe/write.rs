@@ -60,22 +60,35 @@ impl<D: BlockDev> Array<D> {
                         .merged_writes
                         .fetch_add(batch.len() as u64 - 1, Ordering::Relaxed);
                 }
-                let r = if batch.is_empty() {
-                    Ok(())
+                let (r, tail) = if batch.is_empty() {
+                    (Ok(()), None)
                 } else {
-                    self.stripe_write(stripe, &batch).await
+                    match self.stripe_write(stripe, &batch).await {
+                        Ok(tail) => (Ok(()), tail),
+                        Err(e) => (Err(e), None),
+                    }
                 };
                 for w in batch {
                     let _ = w.done.send(r.clone());
                 }
-                self.locks.unlock(stripe, true);
+                match tail {
+                    // Write-back journal: acknowledged once the record is durable; the member
+                    // writes finish in the background, holding the stripe (journal.rs).
+                    Some(t) => self.finish_deferred(stripe, t).await,
+                    None => self.locks.unlock(stripe, true),
+                }
                 rx.await.unwrap_or(Err(ArrayError::Shutdown))
             }
         }
     }
 
     /// One stripe operation covering every queued write in `batch`. Caller holds the stripe.
-    async fn stripe_write(&self, stripe: u64, batch: &[PendingWrite]) -> Result<(), ArrayError> {
+    /// Returns the member writes still to do when they were deferred (write-back journal).
+    async fn stripe_write(
+        &self,
+        stripe: u64,
+        batch: &[PendingWrite],
+    ) -> Result<Option<crate::journal::Deferred>, ArrayError> {
         // No parity is built on an unsynced stripe (recovery/resync.rs).
         self.resync_if_unsynced(stripe).await?;
         let g = self.geo;
@@ -240,11 +253,16 @@ impl<D: BlockDev> Array<D> {
                 .collect();
             // With a journal: the whole update is durable there before any member sees it.
             let record = self.journal_log(&writes).await?;
-            self.write_members(writes).await;
             if let Some(r) = record {
+                if self.can_defer() {
+                    return Ok(Some(r.defer(writes)));
+                }
+                self.write_members(writes).await;
                 r.done();
+            } else {
+                self.write_members(writes).await;
             }
-            return self.check_serving().map(|_| ());
+            return self.check_serving().map(|_| None);
         }
     }
 }
