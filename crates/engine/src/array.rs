@@ -359,6 +359,11 @@ impl<D: BlockDev> Array<D> {
     /// returns once any member that failed on the way is recorded failed in the survivors'
     /// superblocks.
     pub async fn flush(&self) -> Result<(), ArrayError> {
+        if self.journal.get().is_some_and(|j| !j.active()) {
+            // Acknowledged write-back writes may still be on their way to the members:
+            // the fallback drains them and flushes the members.
+            self.journal_failed_wait().await;
+        }
         if self.flush_needs_members() {
             self.flush_members().await;
         } else {
@@ -628,8 +633,10 @@ impl<D: BlockDev> Array<D> {
     // ------------------------------------------------------------ writes
 
     /// Writes `data` at `off` to the members (no allocation map: `Volume::write` is the
-    /// client-facing write). Returns once every member the write touches has it and any
-    /// member that failed on the way is durably recorded failed; FLUSH makes it durable.
+    /// client-facing write). Returns once every member the write touches has it (with a
+    /// write-back journal: once its journal record is durable, the member writes finishing
+    /// in the background) and any member that failed on the way is durably recorded failed;
+    /// FLUSH makes it durable.
     pub async fn write(self: &Arc<Self>, off: u64, data: WriteBuf) -> Result<(), ArrayError> {
         let len = data.len() as u64;
         self.validate(off, len)?;

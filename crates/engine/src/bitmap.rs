@@ -105,7 +105,8 @@ impl WriteIntent {
 }
 
 /// Held by a client write while its member writes are in flight: the regions it touches
-/// stay set. Dropping it (also when the write future is dropped) ends the write.
+/// stay set. Dropping it (also when the write future is dropped) ends the write. Deferred
+/// member writes (write-back journal) hold their region with `intent_deferred_begin`.
 pub(crate) struct IntentGuard<'a> {
     wi: &'a WriteIntent,
     regions: std::ops::RangeInclusive<u64>,
@@ -121,6 +122,26 @@ impl Drop for IntentGuard<'_> {
 }
 
 impl<D: BlockDev> Array<D> {
+    /// A deferred (write-back) stripe operation keeps its region "in flight" until its
+    /// member writes completed (`intent_deferred_end`). Called while the client's own guard
+    /// still holds the region, so the count never drops to zero in between.
+    pub(crate) fn intent_deferred_begin(&self, stripe: u64) -> Option<u64> {
+        let wi = &self.intent;
+        if !wi.enabled() {
+            return None;
+        }
+        let r = fmt::region_of_unit(&self.geo, wi.chunk, stripe);
+        wi.inflight[r as usize].fetch_add(1, Ordering::SeqCst);
+        Some(r)
+    }
+
+    pub(crate) fn intent_deferred_end(&self, r: Option<u64>) {
+        if let Some(r) = r {
+            self.intent.touch(r);
+            self.intent.inflight[r as usize].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// Before a write of `[off, off+len)` goes to the members: makes the bits of its regions
     /// durable (the caller checked the range). None when there is no bitmap.
     pub(crate) async fn intent_begin(&self, off: u64, len: u64) -> Option<IntentGuard<'_>> {

@@ -469,12 +469,20 @@ impl<D: BlockDev> Applied<'_, D> {
     }
 
     /// Hands the record's member writes to `Array::finish_deferred` (which marks it done).
-    pub(crate) fn defer(mut self, writes: Vec<(usize, u64, IoBuf)>) -> Deferred {
+    pub(crate) fn defer(
+        mut self,
+        writes: Vec<(usize, u64, IoBuf)>,
+        region: Option<u64>,
+    ) -> Deferred {
         self.done = true;
         let seq = self.seq;
         // Still in flight: the deferred writer removes it when its writes completed.
         self.seq = u64::MAX;
-        Deferred { seq, writes }
+        Deferred {
+            seq,
+            writes,
+            region,
+        }
     }
 }
 
@@ -483,6 +491,7 @@ impl<D: BlockDev> Applied<'_, D> {
 pub(crate) struct Deferred {
     seq: u64,
     writes: Vec<(usize, u64, IoBuf)>,
+    region: Option<u64>,
 }
 
 impl<D: BlockDev> Drop for Applied<'_, D> {
@@ -500,6 +509,7 @@ impl<D: BlockDev> Drop for Applied<'_, D> {
 struct OwnedApplied<D: BlockDev> {
     a: std::sync::Arc<Array<D>>,
     seq: u64,
+    region: Option<u64>,
     done: bool,
 }
 
@@ -511,6 +521,7 @@ impl<D: BlockDev> Drop for OwnedApplied<D> {
             }
             j.lock().inflight.remove(&self.seq);
         }
+        self.a.intent_deferred_end(self.region);
     }
 }
 
@@ -707,7 +718,7 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Waits until the switch to bitmap mode is durable (doing it if nobody has).
-    async fn journal_failed_wait(&self) {
+    pub(crate) async fn journal_failed_wait(&self) {
         let Some(j) = self.journal.get() else { return };
         if j.fallback_done.load(Ordering::Acquire) {
             return;
@@ -754,6 +765,7 @@ impl<D: BlockDev> Array<D> {
             if let Some(j) = self.journal.get() {
                 j.lock().inflight.remove(&d.seq);
             }
+            self.intent_deferred_end(d.region);
             self.locks.unlock(stripe, true);
             return;
         };
@@ -761,6 +773,7 @@ impl<D: BlockDev> Array<D> {
             let mut rec = OwnedApplied {
                 a: a.clone(),
                 seq: d.seq,
+                region: d.region,
                 done: false,
             };
             a.write_members(d.writes).await;

@@ -357,3 +357,117 @@ fn degraded_reads_never_see_half_written_stripes() {
     drop(array);
     rt.shutdown();
 }
+
+/// The write-intent bit of a region stays set while a deferred (write-back) member write into
+/// it is still in flight: if the journal were lost afterwards, the bitmap is all that says
+/// where stripes may be torn (found by a cold review; fails without the deferred count).
+#[test]
+fn bitmap_is_not_cleared_under_a_deferred_write() {
+    use std::sync::atomic::Ordering;
+    let rt = Runtime::new(1, 64, true).unwrap();
+    let (vol, faults, _j) = uraid_sim::mem_array_with_journal(
+        Level::Raid5,
+        4,
+        4096,
+        24 * 4096,
+        Some(rt.handle()),
+        uraid_sim::sim_options(),
+        uraid_core::format::JournalMode::WriteBack,
+    );
+    let sw = 3 * 4096usize; // one full stripe
+    let v = vol.clone();
+    rt.handle()
+        .block_on(0, move || async move {
+            v.write(0, Arc::new(vec![1u8; sw])).await
+        })
+        .unwrap();
+    let a = vol.array().clone();
+    eprintln!("after first write: bitmap {:?}", a.bitmap_state());
+    // Hold member 1: the next full-stripe write's member writes stay in flight.
+    faults[1].hold();
+    let v = vol.clone();
+    rt.handle()
+        .block_on(0, move || async move {
+            v.write(0, Arc::new(vec![2u8; sw])).await
+        })
+        .unwrap();
+    eprintln!("acknowledged; bitmap {:?}", a.bitmap_state());
+    assert!(faults[1].held.load(Ordering::SeqCst));
+    let t = a.clone();
+    let _ = futures::executor::block_on(t.bitmap_tick());
+    eprintln!("tick 1: bitmap {:?}", a.bitmap_state());
+    let t = a.clone();
+    let h = std::thread::spawn(move || futures::executor::block_on(t.bitmap_tick()));
+    std::thread::sleep(Duration::from_millis(300));
+    let st = a.bitmap_state();
+    eprintln!("tick 2 (member 1 still held): bitmap {st:?}");
+    let m1 = uraid_sim::member_bytes(&vol, 1);
+    let d = uraid_core::format::DATA_OFFSET as usize;
+    let still_old = m1[d..d + 4096].iter().all(|&b| b != 2);
+    eprintln!("member 1 data still old: {still_old}");
+    faults[1].release();
+    let _ = h.join();
+    assert!(
+        !(st.2 == 0 && still_old),
+        "write-intent bit cleared while the deferred member write was in flight"
+    );
+}
+
+/// A FLUSH answered after the journal failed covers every acknowledged write, also one whose
+/// member writes were deferred (found by a cold review; fails without the fallback wait).
+#[test]
+fn flush_after_a_journal_failure_covers_deferred_writes() {
+    let rt = Runtime::new(1, 64, true).unwrap();
+    let (vol, faults, jf) = uraid_sim::mem_array_with_journal(
+        Level::Raid5,
+        4,
+        4096,
+        24 * 4096,
+        Some(rt.handle()),
+        uraid_sim::sim_options(),
+        uraid_core::format::JournalMode::WriteBack,
+    );
+    let sw = 3 * 4096usize;
+    let v = vol.clone();
+    rt.handle()
+        .block_on(0, move || async move {
+            v.write(0, Arc::new(vec![1u8; 4 * sw])).await
+        })
+        .unwrap();
+    faults[1].hold();
+    let v = vol.clone();
+    rt.handle()
+        .block_on(0, move || async move {
+            v.write(0, Arc::new(vec![2u8; sw])).await
+        })
+        .unwrap();
+    eprintln!("W acknowledged (member 1 held)");
+    jf.kill();
+    // Another write meets the dead journal: the fallback starts (and waits for W).
+    let v = vol.clone();
+    let _w2 = rt.handle().spawn_on(0, move || async move {
+        v.write(3 * sw as u64, Arc::new(vec![3u8; sw])).await
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let v = vol.clone();
+    let f1 = faults[1].clone();
+    let rel = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        f1.release();
+    });
+    let r = rt
+        .handle()
+        .block_on(0, move || async move { v.flush().await });
+    rel.join().unwrap();
+    let m1 = uraid_sim::member_bytes(&vol, 1);
+    let d = uraid_core::format::DATA_OFFSET as usize;
+    let still_old = m1[d..d + 4096].iter().all(|&b| b != 2);
+    eprintln!(
+        "FLUSH returned {r:?}; member 1 still without W: {still_old}; journal {:?}",
+        vol.array().journal_status().map(|j| j.state)
+    );
+    assert!(
+        !(r.is_ok() && still_old),
+        "FLUSH succeeded before an acknowledged write reached the members, journal failed"
+    );
+}

@@ -255,7 +255,8 @@ impl<D: BlockDev> Array<D> {
             let record = self.journal_log(&writes).await?;
             if let Some(r) = record {
                 if self.can_defer() {
-                    return Ok(Some(r.defer(writes)));
+                    let region = self.intent_deferred_begin(stripe);
+                    return Ok(Some(r.defer(writes, region)));
                 }
                 self.write_members(writes).await;
                 r.done();
