@@ -752,23 +752,13 @@ impl<D: BlockDev> Array<D> {
         self.journal_active()
             .is_some_and(|j| j.mode == JournalMode::WriteBack)
             && crate::reactor::local().is_some()
-            && self.me.strong_count() > 0
     }
 
     /// Finishes a deferred stripe operation: its member writes, then the record is done and
     /// the stripe unlocked — in a task of this reactor, so the acknowledged writers return
     /// now. Readers of the stripe wait for the lock meanwhile (`wait_deferred`).
-    pub(crate) async fn finish_deferred(&self, stripe: u64, d: Deferred) {
-        let Some(a) = self.me.upgrade() else {
-            // Being dropped: finish here.
-            self.write_members(d.writes).await;
-            if let Some(j) = self.journal.get() {
-                j.lock().inflight.remove(&d.seq);
-            }
-            self.intent_deferred_end(d.region);
-            self.locks.unlock(stripe, true);
-            return;
-        };
+    pub(crate) fn finish_deferred(self: &std::sync::Arc<Self>, stripe: u64, d: Deferred) {
+        let a = self.clone();
         crate::reactor::spawn_local(async move {
             let mut rec = OwnedApplied {
                 a: a.clone(),

@@ -358,14 +358,9 @@ fn degraded_reads_never_see_half_written_stripes() {
     rt.shutdown();
 }
 
-/// The write-intent bit of a region stays set while a deferred (write-back) member write into
-/// it is still in flight: if the journal were lost afterwards, the bitmap is all that says
-/// where stripes may be torn (found by a cold review; fails without the deferred count).
-#[test]
-fn bitmap_is_not_cleared_under_a_deferred_write() {
-    use std::sync::atomic::Ordering;
-    let rt = Runtime::new(1, 64, true).unwrap();
-    let (vol, faults, _j) = uraid_sim::mem_array_with_journal(
+/// A RAID5 of four in-memory members with a write-back journal, on `rt`'s reactors.
+fn write_back_raid5(rt: &Runtime) -> uraid_sim::JournalledArray {
+    uraid_sim::mem_array_with_journal(
         Level::Raid5,
         4,
         4096,
@@ -373,7 +368,17 @@ fn bitmap_is_not_cleared_under_a_deferred_write() {
         Some(rt.handle()),
         uraid_sim::sim_options(),
         uraid_core::format::JournalMode::WriteBack,
-    );
+    )
+}
+
+/// The write-intent bit of a region stays set while a deferred (write-back) member write into
+/// it is still in flight: if the journal were lost afterwards, the bitmap is all that says
+/// where stripes may be torn (found by a cold review; fails without the deferred count).
+#[test]
+fn bitmap_is_not_cleared_under_a_deferred_write() {
+    use std::sync::atomic::Ordering;
+    let rt = Runtime::new(1, 64, true).unwrap();
+    let (vol, faults, _j) = write_back_raid5(&rt);
     let sw = 3 * 4096usize; // one full stripe
     let v = vol.clone();
     rt.handle()
@@ -418,15 +423,7 @@ fn bitmap_is_not_cleared_under_a_deferred_write() {
 #[test]
 fn flush_after_a_journal_failure_covers_deferred_writes() {
     let rt = Runtime::new(1, 64, true).unwrap();
-    let (vol, faults, jf) = uraid_sim::mem_array_with_journal(
-        Level::Raid5,
-        4,
-        4096,
-        24 * 4096,
-        Some(rt.handle()),
-        uraid_sim::sim_options(),
-        uraid_core::format::JournalMode::WriteBack,
-    );
+    let (vol, faults, jf) = write_back_raid5(&rt);
     let sw = 3 * 4096usize;
     let v = vol.clone();
     rt.handle()

@@ -418,23 +418,8 @@ pub fn mem_array_with(
     rt: Option<RuntimeHandle>,
     opts: ArrayOptions,
 ) -> (Arc<Volume<MemDev>>, Vec<Arc<Faults>>) {
-    let geometry = Geometry::new(level, members, chunk, member_data).expect("valid test geometry");
-    let devs: Vec<MemDev> = fresh_images(geometry)
-        .into_iter()
-        .enumerate()
-        .map(|(i, img)| MemDev::from_image(format!("mem{i}"), img))
-        .collect();
-    let faults = devs.iter().map(|d| d.faults.clone()).collect();
-    let array = Array::new(
-        sim_superblock(geometry),
-        sim_ids(members),
-        devs.into_iter().map(Some).collect(),
-        rt,
-        opts,
-        // A fresh array: its bitmap is known to be empty.
-        Some(Vec::new()),
-    );
-    (Volume::new(array, Some(Vec::new())), faults)
+    let (vol, faults, _) = build_mem(level, members, chunk, member_data, rt, opts, None);
+    (vol, faults)
 }
 
 /// `mem_array_with` on a parity level, with a journal device in `mode` (a fresh in-memory
@@ -447,28 +432,49 @@ pub fn mem_array_with_journal(
     rt: Option<RuntimeHandle>,
     opts: ArrayOptions,
     mode: uraid_core::format::JournalMode,
-) -> (Arc<Volume<MemDev>>, Vec<Arc<Faults>>, Arc<Faults>) {
+) -> JournalledArray {
+    let (vol, faults, j) = build_mem(level, members, chunk, member_data, rt, opts, Some(mode));
+    (vol, faults, j.expect("journal built"))
+}
+
+/// A volume, its members' fault switches and its journal's.
+pub type JournalledArray = (Arc<Volume<MemDev>>, Vec<Arc<Faults>>, Arc<Faults>);
+type Built = (Arc<Volume<MemDev>>, Vec<Arc<Faults>>, Option<Arc<Faults>>);
+
+/// A fresh in-memory array, with a journal in `journal` mode if given.
+fn build_mem(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    member_data: u64,
+    rt: Option<RuntimeHandle>,
+    opts: ArrayOptions,
+    journal: Option<uraid_core::format::JournalMode>,
+) -> Built {
     let geometry = Geometry::new(level, members, chunk, member_data).expect("valid test geometry");
-    let devs: Vec<MemDev> = fresh_images_with(geometry, Some(mode))
+    let devs: Vec<MemDev> = fresh_images_with(geometry, journal)
         .into_iter()
         .enumerate()
         .map(|(i, img)| MemDev::from_image(format!("mem{i}"), img))
         .collect();
     let faults = devs.iter().map(|d| d.faults.clone()).collect();
     let mut sb = sim_superblock(geometry);
-    sb.journal = Some((SIM_JOURNAL_UUID, mode));
-    let jdev = MemDev::from_image("journal", journal_image(4 << 20));
-    let jfaults = jdev.faults.clone();
-    let jsb = uraid_engine::journal::check_journal(&jdev, &sb).expect("fresh journal");
+    sb.journal = journal.map(|m| (SIM_JOURNAL_UUID, m));
+    let jdev = journal.map(|_| MemDev::from_image("journal", journal_image(4 << 20)));
+    let jfaults = jdev.as_ref().map(|d| d.faults.clone());
     let array = Array::new(
-        sb,
+        sb.clone(),
         sim_ids(members),
         devs.into_iter().map(Some).collect(),
         rt,
         opts,
+        // A fresh array: its bitmap is known to be empty.
         Some(Vec::new()),
     );
-    array.attach_journal(uraid_engine::journal::Journal::new(jdev, mode, jsb, 0));
+    if let (Some(d), Some(mode)) = (jdev, journal) {
+        let jsb = uraid_engine::journal::check_journal(&d, &sb).expect("fresh journal");
+        array.attach_journal(uraid_engine::journal::Journal::new(d, mode, jsb, 0));
+    }
     (Volume::new(array, Some(Vec::new())), faults, jfaults)
 }
 

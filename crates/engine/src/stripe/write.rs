@@ -43,7 +43,7 @@ impl<D: BlockDev> Array<D> {
     /// Queues a stripe part; if this task gets the stripe it runs one batch (its own part and
     /// whatever else queued), otherwise the holder that ran it reports the result.
     async fn queue_stripe_write(
-        &self,
+        self: &Arc<Self>,
         stripe: u64,
         src: WriteBuf,
         pieces: Vec<Piece>,
@@ -74,7 +74,7 @@ impl<D: BlockDev> Array<D> {
                 match tail {
                     // Write-back journal: acknowledged once the record is durable; the member
                     // writes finish in the background, holding the stripe (journal.rs).
-                    Some(t) => self.finish_deferred(stripe, t).await,
+                    Some(t) => self.finish_deferred(stripe, t),
                     None => self.locks.unlock(stripe, true),
                 }
                 rx.await.unwrap_or(Err(ArrayError::Shutdown))
