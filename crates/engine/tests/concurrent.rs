@@ -371,6 +371,15 @@ fn write_back_raid5(rt: &Runtime) -> uraid_sim::JournalledArray {
     )
 }
 
+/// Waits until the deferred member writes of `[off, off + len)` completed: a read of a stripe
+/// waits for its deferred writer (holding a member before that would hold them too).
+fn settle(rt: &Runtime, vol: &Arc<Volume<uraid_sim::MemDev>>, off: u64, len: u64) {
+    let v = vol.clone();
+    rt.handle()
+        .block_on(0, move || async move { v.read(off, len).await.map(|_| ()) })
+        .unwrap();
+}
+
 /// The write-intent bit of a region stays set while a deferred (write-back) member write into
 /// it is still in flight: if the journal were lost afterwards, the bitmap is all that says
 /// where stripes may be torn (found by a cold review; fails without the deferred count).
@@ -386,6 +395,7 @@ fn bitmap_is_not_cleared_under_a_deferred_write() {
             v.write(0, Arc::new(vec![1u8; sw])).await
         })
         .unwrap();
+    settle(&rt, &vol, 0, sw as u64);
     let a = vol.array().clone();
     eprintln!("after first write: bitmap {:?}", a.bitmap_state());
     // Hold member 1: the next full-stripe write's member writes stay in flight.
@@ -422,7 +432,7 @@ fn bitmap_is_not_cleared_under_a_deferred_write() {
 /// member writes were deferred (found by a cold review; fails without the fallback wait).
 #[test]
 fn flush_after_a_journal_failure_covers_deferred_writes() {
-    let rt = Runtime::new(1, 64, true).unwrap();
+    let rt = Runtime::new(2, 64, true).unwrap();
     let (vol, faults, jf) = write_back_raid5(&rt);
     let sw = 3 * 4096usize;
     let v = vol.clone();
@@ -431,6 +441,7 @@ fn flush_after_a_journal_failure_covers_deferred_writes() {
             v.write(0, Arc::new(vec![1u8; 4 * sw])).await
         })
         .unwrap();
+    settle(&rt, &vol, 0, 4 * sw as u64);
     faults[1].hold();
     let v = vol.clone();
     rt.handle()
@@ -445,20 +456,29 @@ fn flush_after_a_journal_failure_covers_deferred_writes() {
     let _w2 = rt.handle().spawn_on(0, move || async move {
         v.write(3 * sw as u64, Arc::new(vec![3u8; sw])).await
     });
-    std::thread::sleep(Duration::from_millis(100));
+    let t0 = std::time::Instant::now();
+    while vol.array().journal_status().map(|j| j.state) != Some("failed") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the write never met the dead journal"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let v = vol.clone();
     let f1 = faults[1].clone();
     let rel = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         f1.release();
     });
-    let r = rt
-        .handle()
-        .block_on(0, move || async move { v.flush().await });
-    rel.join().unwrap();
-    let m1 = uraid_sim::member_bytes(&vol, 1);
+    // Member 1's bytes are looked at the moment the FLUSH returns (its member writes may
+    // land any time after the release).
     let d = uraid_core::format::DATA_OFFSET as usize;
-    let still_old = m1[d..d + 4096].iter().all(|&b| b != 2);
+    let (r, still_old) = rt.handle().block_on(1, move || async move {
+        let r = v.flush().await;
+        let m1 = uraid_sim::member_bytes(&v, 1);
+        (r, m1[d..d + 4096].iter().all(|&b| b != 2))
+    });
+    rel.join().unwrap();
     eprintln!(
         "FLUSH returned {r:?}; member 1 still without W: {still_old}; journal {:?}",
         vol.array().journal_status().map(|j| j.state)
