@@ -539,11 +539,11 @@ pub fn status(state: &State) -> Value {
         .map(|i| {
             let io = a.member_io(i);
             let (corrected, budget_used, budget) = a.member_errors(i);
-            let present = a.member_dev(i).is_some();
             json!({
                 "index": i,
                 "path": state.members.get(i).cloned().flatten().map(|p| p.display().to_string()),
-                "state": if !present { "missing" } else if failed.contains(i) { "failed" } else { "active" },
+                "state": member_state(a, i),
+                "rebuilt_units": a.rebuild_state().iter().find(|r| r.0 == i).map(|r| r.1),
                 "read": op_json(&io.read),
                 "write": op_json(&io.write),
                 "flush": op_json(&io.flush),
@@ -579,15 +579,17 @@ pub fn status(state: &State) -> Value {
         "dirty": a.is_dirty(),
         "state": state_words(
             a.is_dirty(),
-            failed.len(),
+            failed.len() + a.rebuild_state().len(),
             a.is_serving(),
-            match (a.recovery_progress().running, a.needs_resync()) {
-                (true, _) => Some("resyncing"),
-                (false, true) => Some("resync pending"),
+            match (a.recovery_progress().running, a.needs_resync(), a.rebuild_state().is_empty()) {
+                (true, _, _) => Some("resyncing"),
+                (false, true, _) => Some("resync pending"),
+                (_, _, false) if a.rebuild_progress().running => Some("recovering"),
+                (_, _, false) => Some("recovery pending"),
                 _ => None,
             }
         ),
-        "degraded": !failed.is_empty(),
+        "degraded": !failed.is_empty() || !a.rebuild_state().is_empty(),
         "failed": failed.iter().collect::<Vec<_>>(),
         "fault_tolerance": g.fault_tolerance(),
         "slots": members,
@@ -626,22 +628,43 @@ pub fn status(state: &State) -> Value {
     })
 }
 
-/// Background operations for status: the resync while it runs (or stopped unfinished).
-fn background(a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
-    let v = a.recovery_progress();
-    if !v.running && !a.needs_resync() {
-        return Vec::new();
+/// A member's state word: missing, failed, rebuilding or active.
+fn member_state(a: &uraid_engine::Array<FileDev>, i: usize) -> &'static str {
+    if a.member_dev(i).is_none() {
+        "missing"
+    } else if a.is_failed(i) {
+        "failed"
+    } else if a.rebuild_state().iter().any(|r| r.0 == i) {
+        "rebuilding"
+    } else {
+        "active"
     }
-    vec![json!({
-        "op": v.op,
-        "state": if v.running { "running" } else { "stopped" },
-        "progress": v.fraction,
-        "done": v.done,
-        "total": v.total,
-        "repaired": v.repaired,
-        "rate_bytes_per_second": v.bytes_per_second,
-        "eta_seconds": v.eta_seconds,
-    })]
+}
+
+/// Background operations for status: the resync while it runs (or stopped unfinished), and
+/// the rebuild while members are being rebuilt.
+fn background(a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
+    let one = |v: uraid_engine::recovery::ProgressView| {
+        json!({
+            "op": v.op,
+            "state": if v.running { "running" } else { "stopped" },
+            "progress": v.fraction,
+            "done": v.done,
+            "total": v.total,
+            "repaired": v.repaired,
+            "rate_bytes_per_second": v.bytes_per_second,
+            "eta_seconds": v.eta_seconds,
+        })
+    };
+    let mut out = Vec::new();
+    let v = a.recovery_progress();
+    if v.running || a.needs_resync() {
+        out.push(one(v));
+    }
+    if !a.rebuild_state().is_empty() {
+        out.push(one(a.rebuild_progress()));
+    }
+    out
 }
 
 // ---------------------------------------------------------------- metrics
@@ -758,7 +781,7 @@ pub fn metrics(state: &State) -> String {
     p.family(
         "uraid_member_state",
         "gauge",
-        "1 for each member's current state (active, failed, missing).",
+        "1 for each member's current state (active, failed, missing, rebuilding).",
     );
     let member_labels = |i: usize| {
         let dev = state
@@ -770,15 +793,8 @@ pub fn metrics(state: &State) -> String {
         vec![arr(), ("member", i.to_string()), ("device", dev)]
     };
     for i in 0..g.members {
-        let present = a.member_dev(i).is_some();
-        for s in ["active", "failed", "missing"] {
-            let now = if !present {
-                "missing"
-            } else if failed.contains(i) {
-                "failed"
-            } else {
-                "active"
-            };
+        let now = member_state(a, i);
+        for s in ["active", "failed", "missing", "rebuilding"] {
             let mut l = member_labels(i);
             l.push(("state", s.into()));
             p.sample("uraid_member_state", &l, u8::from(now == s));
@@ -871,6 +887,14 @@ pub fn metrics(state: &State) -> String {
             "uraid_background_progress_ratio",
             &[arr(), ("op", rv.op.to_string())],
             rv.fraction,
+        );
+    }
+    if !a.rebuild_state().is_empty() {
+        let bv = a.rebuild_progress();
+        p.sample(
+            "uraid_background_progress_ratio",
+            &[arr(), ("op", bv.op.to_string())],
+            bv.fraction,
         );
     }
     let (bc, _, dirty) = a.bitmap_state();

@@ -72,6 +72,20 @@ enum Cmd {
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
+    /// Add DEV to the stopped array formed by MEMBERs in place of a failed or missing member
+    /// (mdadm --add): the next `serve` rebuilds it while serving, resuming from its
+    /// checkpoint after a restart. Refused: RAID0, an array with no failed or missing
+    /// member, a device smaller than the members, one that holds a uraid superblock or
+    /// journal (unless --force), an array being served (stop it first).
+    Add {
+        /// Overwrite a device that holds a uraid superblock or journal.
+        #[arg(short, long)]
+        force: bool,
+        /// The new member.
+        dev: PathBuf,
+        /// The array's members (the embedded default volume when none are given).
+        members: Vec<PathBuf>,
+    },
     /// Add a journal device to a stopped array, or remove it (mdadm --add-journal).
     Journal {
         #[command(subcommand)]
@@ -291,6 +305,26 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             if let Some((u, m)) = sb.journal {
                 println!("uraid: journal {} ({})", uuid_string(&u), m.name());
             }
+            Ok(())
+        }
+        Cmd::Add {
+            force,
+            dev,
+            members,
+        } => {
+            let (members, _) = target_members(&Target {
+                control: None,
+                members,
+            })?;
+            let plan = assemble::plan(&members)?;
+            let (slot, sb) = assemble::add_member(&plan, &dev, force)?;
+            println!(
+                "uraid: {} added to array '{}' as member {slot} (events {}); it is rebuilt \
+                 when the array is served (uraid status shows progress)",
+                dev.display(),
+                sb.name,
+                sb.events
+            );
             Ok(())
         }
         Cmd::Journal { cmd } => journal_cmd(cmd),
@@ -531,9 +565,24 @@ fn print_examine(path: &Path, sb: &Superblock) {
     println!("        Journal : {}", journal_word(sb));
     println!("          State : {}", state_word(sb));
     let states: String = (0..g.members)
-        .map(|i| if sb.is_failed(i) { 'F' } else { 'A' })
+        .map(|i| {
+            if sb.is_failed(i) {
+                'F'
+            } else if sb.is_rebuilding(i) {
+                'R'
+            } else {
+                'A'
+            }
+        })
         .collect();
-    println!("   Array States : {states}  (A = active, F = failed)");
+    println!("   Array States : {states}  (A = active, F = failed, R = rebuilding)");
+    for i in (0..g.members).filter(|&i| sb.is_rebuilding(i)) {
+        println!(
+            "    Rebuild [{i:>2}] : {} of {} units",
+            sb.rebuilt[i],
+            g.units()
+        );
+    }
 }
 
 fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
@@ -558,8 +607,19 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
         "journal": sb.journal.map(|(u, m)| json!({"uuid": uuid_string(&u), "mode": m.name()})),
         "ctime": sb.ctime,
         "utime": sb.utime,
-        "member_states": (0..g.members).map(|i| if sb.is_failed(i) { "failed" } else { "active" }).collect::<Vec<_>>(),
+        "member_states": (0..g.members).map(|i| sb_state(sb, i)).collect::<Vec<_>>(),
+        "rebuilt_units": sb.rebuilt,
     })
+}
+
+fn sb_state(sb: &Superblock, i: usize) -> &'static str {
+    if sb.is_failed(i) {
+        "failed"
+    } else if sb.is_rebuilding(i) {
+        "rebuilding"
+    } else {
+        "active"
+    }
 }
 
 fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
@@ -573,7 +633,7 @@ fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
             } else if plan.slots[i].is_none() {
                 "missing"
             } else {
-                "active"
+                sb_state(&plan.sb, i)
             };
             (i, path, st)
         })
@@ -641,7 +701,16 @@ fn print_status(plan: &Plan) {
         health(plan)
     );
     for (i, path, st) in member_states(plan) {
-        println!("      [{i:>2}] {st:<8} {path}");
+        let extra = if st == "rebuilding" {
+            format!(
+                "  (rebuilt {} of {} units; serve resumes it)",
+                sb.rebuilt[i],
+                g.units()
+            )
+        } else {
+            String::new()
+        };
+        println!("      [{i:>2}] {st:<10} {path}{extra}");
     }
     if sb.journal.is_some() {
         let at = plan
@@ -672,7 +741,7 @@ fn status_json(plan: &Plan) -> serde_json::Value {
         "state": health(plan),
         "can_start": plan.can_start().is_ok(),
         "fault_tolerance": g.fault_tolerance(),
-        "slots": member_states(plan).into_iter().map(|(i, p, s)| json!({"index": i, "path": p, "state": s})).collect::<Vec<_>>(),
+        "slots": member_states(plan).into_iter().map(|(i, p, s)| json!({"index": i, "path": p, "state": s, "rebuilt_units": (s == "rebuilding").then_some(sb.rebuilt[i])})).collect::<Vec<_>>(),
         "refused": plan.refused,
         "journal": sb.journal.map(|(u, m)| json!({
             "uuid": uuid_string(&u),

@@ -9,12 +9,14 @@ use crate::geometry::{Geometry, GeometryError, Level};
 
 pub const SB_SIZE: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"uraid-sb";
-pub const VERSION: u32 = 5;
-/// Version 3 (before the write-intent bitmap) is read as version 5 with no bitmap and no
-/// journal, version 4 (before the journal device) as version 5 with no journal; the next
-/// superblock round writes version 5.
+pub const VERSION: u32 = 6;
+/// Version 3 (before the write-intent bitmap) is read as version 6 with no bitmap and no
+/// journal, version 4 (before the journal device) as version 6 with no journal, version 5
+/// (before rebuild) with no slot device uuids and no member rebuilding; the next superblock
+/// round writes version 6.
 pub const VERSION_NO_BITMAP: u32 = 3;
 pub const VERSION_NO_JOURNAL: u32 = 4;
+pub const VERSION_NO_REBUILD: u32 = 5;
 /// Superblock slots: rounds alternate between the copy at offset 0 and the one at 4096
 /// (slot = events % 2), so a torn round leaves the previous superblock intact.
 pub const SB_SLOTS: usize = 2;
@@ -47,6 +49,10 @@ pub mod off {
     pub const JOURNAL_UUID: usize = 160;
     pub const JOURNAL_MODE: usize = 176;
     pub const STATES: usize = 256;
+    /// Per slot: units (stripes, mirror rows) a rebuilding member holds, u64 each.
+    pub const REBUILT: usize = 512;
+    /// Per slot: the device uuid of the member in it (all zero: not known, version 5).
+    pub const SLOT_UUIDS: usize = 1024;
     pub const CRC: usize = 4092;
 }
 
@@ -56,6 +62,9 @@ pub const FLAG_CLEAN: u32 = 1;
 pub enum MemberState {
     Active = 0,
     Failed = 1,
+    /// A new member being rebuilt: it holds the units below `Superblock::rebuilt[i]` (the
+    /// persisted rebuild checkpoint); the rest is reconstructed from the other members.
+    Rebuilding = 2,
 }
 
 /// How the array uses its journal device (`Superblock::journal`).
@@ -91,6 +100,13 @@ pub struct Superblock {
     pub utime: u64,
     pub device_uuid: [u8; 16],
     pub states: Vec<MemberState>,
+    /// Per slot: the rebuild checkpoint of a rebuilding member (units it holds, from 0);
+    /// 0 for every other state.
+    pub rebuilt: Vec<u64>,
+    /// Per slot: the device uuid of its member; all zero when not known (superblocks
+    /// written before version 6). Assembly refuses a device with another uuid for the slot
+    /// (a replaced member coming back).
+    pub slot_uuids: Vec<[u8; 16]>,
     /// Write-intent bitmap region size in member data-area bytes; 0: no bitmap.
     pub bitmap_chunk: u64,
     /// The journal device (its uuid) and mode; None: no journal.
@@ -101,7 +117,7 @@ pub struct Superblock {
 pub enum FormatError {
     #[error("no uraid superblock (bad magic)")]
     BadMagic,
-    #[error("unsupported superblock version {0} (this uraid reads versions {VERSION_NO_BITMAP} and {VERSION})")]
+    #[error("unsupported superblock version {0} (this uraid reads versions {VERSION_NO_BITMAP} to {VERSION})")]
     Version(u32),
     #[error("superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
     Checksum { stored: u32, computed: u32 },
@@ -131,6 +147,10 @@ fn field(field: &'static str, why: impl Into<String>) -> FormatError {
 impl Superblock {
     pub fn is_failed(&self, member: usize) -> bool {
         self.states.get(member) == Some(&MemberState::Failed)
+    }
+
+    pub fn is_rebuilding(&self, member: usize) -> bool {
+        self.states.get(member) == Some(&MemberState::Rebuilding)
     }
 
     pub fn encode(&self) -> [u8; SB_SIZE] {
@@ -167,6 +187,12 @@ impl Superblock {
         b[off::DEVICE_UUID..off::DEVICE_UUID + 16].copy_from_slice(&self.device_uuid);
         for (i, s) in self.states.iter().enumerate() {
             b[off::STATES + i] = *s as u8;
+        }
+        for (i, r) in self.rebuilt.iter().enumerate() {
+            put64(&mut b, off::REBUILT + 8 * i, *r);
+        }
+        for (i, u) in self.slot_uuids.iter().enumerate() {
+            b[off::SLOT_UUIDS + 16 * i..off::SLOT_UUIDS + 16 * (i + 1)].copy_from_slice(u);
         }
         let crc = crc32c::crc32c(&b[..off::CRC]);
         put32(&mut b, off::CRC, crc);
@@ -259,8 +285,36 @@ impl Superblock {
             states.push(match b[off::STATES + i] {
                 0 => MemberState::Active,
                 1 => MemberState::Failed,
+                2 if version > VERSION_NO_REBUILD && geometry.fault_tolerance() > 0 => {
+                    MemberState::Rebuilding
+                }
                 s => return Err(field("member_states", format!("member {i} has state {s}"))),
             });
+        }
+        let mut rebuilt = vec![0u64; members];
+        let mut slot_uuids = vec![[0u8; 16]; members];
+        if version > VERSION_NO_REBUILD {
+            let units = geometry.units();
+            for i in 0..members {
+                let r = u64_at(b, off::REBUILT + 8 * i);
+                let ok = if states[i] == MemberState::Rebuilding {
+                    r <= units
+                } else {
+                    r == 0
+                };
+                if !ok {
+                    return Err(field(
+                        "rebuilt",
+                        format!(
+                            "member {i} ({:?}) has rebuild checkpoint {r} (the array has {units}                              units)",
+                            states[i]
+                        ),
+                    ));
+                }
+                rebuilt[i] = r;
+                slot_uuids[i]
+                    .copy_from_slice(&b[off::SLOT_UUIDS + 16 * i..off::SLOT_UUIDS + 16 * (i + 1)]);
+            }
         }
         let bitmap_chunk = if version == VERSION_NO_BITMAP {
             0
@@ -269,7 +323,7 @@ impl Superblock {
         };
         crate::bitmap::check_chunk(&geometry, bitmap_chunk)
             .map_err(|e| field("bitmap_chunk", e))?;
-        let journal = if version < VERSION {
+        let journal = if version <= VERSION_NO_JOURNAL {
             None
         } else {
             let mut uuid = [0u8; 16];
@@ -302,6 +356,8 @@ impl Superblock {
             utime: u64_at(b, off::UTIME),
             device_uuid,
             states,
+            rebuilt,
+            slot_uuids,
             bitmap_chunk,
             journal,
         })
@@ -358,6 +414,8 @@ mod tests {
             utime: 1_700_000_001,
             device_uuid: [9; 16],
             states: vec![MemberState::Active; 10],
+            rebuilt: vec![0; 10],
+            slot_uuids: (0..10).map(|i| [i as u8 + 1; 16]).collect(),
             bitmap_chunk: 64 << 20,
             journal: Some(([5; 16], JournalMode::WriteBack)),
         }
@@ -367,6 +425,8 @@ mod tests {
     fn round_trips() {
         let mut s = sample();
         s.states[4] = MemberState::Failed;
+        s.states[6] = MemberState::Rebuilding;
+        s.rebuilt[6] = 12345;
         s.clean = false;
         assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
     }
@@ -461,6 +521,39 @@ mod tests {
         b[off::VERSION] = 4;
         let v4 = Superblock::decode(&reseal(b)).unwrap();
         assert_eq!((v4.bitmap_chunk, v4.journal), (64 << 20, None));
+        // Version 5 (before rebuild): no slot uuids, no rebuilding state.
+        let mut b = good;
+        b[off::VERSION] = 5;
+        let v5 = Superblock::decode(&reseal(b)).unwrap();
+        assert_eq!(v5.slot_uuids, vec![[0u8; 16]; 10]);
+        let mut b = good;
+        b[off::VERSION] = 5;
+        b[off::STATES + 1] = 2;
+        assert!(Superblock::decode(&reseal(b)).is_err());
+        // A checkpoint on a member that is not rebuilding, or past the end, is refused.
+        let mut b = good;
+        b[off::REBUILT + 8] = 1;
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field {
+                field: "rebuilt",
+                ..
+            })
+        ));
+        let mut b = good;
+        b[off::STATES + 1] = 2;
+        b[off::REBUILT + 8 + 7] = 1;
+        assert!(matches!(
+            Superblock::decode(&reseal(b)),
+            Err(FormatError::Field {
+                field: "rebuilt",
+                ..
+            })
+        ));
+        let mut b = good;
+        b[off::STATES + 1] = 2;
+        b[off::REBUILT + 8] = 9;
+        assert_eq!(Superblock::decode(&reseal(b)).unwrap().rebuilt[1], 9);
         let mut b = good;
         b[off::JOURNAL_MODE] = 3;
         assert!(matches!(

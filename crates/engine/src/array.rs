@@ -133,6 +133,7 @@ pub struct Array<D: BlockDev> {
     pub stats: Stats,
     pub(crate) resync: crate::recovery::ResyncState,
     pub(crate) recovery: crate::recovery::Progress,
+    pub(crate) rebuild: crate::recovery::Progress,
     pub(crate) intent: crate::bitmap::WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
     pub(crate) journal: std::sync::OnceLock<crate::journal::Journal<D>>,
@@ -200,12 +201,21 @@ impl<D: BlockDev> Array<D> {
         let a = Arc::new_cyclic(|me| Array {
             geo,
             codec,
-            members: Members::new(devs, recorded, sb.data_offset, opts.policy),
+            members: Members::new(
+                devs,
+                recorded,
+                (0..geo.members)
+                    .map(|i| sb.is_rebuilding(i).then_some(sb.rebuilt[i]))
+                    .collect(),
+                sb.data_offset,
+                opts.policy,
+            ),
             meta: Metadata::new(sb, ids, opts.frozen_metadata, absent),
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
             resync: crate::recovery::ResyncState::new(units, due),
             recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
+            rebuild: crate::recovery::Progress::new("rebuild", units, unit_bytes),
             intent,
             journal: std::sync::OnceLock::new(),
             unjournaled: AtomicU64::new(0),
@@ -281,14 +291,16 @@ impl<D: BlockDev> Array<D> {
         self.meta.persisted()
     }
 
-    /// The failed set, or `Failed` if the array cannot serve every byte.
+    /// The failed set, or `Failed` if the array cannot serve every byte. Members being
+    /// rebuilt count as lost here (they do not hold every unit yet) but are not in the set
+    /// returned: writes go to them.
     pub(crate) fn check_serving(&self) -> Result<MemberSet, ArrayError> {
         let f = self.members.failed();
-        if self.geo.survives(f) {
+        if self.geo.survives(self.members.degraded()) {
             Ok(f)
         } else {
             Err(ArrayError::Failed {
-                lost: f.len(),
+                lost: self.members.degraded().len(),
                 members: self.geo.members,
                 level: self.geo.level,
                 tolerates: self.geo.fault_tolerance(),
@@ -433,7 +445,8 @@ impl<D: BlockDev> Array<D> {
         if extents.len() < 2 {
             return None;
         }
-        let f = self.members.failed();
+        // Any member failed or being rebuilt: the per-extent path decides per stripe.
+        let f = self.members.degraded();
         // Runs of (member, member offset, length); per extent (run, offset in run, length).
         let mut runs: Vec<(usize, u64, u64)> = Vec::new();
         let mut place = Vec::with_capacity(extents.len());
@@ -477,9 +490,9 @@ impl<D: BlockDev> Array<D> {
             return self.read_mirror(e).await;
         }
         loop {
-            let f = self.check_serving()?;
+            self.check_serving()?;
             let m = self.geo.data_member(e.stripe, e.index);
-            if f.contains(m) {
+            if self.members.stale_at(e.stripe).contains(m) {
                 self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY)).await;
             }
@@ -498,10 +511,13 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Reconstructs a data extent from the rest of its stripe, holding the stripe lock so
-    /// that no stripe update is half done meanwhile. Members in `excl` had a media error:
+    /// that no stripe update is half done meanwhile. Members in `errors` had a media error:
     /// the reconstructed bytes are written back to them (md's read-error correction).
-    async fn reconstruct(&self, e: Extent, mut excl: MemberSet) -> Result<IoBuf, ArrayError> {
+    /// Members being rebuilt that do not hold the stripe yet are not read.
+    async fn reconstruct(&self, e: Extent, errors: MemberSet) -> Result<IoBuf, ArrayError> {
         self.locks.lock(e.stripe).await;
+        let rebuilding = self.members.stale_at(e.stripe).minus(self.members.failed());
+        let mut excl = errors.union(rebuilding);
         if self.resync.unsynced(e.stripe) {
             // Parity not yet made consistent after an unclean stop: what it would rebuild
             // may be wrong, so the read fails instead (recovery/resync.rs).
@@ -525,7 +541,7 @@ impl<D: BlockDev> Array<D> {
         };
         if let Ok(data) = &r {
             let m = self.geo.data_member(e.stripe, e.index);
-            if excl.contains(m) && !self.members.is_failed(m) {
+            if excl.minus(rebuilding).contains(m) && !self.members.is_failed(m) {
                 let at = self.geo.member_offset(e.stripe, e.chunk_off);
                 self.rewrite(m, at, data).await;
             }
@@ -570,7 +586,7 @@ impl<D: BlockDev> Array<D> {
     async fn read_mirror(&self, e: Extent) -> Result<IoBuf, ArrayError> {
         let mut excl = MemberSet::EMPTY;
         loop {
-            let f = self.check_serving()?;
+            let f = self.check_serving()?.union(self.members.stale_at(e.stripe));
             let copies = self.geo.mirror_copies(e.stripe);
             // Spread reads over the copies: chunk number picks the first choice. A row not
             // yet resynced reads its first copy, the one resync will keep.
@@ -609,7 +625,7 @@ impl<D: BlockDev> Array<D> {
     /// lock (so no write to the row runs in between).
     async fn repair_mirror(&self, e: Extent, bad: MemberSet) {
         self.locks.lock(e.stripe).await;
-        let f = self.members.failed();
+        let f = self.members.stale_at(e.stripe);
         let copies = self.geo.mirror_copies(e.stripe);
         let good = copies
             .iter()

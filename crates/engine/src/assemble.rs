@@ -70,6 +70,8 @@ pub enum AssembleError {
     },
     #[error("journal: {0}")]
     Journal(String),
+    #[error("cannot add {path}: {why}")]
+    AddRefused { path: String, why: String },
     #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
     TooManyMissing {
         level: Level,
@@ -193,6 +195,10 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         utime: now,
         device_uuid: [0; 16],
         states: vec![MemberState::Active; paths.len()],
+        rebuilt: vec![0; paths.len()],
+        slot_uuids: (0..paths.len())
+            .map(|_| *uuid::Uuid::new_v4().as_bytes())
+            .collect(),
         bitmap_chunk,
         journal,
     };
@@ -212,7 +218,7 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         )
         .map_err(io_err(p))?;
         sb.index = i;
-        sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+        sb.device_uuid = sb.slot_uuids[i];
         for slot in 0..SB_SLOTS {
             f.write_all_at(&sb.encode(), (slot * SB_SIZE) as u64)
                 .map_err(io_err(p))?;
@@ -308,9 +314,13 @@ impl Plan {
             .collect()
     }
 
+    /// Slots without a member that holds all of its data: missing, failed, or being
+    /// rebuilt.
     pub fn missing(&self) -> Vec<usize> {
         (0..self.slots.len())
-            .filter(|&i| self.slots[i].is_none() || self.sb.is_failed(i))
+            .filter(|&i| {
+                self.slots[i].is_none() || self.sb.is_failed(i) || self.sb.is_rebuilding(i)
+            })
             .collect()
     }
 
@@ -328,7 +338,25 @@ impl Plan {
             // fails if the journal cannot be replayed).
             return Ok(());
         }
-        let regions = match self.dirty_ranges() {
+        // Members being rebuilt hold every unit below their checkpoint: dirty units there
+        // are resynced with them, only those above count as degraded.
+        let absent = (0..self.slots.len()).any(|i| self.slots[i].is_none() || self.sb.is_failed(i));
+        let below = (0..self.slots.len())
+            .filter(|&i| self.sb.is_rebuilding(i))
+            .map(|i| self.sb.rebuilt[i])
+            .min()
+            .unwrap_or(0);
+        let dirty = self.dirty_ranges().map(|r| {
+            let sdb = self.sb.geometry.stripe_data_bytes();
+            if absent {
+                r
+            } else {
+                r.into_iter()
+                    .filter(|x| x.end > below * sdb)
+                    .collect::<Vec<_>>()
+            }
+        });
+        let regions = match dirty {
             Some(r) if r.is_empty() => return Ok(()),
             Some(r) => describe_ranges(&r),
             None => "anywhere: the array has no write-intent bitmap".into(),
@@ -601,6 +629,127 @@ pub fn remove_journal(plan: &Plan, force: bool) -> Result<Superblock, AssembleEr
     rewrite_superblocks(plan, plan.journal.as_deref(), |sb| sb.journal = None)
 }
 
+/// The array's superblock after `new_uuid` was added into `slot`: the slot rebuilding from
+/// unit 0 (pure; `add_member` and the simulator's images use it). Events are not moved.
+pub fn with_new_member(sb: &Superblock, slot: usize, new_uuid: [u8; 16]) -> Superblock {
+    let mut sb = sb.clone();
+    sb.states[slot] = MemberState::Rebuilding;
+    sb.rebuilt[slot] = 0;
+    sb.slot_uuids[slot] = new_uuid;
+    sb
+}
+
+/// The slot a new member goes into: the lowest failed or missing one (not one being rebuilt:
+/// it has its member).
+pub fn slot_to_fill(plan: &Plan) -> Option<usize> {
+    (0..plan.slots.len()).find(|&i| plan.slots[i].is_none() || plan.sb.is_failed(i))
+}
+
+/// Adds `path` to a stopped array in its lowest failed or missing slot (`uraid add`, mdadm
+/// --add): the member metadata (allocation map, write-intent bitmap) is copied from a
+/// member, the other members' superblocks record the slot as rebuilding with `path`'s new
+/// device uuid, then `path` gets its superblock. The next `serve` rebuilds it while serving
+/// (recovery/rebuild.rs). A crash between the two steps leaves the slot rebuilding without
+/// its member: missing, as before; `add` again. Refused: RAID0, no slot to fill, an array
+/// that could not start, a device too small, one given twice, one holding a uraid
+/// superblock or journal (unless `force`).
+pub fn add_member(
+    plan: &Plan,
+    path: &Path,
+    force: bool,
+) -> Result<(usize, Superblock), AssembleError> {
+    let g = plan.sb.geometry;
+    let refuse = |why: String| AssembleError::AddRefused {
+        path: path.display().to_string(),
+        why,
+    };
+    if g.fault_tolerance() == 0 {
+        return Err(refuse(format!(
+            "{} has no redundancy: there is nothing to rebuild a member from",
+            g.level
+        )));
+    }
+    let Some(slot) = slot_to_fill(plan) else {
+        return Err(refuse(format!(
+            "array '{}' has no failed or missing member to replace (spares are not supported \
+             yet)",
+            plan.sb.name
+        )));
+    };
+    plan.can_start()?;
+    if plan
+        .slots
+        .iter()
+        .flatten()
+        .chain(plan.journal.iter())
+        .any(|q| same_file(path, q))
+    {
+        return Err(AssembleError::Duplicate {
+            path: path.display().to_string(),
+        });
+    }
+    let need = DATA_OFFSET + g.member_data;
+    let size = {
+        let f = File::open(path).map_err(io_err(path))?;
+        device_size(&f).map_err(io_err(path))?
+    };
+    if size < need {
+        return Err(AssembleError::TooSmall {
+            path: path.display().to_string(),
+            size,
+            need,
+        });
+    }
+    if !force {
+        if let Ok(sb) = read_superblock(path) {
+            return Err(refuse(format!(
+                "it holds a uraid superblock (array {} '{}', member {}); --force overwrites it",
+                uuid_string(&sb.array_uuid),
+                sb.name,
+                sb.index
+            )));
+        }
+        if read_journal_super(path).is_ok() {
+            return Err(refuse(
+                "it holds a uraid journal; --force overwrites it".into(),
+            ));
+        }
+    }
+    // The member metadata between the superblocks and the data area, from a member that
+    // holds all of it.
+    let src = (0..g.members)
+        .find(|&i| plan.slots[i].is_some() && !plan.missing().contains(&i))
+        .and_then(|i| plan.slots[i].clone())
+        .ok_or_else(|| refuse("no member to copy the array metadata from".into()))?;
+    let meta_at = (SB_SIZE * SB_SLOTS) as u64;
+    let mut meta = vec![0u8; (DATA_OFFSET - meta_at) as usize];
+    File::open(&src)
+        .and_then(|f| f.read_exact_at(&mut meta, meta_at))
+        .map_err(io_err(&src))?;
+    let uuid = *uuid::Uuid::new_v4().as_bytes();
+    let _claim = open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(slot))?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    // No stale superblock may survive in either slot while the others are rewritten.
+    f.write_all_at(&vec![0u8; SB_SIZE * SB_SLOTS], 0)
+        .map_err(io_err(path))?;
+    f.write_all_at(&meta, meta_at).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))?;
+    let sb = rewrite_superblocks(plan, None, |sb| *sb = with_new_member(sb, slot, uuid))?;
+    let mut m = sb.clone();
+    m.index = slot;
+    m.device_uuid = uuid;
+    for s in 0..SB_SLOTS {
+        f.write_all_at(&m.encode(), (s * SB_SIZE) as u64)
+            .map_err(io_err(path))?;
+    }
+    f.sync_all().map_err(io_err(path))?;
+    Ok((slot, sb))
+}
+
 /// "N regions dirty: volume bytes a..b, c..d, ..." (the first few ranges).
 pub fn describe_ranges(r: &[std::ops::Range<u64>]) -> String {
     let bytes: u64 = r.iter().map(|x| x.end - x.start).sum();
@@ -684,6 +833,15 @@ pub fn decide(
         } else if f.sb.geometry != sb.geometry {
             refused.push(format!(
                 "{p}: geometry disagrees with the array's freshest superblock"
+            ));
+        } else if sb.slot_uuids[f.sb.index] != [0; 16]
+            && sb.slot_uuids[f.sb.index] != f.sb.device_uuid
+        {
+            refused.push(format!(
+                "{p}: was member {} (device {}) but the array replaced it with device {}",
+                f.sb.index,
+                uuid_string(&f.sb.device_uuid),
+                uuid_string(&sb.slot_uuids[f.sb.index])
             ));
         } else if slots[f.sb.index].is_some() {
             refused.push(format!("{p}: duplicate of member {}", f.sb.index));

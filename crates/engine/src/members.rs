@@ -207,6 +207,10 @@ impl Default for Health {
 pub struct Members<D: BlockDev> {
     devs: Vec<Option<D>>,
     failed: AtomicU64,
+    /// Members being rebuilt (recovery/rebuild.rs): present and written, but holding only
+    /// the units below their checkpoint (`rebuilt`). A failed member is never rebuilding.
+    rebuilding: AtomicU64,
+    rebuilt: Vec<AtomicU64>,
     data_offset: u64,
     policy: ErrorPolicy,
     health: Vec<Health>,
@@ -221,17 +225,28 @@ fn media_error(e: &io::Error) -> bool {
 }
 
 impl<D: BlockDev> Members<D> {
-    /// `devs[i]` None = missing; `failed` = slots the superblocks already record failed.
+    /// `devs[i]` None = missing; `failed` = slots the superblocks already record failed;
+    /// `rebuilt[i]` Some(checkpoint) for a member being rebuilt.
     pub fn new(
         devs: Vec<Option<D>>,
         failed: MemberSet,
+        rebuilt: Vec<Option<u64>>,
         data_offset: u64,
         policy: ErrorPolicy,
     ) -> Members<D> {
         let missing: MemberSet = (0..devs.len()).filter(|&i| devs[i].is_none()).collect();
+        let failed = failed.union(missing);
+        let rebuilding: MemberSet = (0..devs.len())
+            .filter(|&i| rebuilt[i].is_some() && !failed.contains(i))
+            .collect();
         Members {
             health: (0..devs.len()).map(|_| Health::default()).collect(),
-            failed: AtomicU64::new(failed.union(missing).bits()),
+            failed: AtomicU64::new(failed.bits()),
+            rebuilding: AtomicU64::new(rebuilding.bits()),
+            rebuilt: rebuilt
+                .iter()
+                .map(|r| AtomicU64::new(r.unwrap_or(0)))
+                .collect(),
             devs,
             data_offset,
             policy,
@@ -258,6 +273,53 @@ impl<D: BlockDev> Members<D> {
     /// Members present and not failed.
     pub fn live(&self) -> MemberSet {
         MemberSet::all(self.count()).minus(self.failed())
+    }
+
+    /// Members being rebuilt (not failed).
+    pub fn rebuilding(&self) -> MemberSet {
+        let r = self.rebuilding.load(Ordering::Acquire);
+        if r == 0 {
+            return MemberSet::EMPTY;
+        }
+        MemberSet::from_bits(r).minus(self.failed())
+    }
+
+    /// Members that do not hold unit `unit` (stripe or mirror row): failed, or rebuilding
+    /// and not past it yet. One atomic load when nothing is being rebuilt.
+    pub fn stale_at(&self, unit: u64) -> MemberSet {
+        let f = self.failed();
+        let r = self.rebuilding.load(Ordering::Acquire);
+        if r == 0 {
+            return f;
+        }
+        MemberSet::from_bits(r)
+            .iter()
+            .filter(|&i| self.rebuilt[i].load(Ordering::Acquire) <= unit)
+            .fold(f, |s, i| s.with(i))
+    }
+
+    /// Failed or rebuilding: the members the array cannot count on everywhere.
+    pub fn degraded(&self) -> MemberSet {
+        MemberSet::from_bits(
+            self.failed.load(Ordering::Acquire) | self.rebuilding.load(Ordering::Acquire),
+        )
+    }
+
+    /// Units member `i` holds while it is rebuilt (its checkpoint).
+    pub fn rebuilt(&self, i: usize) -> u64 {
+        self.rebuilt[i].load(Ordering::Acquire)
+    }
+
+    /// Advances member `i`'s checkpoint: units below `to` are on it (caller: the rebuild,
+    /// after its writes there completed).
+    pub(crate) fn set_rebuilt(&self, i: usize, to: u64) {
+        self.rebuilt[i].fetch_max(to, Ordering::AcqRel);
+    }
+
+    /// Member `i` holds every unit: it is an ordinary member from now on.
+    pub(crate) fn rebuild_done(&self, i: usize) {
+        self.rebuilding.fetch_and(!(1 << i), Ordering::AcqRel);
+        self.rebuilt[i].store(0, Ordering::Release);
     }
 
     pub fn name(&self, i: usize) -> Option<&str> {

@@ -148,12 +148,23 @@ impl<D: BlockDev> Array<D> {
             self.catch_up(meta, failed).await;
             meta.sb.events += 1;
             meta.sb.utime = now();
+            let rebuilding = self.members.rebuilding();
             for i in 0..self.geo.members {
                 meta.sb.states[i] = if failed.contains(i) {
                     MemberState::Failed
+                } else if rebuilding.contains(i) {
+                    MemberState::Rebuilding
                 } else {
                     MemberState::Active
                 };
+                // Only the rebuild moves a checkpoint (`persist_rebuilt`, after flushing
+                // the member): a round for another reason keeps the last one.
+                if meta.sb.states[i] != MemberState::Rebuilding {
+                    meta.sb.rebuilt[i] = 0;
+                }
+                if meta.ids[i].uuid != [0; 16] {
+                    meta.sb.slot_uuids[i] = meta.ids[i].uuid;
+                }
             }
             let live = MemberSet::all(self.geo.members).minus(failed);
             let writes = live.iter().map(|i| {
@@ -244,6 +255,17 @@ impl<D: BlockDev> Array<D> {
                 }
             }
         }
+    }
+
+    /// Records the rebuild checkpoints `to` (member, units it holds) in a superblock round.
+    /// Caller flushed those members after the writes the checkpoints cover. A member whose
+    /// rebuild finished (no longer rebuilding) is recorded active.
+    pub(crate) async fn persist_rebuilt(&self, to: &[(usize, u64)]) {
+        let mut meta = self.meta.state.lock().await;
+        for &(i, r) in to {
+            meta.sb.rebuilt[i] = r;
+        }
+        self.persist(&mut meta, true).await;
     }
 
     /// The superblocks say "not clean" but the array is consistent (journal replayed): the

@@ -318,6 +318,8 @@ pub fn sim_superblock(geometry: Geometry) -> Superblock {
         utime: 0,
         device_uuid: [0; 16],
         states: vec![MemberState::Active; geometry.members],
+        rebuilt: vec![0; geometry.members],
+        slot_uuids: (0..geometry.members).map(device_uuid).collect(),
         bitmap_chunk: sim_bitmap_chunk(&geometry),
         journal: None,
     }

@@ -1,17 +1,139 @@
 //! Background recovery work, beside `stripe/` and under the same stripe locks: resync of an
-//! array that was not stopped cleanly (`resync.rs`). Rebuild and scrub will live here too.
+//! array that was not stopped cleanly (`resync.rs`) and rebuild of new members
+//! (`rebuild.rs`). Scrub will live here too.
 //!
 //! Progress of a background operation is published through `Progress` (status, metrics,
-//! `uraid watch`).
+//! `uraid watch`); its pace by `Pacer`; its stripe work goes to the reactors through
+//! `fan_out`.
 
+mod rebuild;
 mod resync;
 
+pub use rebuild::RebuildReport;
 pub(crate) use resync::ResyncState;
 pub use resync::{ResyncLimits, ResyncReport};
 
+use crate::array::Array;
+use crate::dev::BlockDev;
+use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Units a background walk works on at once per reactor (each reads a chunk of every
+/// member): enough to keep each member's queue busy, few enough that client I/O is never
+/// far behind it.
+pub(crate) const BATCH: usize = 8;
+
+/// md's sync_speed_min/max throttle for a walk running on its own thread: while clients did
+/// I/O since the last round, at most `min_bytes_per_second`; otherwise at most
+/// `max_bytes_per_second` (0 = unlimited for either), with at most 200 ms of unused credit.
+pub(crate) struct Pacer {
+    limits: ResyncLimits,
+    unit_bytes: u64,
+    t0: Instant,
+    paced: Duration,
+    last_client: u64,
+}
+
+impl Pacer {
+    pub(crate) fn new(limits: ResyncLimits, unit_bytes: u64, client_ops: u64) -> Pacer {
+        Pacer {
+            limits,
+            unit_bytes: unit_bytes.max(1),
+            t0: Instant::now(),
+            paced: Duration::ZERO,
+            last_client: client_ops,
+        }
+    }
+
+    /// Units the next round may take: while clients are active, at most 200 ms of the
+    /// minimum rate (at least one), so the walk never bursts past the throttle.
+    pub(crate) fn cap(&self, client_ops: u64) -> usize {
+        let min = self.limits.min_bytes_per_second;
+        if client_ops != self.last_client && min > 0 {
+            (min / 5 / self.unit_bytes).max(1) as usize
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// After a round of `units`: sleeps what the rate that applies now owes, in slices
+    /// that notice `stop`.
+    pub(crate) fn pace(&mut self, units: usize, client_ops: u64, stop: &AtomicBool) {
+        let busy = client_ops != self.last_client;
+        self.last_client = client_ops;
+        let rate = if busy {
+            self.limits.min_bytes_per_second
+        } else {
+            self.limits.max_bytes_per_second
+        };
+        if rate == 0 {
+            self.paced = self.t0.elapsed();
+            return;
+        }
+        self.paced = self
+            .paced
+            .max(self.t0.elapsed().saturating_sub(Duration::from_millis(200)));
+        self.paced +=
+            Duration::from_secs_f64((self.unit_bytes * units as u64) as f64 / rate as f64);
+        loop {
+            let ahead = self.paced.saturating_sub(self.t0.elapsed());
+            if ahead.is_zero() || stop.load(Ordering::Acquire) {
+                break;
+            }
+            std::thread::sleep(ahead.min(Duration::from_millis(50)));
+        }
+    }
+}
+
+impl<D: BlockDev> Array<D> {
+    /// Runs `work` over `units`: with reactors, a slice of `BATCH` units on each at once
+    /// (io_uring: every member busy, member timeouts apply); without, here. One result per
+    /// unit, in order; `gone` for the units of a slice whose reactor stopped.
+    pub(crate) async fn fan_out<T, F, Fut>(
+        self: &Arc<Self>,
+        units: &[u64],
+        gone: T,
+        work: F,
+    ) -> Vec<T>
+    where
+        T: Clone + Send + 'static,
+        F: Fn(Arc<Self>, Vec<u64>) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = Vec<T>> + 'static,
+    {
+        match &self.rt {
+            Some(rt) => {
+                let slices = units.chunks(BATCH).enumerate().map(|(i, slice)| {
+                    let (a, b, w) = (self.clone(), slice.to_vec(), work.clone());
+                    let n = b.len();
+                    let rx = rt.spawn_on(i % rt.reactors(), move || w(a, b));
+                    let gone = gone.clone();
+                    async move { rx.await.unwrap_or_else(|_| vec![gone; n]) }
+                });
+                join_all(slices).await.into_iter().flatten().collect()
+            }
+            None => work(self.clone(), units.to_vec()).await,
+        }
+    }
+
+    /// Runs `f` on reactor 0 when the array has reactors (its member I/O then has member
+    /// timeouts), here otherwise.
+    pub(crate) async fn on_reactor<T, F, Fut>(self: &Arc<Self>, f: F) -> Option<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T> + 'static,
+    {
+        match &self.rt {
+            Some(rt) => {
+                let a = self.clone();
+                rt.spawn_on(0, move || f(a)).await.ok()
+            }
+            None => Some(f(self.clone()).await),
+        }
+    }
+}
 
 /// Progress of one background operation, readable from any thread.
 pub struct Progress {

@@ -27,6 +27,7 @@
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
+use crate::recovery::{Pacer, BATCH};
 use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,10 +52,6 @@ impl Default for ResyncLimits {
         }
     }
 }
-
-/// Stripes the walk resyncs at once (each reads every member's chunk): enough to keep each
-/// member's queue busy, few enough that client I/O is never far behind it.
-const BATCH: usize = 8;
 
 /// How often a running resync logs its progress (the server log; status has it live).
 const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -180,7 +177,7 @@ impl<D: BlockDev> Array<D> {
     /// read-error budget); the walk reports it.
     pub(crate) async fn resync_if_unsynced(&self, unit: u64) -> Result<(), ArrayError> {
         if !self.resync.unsynced(unit)
-            || !self.members.failed().is_empty()
+            || !self.members.stale_at(unit).is_empty()
             || self.resync.given_up(unit)
         {
             return Ok(());
@@ -209,9 +206,12 @@ impl<D: BlockDev> Array<D> {
         let len = g.chunk;
         let mut excl = MemberSet::EMPTY;
         for _ in 0..8 {
-            let failed = self.check_serving()?;
-            if !failed.is_empty() {
-                return Err(ArrayError::Unreadable { members: failed });
+            self.check_serving()?;
+            // Resync needs every member's chunk of the unit (one being rebuilt holds it
+            // once the rebuild passed it).
+            let stale = self.members.stale_at(unit);
+            if !stale.is_empty() {
+                return Err(ArrayError::Unreadable { members: stale });
             }
             let unreadable = |why: &str| {
                 tracing::error!(
@@ -315,32 +315,17 @@ impl<D: BlockDev> Array<D> {
         // Resync writes: the superblocks say "not clean" already (that is why it runs), and
         // marking the session dirty lets a clean stop after it finishes record "clean". On a
         // reactor when there are any: the first write's metadata I/O gets member timeouts.
-        match &self.rt {
-            Some(rt) => {
-                let a = self.clone();
-                let _ = rt
-                    .spawn_on(0, move || async move { a.ensure_dirty().await })
-                    .await;
-            }
-            None => self.ensure_dirty().await,
-        }
+        self.on_reactor(|a| async move { a.ensure_dirty().await })
+            .await;
         let mut report = ResyncReport::default();
         let t0 = Instant::now();
-        let mut paced = Duration::ZERO;
-        let mut last_client = self.client_ops();
+        let mut pacer = Pacer::new(limits, unit_bytes, self.client_ops());
         let mut last_log = Instant::now();
         let mut todo = due.into_iter().flatten();
         let mut n = 0u64;
         let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
         loop {
-            // While clients are active, a round is at most 200 ms of the minimum rate (at
-            // least one stripe), so resync never bursts past the throttle.
-            let busy_now = self.client_ops() != last_client;
-            let cap = if busy_now && limits.min_bytes_per_second > 0 {
-                (limits.min_bytes_per_second / 5 / unit_bytes.max(1)).max(1) as usize
-            } else {
-                usize::MAX
-            };
+            let cap = pacer.cap(self.client_ops());
             let batch: Vec<u64> = todo.by_ref().take((BATCH * lanes).min(cap)).collect();
             if batch.is_empty() {
                 break;
@@ -358,25 +343,11 @@ impl<D: BlockDev> Array<D> {
                 );
                 return Ok(report);
             }
-            // With reactors, a slice of `BATCH` stripes on each at once (io_uring: every
-            // member busy, member timeouts apply); without, here.
-            let outcomes = match &self.rt {
-                Some(rt) => {
-                    let slices = batch.chunks(BATCH).enumerate().map(|(i, slice)| {
-                        let (a, b) = (self.clone(), slice.to_vec());
-                        let n = b.len();
-                        let rx = rt.spawn_on(i % rt.reactors(), move || async move {
-                            a.resync_batch(&b).await
-                        });
-                        async move {
-                            rx.await
-                                .unwrap_or_else(|_| vec![Some(Err(ArrayError::Shutdown)); n])
-                        }
-                    });
-                    join_all(slices).await.into_iter().flatten().collect()
-                }
-                None => self.resync_batch(&batch).await,
-            };
+            let outcomes = self
+                .fan_out(&batch, Some(Err(ArrayError::Shutdown)), |a, b| async move {
+                    a.resync_batch(&b).await
+                })
+                .await;
             for (&unit, r) in batch.iter().zip(outcomes) {
                 match r {
                     Some(Ok(Some(repaired))) => {
@@ -416,31 +387,7 @@ impl<D: BlockDev> Array<D> {
                     v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
                 );
             }
-            // Throttle: pace to the limit that applies now.
-            let now_client = self.client_ops();
-            let busy = now_client != last_client;
-            last_client = now_client;
-            let rate = if busy {
-                limits.min_bytes_per_second
-            } else {
-                limits.max_bytes_per_second
-            };
-            if rate > 0 {
-                // No more than 200 ms of unused credit (no burst after a stall or an idle
-                // spell), and the full sleep it owes, in slices that notice `stop`.
-                paced = paced.max(t0.elapsed().saturating_sub(Duration::from_millis(200)));
-                paced +=
-                    Duration::from_secs_f64((unit_bytes * batch.len() as u64) as f64 / rate as f64);
-                loop {
-                    let ahead = paced.saturating_sub(t0.elapsed());
-                    if ahead.is_zero() || stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    std::thread::sleep(ahead.min(Duration::from_millis(50)));
-                }
-            } else {
-                paced = t0.elapsed();
-            }
+            pacer.pace(batch.len(), self.client_ops(), stop);
         }
         p.running.store(false, Ordering::Release);
         if report.unreadable > 0 {
@@ -491,7 +438,7 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Client reads and writes so far (the throttle's notion of activity).
-    fn client_ops(&self) -> u64 {
+    pub(crate) fn client_ops(&self) -> u64 {
         self.stats.reads.load(Ordering::Relaxed) + self.stats.writes.load(Ordering::Relaxed)
     }
 

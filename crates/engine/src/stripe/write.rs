@@ -9,7 +9,7 @@ use crate::reactor;
 use futures::future::join_all;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use uraid_core::{plan_write, MemberSet, Shard, WritePlan};
+use uraid_core::{plan_write, Shard, WritePlan};
 
 impl<D: BlockDev> Array<D> {
     /// Parity-level write of `data` at `off`: one queued part per stripe.
@@ -120,9 +120,10 @@ impl<D: BlockDev> Array<D> {
         };
         let at = g.member_offset(stripe, lo);
         let codec = self.codec.as_ref().expect("parity level has a codec");
-        // Members whose reads failed with a correctable error during this operation: they
-        // are written (which repairs them) but never read.
-        let mut excl = MemberSet::EMPTY;
+        // Members whose reads failed with a correctable error during this operation, and
+        // members being rebuilt that do not hold this stripe yet: they are written (which
+        // repairs them, or brings them up to date for the part written) but never read.
+        let mut excl = self.members.stale_at(stripe).minus(self.members.failed());
         loop {
             let failed = self.check_serving()?;
             let shard = |mem: usize| {

@@ -1,0 +1,297 @@
+//! Rebuild: a new member in a failed slot (`uraid add`) is filled with what it should hold,
+//! unit by unit (stripes on parity levels, mirror rows on RAID1/10), while the array serves.
+//!
+//! Rules (ARCHITECTURE.md invariant 16):
+//! * A rebuilding member holds the units below its *checkpoint* (`Members::rebuilt`). Reads
+//!   never use it at or above the checkpoint (`Members::stale_at`: the stripe is read as
+//!   degraded, reconstructed from the others); writes go to it everywhere (what they write
+//!   is correct, and the rebuild rewrites the whole chunk under the stripe lock anyway).
+//! * The walk rebuilds each unit under its stripe lock: the chunks the member should hold
+//!   are computed from the other members (data decoded, parity encoded from the data) and
+//!   written; the checkpoint moves past a batch of units only after every write of the
+//!   batch completed, so a reader that sees the new checkpoint finds the data there.
+//! * The checkpoint is persisted every `PERSIST_EVERY` in a superblock round, after a
+//!   flush of the rebuilding members: a checkpoint on disk never covers a unit whose chunk
+//!   is not durable. A restart or crash resumes from it (at worst redoing one interval).
+//! * When every unit is done the member is flushed and recorded active.
+//! * The member being written failing ends its rebuild (it is failed as any member is);
+//!   another member failing leaves the walk going while the level's tolerance allows; a
+//!   unit that cannot be reconstructed (read errors past the tolerance) stops the rebuild
+//!   with an error, the member left rebuilding from the last checkpoint.
+//! * Throttle: `Pacer` (the resync's min/max rates).
+
+use crate::array::{Array, ArrayError};
+use crate::buf::{self, IoBuf};
+use crate::dev::BlockDev;
+use crate::recovery::{Pacer, ResyncLimits, BATCH};
+use crate::stripe::Attempt;
+use futures::future::join_all;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uraid_core::geometry::Role;
+use uraid_core::MemberSet;
+
+/// How often a running rebuild persists its checkpoint.
+pub const PERSIST_EVERY: Duration = Duration::from_secs(2);
+
+/// How often a running rebuild logs its progress.
+const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What a rebuild did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RebuildReport {
+    /// Units rebuilt by this call.
+    pub units: u64,
+    /// Members that hold every unit now (recorded active).
+    pub finished: MemberSet,
+}
+
+impl<D: BlockDev> Array<D> {
+    /// Members being rebuilt and their checkpoints (units they hold).
+    pub fn rebuild_state(&self) -> Vec<(usize, u64)> {
+        self.members
+            .rebuilding()
+            .iter()
+            .map(|i| (i, self.members.rebuilt(i)))
+            .collect()
+    }
+
+    /// Progress of the running (or last) rebuild.
+    pub fn rebuild_progress(&self) -> crate::recovery::ProgressView {
+        self.rebuild.view()
+    }
+
+    /// Rebuilds every member that is being rebuilt, from its checkpoint, while the array
+    /// serves (module docs); `stop` ends it early with the checkpoint persisted. Runs on
+    /// any thread (the server gives it its own).
+    pub async fn rebuild(
+        self: &Arc<Self>,
+        limits: ResyncLimits,
+        stop: &AtomicBool,
+    ) -> Result<RebuildReport, ArrayError> {
+        let mut report = RebuildReport::default();
+        let units = self.geo.units();
+        let (name, _, _) = self.identity();
+        let name = name.to_string();
+        let p = &self.rebuild;
+        let t0 = Instant::now();
+        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
+        // A member added while the walk ran (its checkpoint behind the walk) is picked up by
+        // the next pass.
+        loop {
+            let targets = self.members.rebuilding();
+            let Some(start) = targets.iter().map(|i| self.members.rebuilt(i)).min() else {
+                break;
+            };
+            if start < units {
+                p.total.store(units - start, Ordering::Release);
+                p.done.store(0, Ordering::Release);
+                p.start();
+                tracing::info!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': rebuilding member(s) {targets} from unit {start} of {units}"
+                );
+            }
+            let mut pacer = Pacer::new(limits, p.unit_bytes, self.client_ops());
+            let mut last_persist = Instant::now();
+            let mut last_log = Instant::now();
+            let mut next = start;
+            while next < units {
+                if stop.load(Ordering::Acquire) {
+                    self.persist_rebuild_checkpoints().await;
+                    p.running.store(false, Ordering::Release);
+                    tracing::info!(
+                        target: "uraid_engine::recovery",
+                        "array '{name}': rebuild stopped at unit {next} of {units}; it resumes \
+                         from its checkpoint at the next start"
+                    );
+                    return Ok(report);
+                }
+                let cap = pacer.cap(self.client_ops());
+                let end = (next + (BATCH * lanes).min(cap) as u64).min(units);
+                let batch: Vec<u64> = (next..end).collect();
+                let outcomes = self
+                    .fan_out(&batch, Err(ArrayError::Shutdown), |a, b| async move {
+                        a.rebuild_batch(&b).await
+                    })
+                    .await;
+                if let Some((unit, e)) = batch
+                    .iter()
+                    .zip(outcomes)
+                    .find_map(|(&u, r)| r.err().map(|e| (u, e)))
+                {
+                    self.persist_rebuild_checkpoints().await;
+                    p.running.store(false, Ordering::Release);
+                    tracing::error!(
+                        target: "uraid_engine::recovery",
+                        "array '{name}': rebuild stopped at unit {unit}: {e}; member(s) {} stay \
+                         rebuilding from their last checkpoint",
+                        self.members.rebuilding()
+                    );
+                    return Err(e);
+                }
+                // Only members whose checkpoint the walk had reached move (one added behind
+                // the walk keeps its own).
+                for t in self.members.rebuilding().iter() {
+                    if self.members.rebuilt(t) >= next {
+                        self.members.set_rebuilt(t, end);
+                    }
+                }
+                report.units += end - next;
+                next = end;
+                p.done.store(next - start, Ordering::Release);
+                if last_persist.elapsed() >= PERSIST_EVERY {
+                    last_persist = Instant::now();
+                    self.persist_rebuild_checkpoints().await;
+                }
+                if last_log.elapsed() >= PROGRESS_LOG_EVERY {
+                    last_log = Instant::now();
+                    let v = p.view();
+                    tracing::info!(
+                        target: "uraid_engine::recovery",
+                        "array '{name}': rebuild {:.1}% ({} of {} units), {:.1} MB/s, ETA {}",
+                        v.fraction * 100.0,
+                        v.done,
+                        v.total,
+                        v.bytes_per_second / 1e6,
+                        v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
+                    );
+                }
+                pacer.pace(batch.len(), self.client_ops(), stop);
+            }
+            // Every unit is on the members that reached the end: durable first, then active.
+            let done: MemberSet = self
+                .members
+                .rebuilding()
+                .iter()
+                .filter(|&t| self.members.rebuilt(t) >= units)
+                .collect();
+            if done.is_empty() {
+                if self.members.rebuilding().is_empty() {
+                    break;
+                }
+                continue;
+            }
+            self.on_reactor(move |a| async move {
+                a.each_live(done, |i| a.members.flush(i)).await;
+                for t in done.minus(a.members.failed()).iter() {
+                    a.members.rebuild_done(t);
+                }
+                a.persist_rebuilt(&[]).await;
+            })
+            .await;
+            let finished = done.minus(self.members.failed());
+            report.finished = report.finished.union(finished);
+            p.running.store(false, Ordering::Release);
+            if !finished.is_empty() {
+                tracing::info!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': rebuild of member(s) {finished} finished in {:.1} s: the \
+                     array is {}",
+                    t0.elapsed().as_secs_f64(),
+                    if self.members.degraded().is_empty() {
+                        "fully redundant again"
+                    } else {
+                        "still degraded"
+                    }
+                );
+            }
+        }
+        p.running.store(false, Ordering::Release);
+        Ok(report)
+    }
+
+    /// Persists the rebuilding members' checkpoints: taken first, then those members
+    /// flushed (so everything the checkpoints cover is durable), then a superblock round.
+    async fn persist_rebuild_checkpoints(self: &Arc<Self>) {
+        let to = self.rebuild_state();
+        if to.is_empty() {
+            return;
+        }
+        self.on_reactor(move |a| async move {
+            let set: MemberSet = to.iter().map(|&(i, _)| i).collect();
+            a.each_live(set, |i| a.members.flush(i)).await;
+            a.persist_rebuilt(&to).await;
+        })
+        .await;
+    }
+
+    /// Rebuilds the units of `batch` concurrently, each under its stripe lock.
+    async fn rebuild_batch(&self, batch: &[u64]) -> Vec<Result<(), ArrayError>> {
+        join_all(batch.iter().map(|&unit| async move {
+            self.locks.lock(unit).await;
+            let r = self.rebuild_unit(unit).await;
+            self.locks.unlock(unit, false);
+            r
+        }))
+        .await
+    }
+
+    /// Writes to the members being rebuilt that do not hold `unit` yet what they should
+    /// hold there, computed from the others. Caller holds the unit's lock.
+    async fn rebuild_unit(&self, unit: u64) -> Result<(), ArrayError> {
+        let g = self.geo;
+        let len = g.chunk;
+        let mut excl = MemberSet::EMPTY;
+        loop {
+            let failed = self.check_serving()?;
+            let targets = self.members.stale_at(unit).minus(failed);
+            if targets.is_empty() {
+                return Ok(());
+            }
+            excl = excl.union(targets);
+            let writes: Vec<(usize, u64, IoBuf)> = if g.level.is_parity() {
+                let k = g.data_chunks();
+                let want: Vec<usize> = (0..k).collect();
+                let mut data = match self.fetch_data(unit, 0, len, &want, &mut excl).await? {
+                    Attempt::Done(v) => v,
+                    Attempt::Retry => continue,
+                };
+                let mut parity: Vec<IoBuf> =
+                    (0..g.parity()).map(|_| buf::alloc(len as usize)).collect();
+                {
+                    let srcs: Vec<&[u8]> = data
+                        .iter()
+                        .map(|b| &b.as_ref().expect("fetch_data returns every chunk")[..])
+                        .collect();
+                    let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+                    let codec = self.codec.as_ref().expect("parity level has a codec");
+                    codec.encode(&srcs, &mut out);
+                }
+                let mut parity: Vec<Option<IoBuf>> = parity.into_iter().map(Some).collect();
+                let at = g.member_offset(unit, 0);
+                targets
+                    .iter()
+                    .filter_map(|t| {
+                        let b = match g.role(unit, t) {
+                            Role::Data(i) => data[i].take(),
+                            Role::Parity(j) => parity[j].take(),
+                        };
+                        b.map(|b| (t, at, b))
+                    })
+                    .collect()
+            } else {
+                let copies = g.mirror_copies(unit);
+                let Some(&(src, base)) = copies
+                    .iter()
+                    .find(|(m, _)| !failed.contains(*m) && !excl.contains(*m))
+                else {
+                    return Err(ArrayError::Unreadable { members: excl });
+                };
+                let b = match self.read_members(&[(src, base, len)], &mut excl).await {
+                    Attempt::Done(mut v) => v.pop().expect("one read"),
+                    Attempt::Retry => continue,
+                };
+                copies
+                    .iter()
+                    .filter(|(m, _)| targets.contains(*m))
+                    .map(|&(m, base)| (m, base, buf::copy_of(&b)))
+                    .collect()
+            };
+            // A target that fails here is failed like any member (its rebuild ends).
+            self.write_members(writes).await;
+            return Ok(());
+        }
+    }
+}
