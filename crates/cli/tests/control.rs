@@ -588,3 +588,143 @@ fn journal_shows_in_status_and_metrics_and_a_clean_stop_empties_it() {
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One 1 MiB pattern per MiB of the volume (pattern byte = MiB number + `base`, wrapping).
+fn pattern_cmds(mib: u64, base: u64, verb: &str) -> Vec<String> {
+    (0..mib)
+        .map(|i| format!("{verb} -P {} {i}M 1M", (i + base) % 251 + 1))
+        .collect()
+}
+
+fn uraid_json(args: &[&str], dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&ok(&uraid(args, dir))).unwrap()
+}
+
+/// mdadm's replace-a-failed-disk workflow: a member fails (is missing) while the array is
+/// written, `uraid add` puts a new device in its slot, `serve` rebuilds it in the background
+/// (status and metrics show it), a SIGKILL mid-rebuild resumes from the persisted checkpoint
+/// at the next start, and afterwards the array is whole again: with two other members taken
+/// away every byte still reads back, so the new member holds what it should.
+#[test]
+fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
+    let dir = tmp("rebuild");
+    let m = create(&dir);
+    let mib = 124; // 4 data members x 31 MiB
+    let srv = Srv::start(&dir, &m);
+    qemu_io(&srv.uri(), &pattern_cmds(mib, 0, "write"));
+    srv.stop();
+    // Member 5 is gone; the array is written degraded.
+    let srv = Srv::start(&dir, &m[..5]);
+    qemu_io(&srv.uri(), &pattern_cmds(8, 100, "write"));
+    srv.stop();
+    let new = dir.join("new5");
+    std::fs::File::create(&new)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let s = |p: &PathBuf| p.display().to_string();
+    let mut add: Vec<String> = vec!["add".into(), s(&new)];
+    add.extend(m[..5].iter().map(s));
+    let out = ok(&uraid(
+        &add.iter().map(String::as_str).collect::<Vec<_>>(),
+        &dir,
+    ));
+    assert!(out.contains("added to array 'vol' as member 5"), "{out}");
+    // Adding it again is refused, and so is another device with it among the members (no
+    // failed or missing member left).
+    let again = one_line_error(&uraid(
+        &add.iter().map(String::as_str).collect::<Vec<_>>(),
+        &dir,
+    ));
+    assert!(
+        again.contains("it is already member 5 of array 'vol'"),
+        "{again}"
+    );
+    let mut members: Vec<PathBuf> = m[..5].to_vec();
+    members.push(new.clone());
+    let other = dir.join("other");
+    std::fs::File::create(&other)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let mut add2: Vec<String> = vec!["add".into(), s(&other)];
+    add2.extend(members.iter().map(s));
+    let e = one_line_error(&uraid(
+        &add2.iter().map(String::as_str).collect::<Vec<_>>(),
+        &dir,
+    ));
+    assert!(e.contains("no failed or missing member"), "{e}");
+    // Slow enough to be caught in the middle (20 MiB/s of member I/O: about 9 s).
+    let mut srv = Srv::start_with(&dir, &members, &["--resync-max", "20"]);
+    let t0 = Instant::now();
+    loop {
+        let j = status_json(&srv);
+        assert_eq!(j["slots"][5]["state"], "rebuilding", "{j}");
+        assert!(j["state"].as_str().unwrap().contains("recovering"), "{j}");
+        let done = j["background"][0]["done"].as_u64().unwrap_or(0);
+        // Past 3 s the checkpoint has been persisted at least once.
+        if done > 0 && t0.elapsed() > Duration::from_secs(3) {
+            let text = curl(&[&srv.metrics]);
+            assert_eq!(
+                sample(
+                    &text,
+                    &format!(
+                        "uraid_member_state{{array=\"vol\",member=\"5\",device=\"{}\",state=\"rebuilding\"}}",
+                        new.display()
+                    )
+                ),
+                1.0
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "rebuild never progressed: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    srv.child.kill().unwrap();
+    srv.child.wait().unwrap();
+    drop(srv);
+    let mut st: Vec<&str> = vec!["status", "--json", "--offline"];
+    let ms: Vec<String> = members.iter().map(s).collect();
+    st.extend(ms.iter().map(String::as_str));
+    let j = uraid_json(&st, &dir);
+    assert_eq!(j["slots"][5]["state"], "rebuilding", "{j}");
+    let resumed_at = j["slots"][5]["rebuilt_units"].as_u64().unwrap();
+    assert!(
+        resumed_at > 0,
+        "a checkpoint was persisted before the kill: {j}"
+    );
+    // The next start resumes there and finishes.
+    let srv = Srv::start(&dir, &members);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = status_json(&srv);
+        if j["background"].as_array().unwrap().is_empty() {
+            assert_eq!(j["slots"][5]["state"], "active", "{j}");
+            assert!(!j["state"].as_str().unwrap().contains("degraded"), "{j}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "rebuild did not finish: {j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ev = curl(&[
+        "--unix-socket",
+        &srv.ctl.display().to_string(),
+        "http://uraid/events",
+    ]);
+    assert!(
+        ev.contains(&format!("from unit {resumed_at} of")),
+        "resumed from the checkpoint: {ev}"
+    );
+    assert!(ev.contains("fully redundant again"), "{ev}");
+    srv.stop();
+    // Members 0 and 1 taken away: the new member is needed for every stripe.
+    let srv = Srv::start(&dir, &members[2..]);
+    let mut want = pattern_cmds(8, 100, "read");
+    want.extend(pattern_cmds(mib, 0, "read").into_iter().skip(8));
+    qemu_io(&srv.uri(), &want);
+    srv.stop();
+}

@@ -700,6 +700,16 @@ pub fn add_member(
             need,
         });
     }
+    if let Ok(sb) = read_superblock(path) {
+        if sb.array_uuid == plan.sb.array_uuid
+            && plan.sb.slot_uuids.get(sb.index) == Some(&sb.device_uuid)
+        {
+            return Err(refuse(format!(
+                "it is already member {} of array '{}'; give it with the other members",
+                sb.index, plan.sb.name
+            )));
+        }
+    }
     if !force {
         if let Ok(sb) = read_superblock(path) {
             return Err(refuse(format!(

@@ -15,6 +15,7 @@ fn found(events: &[u64], failed: &[usize]) -> Vec<Found> {
         .map(|(i, &e)| {
             let mut sb = sim_superblock(g);
             sb.index = i;
+            sb.device_uuid = uraid_sim::device_uuid(i);
             sb.events = e;
             if e == max {
                 for &f in failed {
@@ -69,4 +70,25 @@ fn members_marked_failed_are_refused_even_one_event_behind() {
         "{:?}",
         plan.refused
     );
+}
+
+#[test]
+fn a_replaced_member_coming_back_is_refused() {
+    // Slot 2 was given a new device (`uraid add`): the old one, fresher than stale even,
+    // is refused by its uuid, and the new one takes the slot.
+    let mut f = found(&[6, 6, 5, 6, 6, 6], &[]);
+    let new_uuid = [0xAB; 16];
+    for x in f.iter_mut().filter(|x| x.sb.events == 6) {
+        x.sb.slot_uuids[2] = new_uuid;
+        x.sb.states[2] = MemberState::Rebuilding;
+    }
+    let plan = decide(f, Vec::new(), true).unwrap();
+    assert!(plan.slots[2].is_none(), "{:?}", plan.refused);
+    assert!(
+        plan.refused[0].contains("replaced it with device ab"),
+        "{:?}",
+        plan.refused
+    );
+    // Rebuilding without its member: it counts as missing.
+    assert_eq!(plan.missing(), vec![2]);
 }

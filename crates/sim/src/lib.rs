@@ -488,6 +488,46 @@ pub fn member_bytes(vol: &Volume<MemDev>, m: usize) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// Replaces member `slot` of an array's member images by a new member being rebuilt, as
+/// `uraid add` does on files (`assemble::with_new_member`, events + 1 everywhere): the new
+/// image holds the array metadata copied from another member, and `fill` in its data area
+/// (a read that used it before the rebuild passed would show).
+pub fn add_member_images(images: &mut [Vec<u8>], slot: usize, fill: u8) {
+    use uraid_core::format::pick_superblock;
+    let sbs: Vec<Superblock> = images
+        .iter()
+        .map(|img| {
+            pick_superblock(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]).expect("member image")
+        })
+        .collect();
+    let best = sbs
+        .iter()
+        .max_by_key(|s| s.events)
+        .expect("members")
+        .clone();
+    let new_uuid = [0xA0 ^ slot as u8; 16];
+    let mut sb = uraid_engine::assemble::with_new_member(&best, slot, new_uuid);
+    sb.events += 1;
+    let meta_at = SB_SIZE * SB_SLOTS;
+    let donor = (slot + 1) % images.len();
+    let meta = images[donor][meta_at..DATA_OFFSET as usize].to_vec();
+    images[slot].fill(fill);
+    images[slot][meta_at..DATA_OFFSET as usize].copy_from_slice(&meta);
+    for (i, img) in images.iter_mut().enumerate() {
+        let mut m = sb.clone();
+        m.index = i;
+        m.device_uuid = if i == slot {
+            new_uuid
+        } else {
+            sbs[i].device_uuid
+        };
+        let b = m.encode();
+        for s in 0..SB_SLOTS {
+            img[s * SB_SIZE..(s + 1) * SB_SIZE].copy_from_slice(&b);
+        }
+    }
+}
+
 /// The flat reference model: what the volume must read back.
 pub struct Model {
     pub bytes: Vec<u8>,

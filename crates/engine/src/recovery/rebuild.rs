@@ -70,6 +70,16 @@ impl<D: BlockDev> Array<D> {
         limits: ResyncLimits,
         stop: &AtomicBool,
     ) -> Result<RebuildReport, ArrayError> {
+        self.rebuild_with(limits, stop, PERSIST_EVERY).await
+    }
+
+    /// `rebuild` persisting the checkpoint every `persist_every` (tests: after every batch).
+    pub async fn rebuild_with(
+        self: &Arc<Self>,
+        limits: ResyncLimits,
+        stop: &AtomicBool,
+        persist_every: Duration,
+    ) -> Result<RebuildReport, ArrayError> {
         let mut report = RebuildReport::default();
         let units = self.geo.units();
         let (name, _, _) = self.identity();
@@ -141,7 +151,7 @@ impl<D: BlockDev> Array<D> {
                 report.units += end - next;
                 next = end;
                 p.done.store(next - start, Ordering::Release);
-                if last_persist.elapsed() >= PERSIST_EVERY {
+                if last_persist.elapsed() >= persist_every {
                     last_persist = Instant::now();
                     self.persist_rebuild_checkpoints().await;
                 }

@@ -1,0 +1,246 @@
+//! Rebuild of new members (recovery/rebuild.rs), checked against the reference model:
+//! * under client reads and writes, on every level with redundancy, one and (where the
+//!   level allows) two members at once: every read during the rebuild returns the model's
+//!   bytes, and afterwards the array serves every byte with other members taken away, so the
+//!   rebuilt members hold exactly what they should (data and parity);
+//! * power cuts at many points of a rebuild: the next start resumes from the persisted
+//!   checkpoint (not from zero once one was persisted) and ends with the same result.
+
+use futures::executor::block_on;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use uraid_core::{Level, MemberSet};
+use uraid_engine::{ResyncLimits, Volume};
+use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
+use uraid_sim::{add_member_images, mem_array, member_bytes, payload, MemDev, Model};
+
+const CHUNK: u64 = 4096;
+const ROWS: u64 = 48;
+const UNLIMITED: ResyncLimits = ResyncLimits {
+    min_bytes_per_second: 0,
+    max_bytes_per_second: 0,
+};
+
+/// Levels with redundancy and their member counts.
+const LEVELS: &[(Level, usize)] = &[
+    (Level::Raid1, 3),
+    (Level::Raid10, 4),
+    (Level::Raid5, 4),
+    (Level::Raid6, 6),
+    (Level::Raid7, 7),
+    (Level::Ec { parity: 4 }, 7),
+];
+
+/// A random sector-aligned range of up to 12 KiB inside `size`.
+fn range(rng: &mut Rng, size: u64) -> (u64, u64) {
+    let len = (1 + rng.below(24)) * 512;
+    let off = rng.below((size - len) / 512) * 512;
+    (off, len)
+}
+
+/// A volume written at random and stopped cleanly: its member images and the model.
+fn written(level: Level, members: usize, seed: u64) -> (Vec<Vec<u8>>, Model) {
+    let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
+    let mut model = Model::new(vol.size());
+    let mut rng = Rng::new(seed);
+    block_on(async {
+        for i in 0..60 {
+            let (off, len) = range(&mut rng, vol.size());
+            let data = payload(seed * 1000 + i, len as usize);
+            vol.write(off, data.clone()).await.unwrap();
+            model.write(off, &data);
+        }
+        vol.close().await.unwrap();
+    });
+    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    (images, model)
+}
+
+fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
+    block_on(vol.read(0, vol.size())).expect("read").to_vec()
+}
+
+/// Every byte reads back with each set of `lost` other members (as many as the level
+/// tolerates, none of `keep`) taken away: the members in `keep` are used in place of them.
+fn check_without_others(images: &[Vec<u8>], keep: &[usize], model: &Model, tolerance: usize) {
+    let n = images.len();
+    let others: Vec<usize> = (0..n).filter(|m| !keep.contains(m)).collect();
+    let mut sets: Vec<Vec<usize>> = vec![Vec::new()];
+    for _ in 0..tolerance.min(others.len()) {
+        let mut next = Vec::new();
+        for s in &sets {
+            for &o in others.iter().filter(|&&o| s.last().is_none_or(|&l| o > l)) {
+                let mut t = s.clone();
+                t.push(o);
+                next.push(t);
+            }
+        }
+        sets = next;
+    }
+    for lost in sets.iter().take(12) {
+        let present: Vec<bool> = (0..n).map(|m| !lost.contains(&m)).collect();
+        let vol = reassemble(images, &present).expect("reassembles");
+        assert!(
+            read_all(&vol) == model.bytes,
+            "wrong data with member(s) {lost:?} taken away after rebuilding {keep:?}"
+        );
+    }
+}
+
+fn rebuild_under_load(level: Level, members: usize, slots: &[usize], seed: u64) {
+    let (mut images, mut model) = written(level, members, seed);
+    for &s in slots {
+        add_member_images(&mut images, s, 0xEE);
+    }
+    let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
+    let a = vol.array().clone();
+    assert_eq!(
+        a.rebuild_state(),
+        slots.iter().map(|&s| (s, 0)).collect::<Vec<_>>()
+    );
+    for m in 0..members {
+        a.member_dev(m)
+            .unwrap()
+            .faults
+            .jitter
+            .store(true, Ordering::Relaxed);
+    }
+    let stop = AtomicBool::new(false);
+    let size = vol.size();
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let (report, model) = block_on(async {
+        let rebuild = a.rebuild(UNLIMITED, &stop);
+        let client = async {
+            for i in 0..80 {
+                let (off, len) = range(&mut rng, size);
+                if rng.below(2) == 0 {
+                    let data = payload(seed * 7777 + i, len as usize);
+                    vol.write(off, data.clone()).await.unwrap();
+                    model.write(off, &data);
+                } else {
+                    let got = vol.read(off, len).await.unwrap().to_vec();
+                    assert!(
+                        got == model.read(off, len),
+                        "{level} rebuilding {slots:?}: read {off}+{len} differs during rebuild"
+                    );
+                }
+            }
+            model
+        };
+        futures::join!(rebuild, client)
+    });
+    let report = report.expect("rebuild finishes");
+    assert_eq!(
+        report.finished,
+        slots.iter().copied().collect::<MemberSet>()
+    );
+    assert!(a.rebuild_state().is_empty());
+    assert!(read_all(&vol) == model.bytes);
+    block_on(vol.close()).unwrap();
+    let images: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    // Recorded active: a fresh assembly has nothing to rebuild.
+    let again = reassemble(&images, &vec![true; members]).unwrap();
+    assert!(again.array().rebuild_state().is_empty());
+    let tolerance = a.geometry().fault_tolerance();
+    check_without_others(&images, slots, &model, tolerance);
+}
+
+#[test]
+fn one_member_rebuilt_under_load_on_every_level() {
+    for (n, &(level, members)) in LEVELS.iter().enumerate() {
+        for slot in [0, members - 1, members / 2] {
+            rebuild_under_load(level, members, &[slot], 11 + n as u64 * 31 + slot as u64);
+        }
+    }
+}
+
+#[test]
+fn two_members_rebuilt_at_once() {
+    for (n, &(level, members)) in LEVELS.iter().enumerate() {
+        if level.parity() < 2 && !matches!(level, Level::Raid1 | Level::Raid10) {
+            continue;
+        }
+        rebuild_under_load(level, members, &[0, members - 1], 400 + n as u64);
+    }
+}
+
+/// Runs a rebuild of `slot` on members with volatile caches until the power goes at member
+/// operation `cut` (0: never): the images the media hold afterwards, and the checkpoint
+/// the rebuild had reached in memory.
+fn rebuild_until_cut(images: &[Vec<u8>], cut: u64) -> (Option<Vec<Vec<u8>>>, u64, u64) {
+    let clock = Clock::new(cut, cut);
+    let n = images.len();
+    let vol = reassemble_with(images, &vec![true; n], |i, img| {
+        cached_dev(format!("mem{i}"), img, &clock)
+    })
+    .expect("reassembles");
+    let a = vol.array().clone();
+    let slot = a.rebuild_state()[0].0;
+    let stop = AtomicBool::new(false);
+    let _ = block_on(a.rebuild_with(UNLIMITED, &stop, Duration::ZERO));
+    let reached = a.rebuild_state().first().map_or(u64::MAX, |r| r.1);
+    let _ = slot;
+    (clock.images(), reached, clock.ops())
+}
+
+/// Power cuts at points spread over a whole rebuild: each start afterwards resumes from the
+/// persisted checkpoint and ends with every byte in place (also with other members taken
+/// away). Fails if the checkpoint were persisted before the member it covers was flushed.
+#[test]
+fn rebuild_resumes_after_power_cuts() {
+    for &(level, members) in &[(Level::Raid6, 6), (Level::Raid5, 4), (Level::Raid10, 4)] {
+        let (mut images, model) = written(level, members, 77);
+        let slot = 1;
+        add_member_images(&mut images, slot, 0xEE);
+        // A full run on the cached devices counts the member operations to cut within.
+        let (_, _, total) = rebuild_until_cut(&images, 0);
+        let mut resumed_past_zero = 0;
+        for step in 1..=10u64 {
+            let cut = total * step / 11;
+            let (cut_images, _, _) = rebuild_until_cut(&images, cut);
+            let cut_images = cut_images.expect("the power went");
+            let vol = reassemble(&cut_images, &vec![true; members]).expect("reassembles");
+            let a = vol.array().clone();
+            let state = a.rebuild_state();
+            if let Some(&(m, from)) = state.first() {
+                assert_eq!(m, slot);
+                if from > 0 {
+                    resumed_past_zero += 1;
+                }
+                let stop = AtomicBool::new(false);
+                block_on(a.rebuild(UNLIMITED, &stop)).expect("resumed rebuild finishes");
+            }
+            assert!(a.rebuild_state().is_empty());
+            assert!(
+                read_all(&vol) == model.bytes,
+                "{level}: wrong data after a cut at op {cut} of {total} and the resumed rebuild"
+            );
+            block_on(vol.close()).unwrap();
+            let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+            check_without_others(&after, &[slot], &model, a.geometry().fault_tolerance());
+        }
+        assert!(
+            resumed_past_zero >= 3,
+            "{level}: only {resumed_past_zero} of 10 cuts resumed past unit 0"
+        );
+    }
+}
+
+/// The member being rebuilt failing ends its rebuild (recorded failed), and the array keeps
+/// serving every byte from the others.
+#[test]
+fn a_failing_new_member_ends_its_rebuild() {
+    let (mut images, model) = written(Level::Raid6, 6, 5);
+    add_member_images(&mut images, 2, 0xEE);
+    let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+    let a = vol.array().clone();
+    a.member_dev(2).unwrap().faults.kill_after(5);
+    let stop = AtomicBool::new(false);
+    let r = block_on(a.rebuild(UNLIMITED, &stop)).expect("the walk ends without an error");
+    assert!(r.finished.is_empty());
+    assert!(a.is_failed(2));
+    assert!(a.rebuild_state().is_empty());
+    assert!(read_all(&vol) == model.bytes);
+    let _ = Arc::clone(&a);
+}
