@@ -48,7 +48,7 @@ pub struct BenchArgs {
     pub precondition: bool,
     /// Leave these member indices out, to measure degraded operation. In a read-only run
     /// the failure exists only in memory; a run that writes records it in the superblocks
-    /// (the member stays failed: there is no rebuild yet), so it needs --allow-writes.
+    /// (the member stays failed until replaced with `uraid add`), so it needs --allow-writes.
     #[arg(long = "fail", value_name = "INDEX")]
     pub fail: Vec<usize>,
     /// Let a run that writes (--read-pct below 100, --precondition) change an array: it
@@ -108,8 +108,9 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         let name = &plan.sb.name;
         if !args.fail.is_empty() {
             bail!(
-                "{what} with --fail would record member(s) {:?} of array '{name}' as failed for \
-                 good (no rebuild yet); pass --allow-writes to accept that, or run read-only \
+                "{what} with --fail would record member(s) {:?} of array '{name}' as failed (until \
+                 replaced with `uraid add` and rebuilt); pass --allow-writes to accept that, or \
+                 run read-only \
                  (--read-pct 100), which leaves every member untouched",
                 args.fail
             );

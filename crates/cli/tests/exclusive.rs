@@ -267,7 +267,7 @@ fn bench_fail_leaves_every_member_byte_identical() {
                 "--fail",
                 "1",
             ],
-            "would record member(s) [1] of array 'b' as failed for good",
+            "would record member(s) [1] of array 'b' as failed (until replaced",
         ),
         (
             vec!["bench", "--runtime", "0.2", "--read-pct", "0"],

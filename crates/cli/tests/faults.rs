@@ -122,7 +122,7 @@ impl FaultyMember {
             nbdfuse: None,
         };
         assert!(
-            wait_for(Duration::from_secs(10), || sock.exists()),
+            wait_for(Duration::from_secs(30), || sock.exists()),
             "nbdkit did not create {}: {}",
             sock.display(),
             m.nbdkit_log()
@@ -139,7 +139,7 @@ impl FaultyMember {
                 .expect("start nbdfuse"),
         );
         assert!(
-            wait_for(Duration::from_secs(10), || std::fs::metadata(&m.file)
+            wait_for(Duration::from_secs(30), || std::fs::metadata(&m.file)
                 .is_ok_and(|md| md.len() == size)),
             "nbdfuse did not mount {}: {}",
             m.file.display(),

@@ -15,6 +15,7 @@ pub mod http;
 pub mod journal;
 pub mod members;
 pub mod plan;
+pub mod scrub;
 
 pub use codec::Codec;
 pub use format::{MemberState, Superblock};

@@ -134,6 +134,8 @@ pub struct Array<D: BlockDev> {
     pub(crate) resync: crate::recovery::ResyncState,
     pub(crate) recovery: crate::recovery::Progress,
     pub(crate) rebuild: crate::recovery::Progress,
+    pub(crate) scrub: crate::recovery::Progress,
+    pub(crate) scrub_counts: crate::recovery::ScrubCounts,
     pub(crate) intent: crate::bitmap::WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
     pub(crate) journal: std::sync::OnceLock<crate::journal::Journal<D>>,
@@ -216,6 +218,8 @@ impl<D: BlockDev> Array<D> {
             resync: crate::recovery::ResyncState::new(units, due),
             recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
             rebuild: crate::recovery::Progress::new("rebuild", units, unit_bytes),
+            scrub: crate::recovery::Progress::new("scrub", units, unit_bytes),
+            scrub_counts: Default::default(),
             intent,
             journal: std::sync::OnceLock::new(),
             unjournaled: AtomicU64::new(0),

@@ -676,6 +676,14 @@ pub fn add_member(
             plan.sb.name
         )));
     };
+    if !plan.sb.is_failed(slot) && !plan.sb.is_rebuilding(slot) && !force {
+        // Missing only: perhaps just not given. Replacing it throws its data away.
+        return Err(refuse(format!(
+            "member {slot} of array '{}' is missing, not failed: give it with the others if it \
+             still exists, or pass --force to replace it",
+            plan.sb.name
+        )));
+    }
     plan.can_start()?;
     if plan
         .slots
@@ -688,7 +696,7 @@ pub fn add_member(
             path: path.display().to_string(),
         });
     }
-    let need = DATA_OFFSET + g.member_data;
+    let need = plan.sb.data_offset + g.member_data;
     let size = {
         let f = File::open(path).map_err(io_err(path))?;
         device_size(&f).map_err(io_err(path))?
@@ -703,6 +711,7 @@ pub fn add_member(
     if let Ok(sb) = read_superblock(path) {
         if sb.array_uuid == plan.sb.array_uuid
             && plan.sb.slot_uuids.get(sb.index) == Some(&sb.device_uuid)
+            && !plan.sb.is_failed(sb.index)
         {
             return Err(refuse(format!(
                 "it is already member {} of array '{}'; give it with the other members",
@@ -732,7 +741,7 @@ pub fn add_member(
         .and_then(|i| plan.slots[i].clone())
         .ok_or_else(|| refuse("no member to copy the array metadata from".into()))?;
     let meta_at = (SB_SIZE * SB_SLOTS) as u64;
-    let mut meta = vec![0u8; (DATA_OFFSET - meta_at) as usize];
+    let mut meta = vec![0u8; (plan.sb.data_offset - meta_at) as usize];
     File::open(&src)
         .and_then(|f| f.read_exact_at(&mut meta, meta_at))
         .map_err(io_err(&src))?;
@@ -903,7 +912,15 @@ pub fn decide(
             };
             probe.can_start().is_ok()
         };
-        if force && !startable && slots[i].is_none() {
+        if f.sb.is_rebuilding(i) {
+            // Its own superblock says it holds only part of the data: never forced in.
+            refused.push(format!(
+                "{why}; it was being rebuilt (rebuilt {} of {} units), so it is not taken even \
+                 with --force",
+                f.sb.rebuilt[i],
+                sb.geometry.units()
+            ));
+        } else if force && !startable && slots[i].is_none() {
             tracing::warn!("--force: {why}; taking it anyway (its data may be out of date)");
             refused.push(format!("{why}; FORCED into the array"));
             sb.states[i] = MemberState::Active;

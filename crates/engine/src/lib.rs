@@ -35,5 +35,5 @@ pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use members::ErrorPolicy;
 pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
-pub use recovery::{RebuildReport, ResyncLimits, ResyncReport};
+pub use recovery::{RebuildReport, ResyncLimits, ResyncReport, ScrubMode, ScrubReport};
 pub use volume::{Run, Volume};

@@ -284,6 +284,12 @@ impl<D: BlockDev> Members<D> {
         MemberSet::from_bits(r).minus(self.failed())
     }
 
+    /// Members marked rebuilding, failed or not (a superblock round decides their state
+    /// against its own snapshot of the failed set).
+    pub(crate) fn rebuilding_marked(&self) -> MemberSet {
+        MemberSet::from_bits(self.rebuilding.load(Ordering::Acquire))
+    }
+
     /// Members that do not hold unit `unit` (stripe or mirror row): failed, or rebuilding
     /// and not past it yet. One atomic load when nothing is being rebuilt.
     pub fn stale_at(&self, unit: u64) -> MemberSet {

@@ -148,7 +148,10 @@ impl<D: BlockDev> Array<D> {
             self.catch_up(meta, failed).await;
             meta.sb.events += 1;
             meta.sb.utime = now();
-            let rebuilding = self.members.rebuilding();
+            // Against the same snapshot of the failed set: a rebuilding member that fails
+            // meanwhile is written as rebuilding (its next round records it failed), never
+            // as active.
+            let rebuilding = self.members.rebuilding_marked().minus(failed);
             for i in 0..self.geo.members {
                 meta.sb.states[i] = if failed.contains(i) {
                     MemberState::Failed

@@ -92,3 +92,28 @@ fn a_replaced_member_coming_back_is_refused() {
     // Rebuilding without its member: it counts as missing.
     assert_eq!(plan.missing(), vec![2]);
 }
+
+#[test]
+fn a_member_that_was_being_rebuilt_is_never_forced_in() {
+    // RAID6: member 2 was being rebuilt and then failed (its own superblock still says
+    // rebuilding); members 4 and 5 are gone. --force must not take member 2 as active.
+    let mut f = found(&[7, 7, 6, 7], &[2]);
+    f[2].sb.states[2] = MemberState::Rebuilding;
+    f[2].sb.rebuilt[2] = 10;
+    let g = Geometry::new(Level::Raid6, 6, 4096, 1 << 20).unwrap();
+    for x in f.iter_mut() {
+        x.sb.geometry = g;
+        x.sb.states.resize(6, MemberState::Active);
+        x.sb.rebuilt.resize(6, 0);
+        x.sb.slot_uuids = (0..6).map(uraid_sim::device_uuid).collect();
+    }
+    let plan = decide(f, Vec::new(), true).unwrap();
+    assert!(plan.slots[2].is_none(), "{:?}", plan.refused);
+    assert!(
+        plan.refused
+            .iter()
+            .any(|r| r.contains("it was being rebuilt")),
+        "{:?}",
+        plan.refused
+    );
+}

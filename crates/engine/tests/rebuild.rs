@@ -244,3 +244,27 @@ fn a_failing_new_member_ends_its_rebuild() {
     assert!(read_all(&vol) == model.bytes);
     let _ = Arc::clone(&a);
 }
+
+/// After an unclean stop with a member being rebuilt (reachable with --start-dirty-degraded;
+/// the simulator assembles without that check), the resync walk leaves the units the new
+/// member does not hold to the rebuild instead of stopping, and the rebuild resyncs them as
+/// it passes: the array ends synced (a clean stop possible) and consistent (a scrub finds
+/// nothing).
+#[test]
+fn resync_leaves_units_to_the_rebuild_which_resyncs_them() {
+    let (mut images, model) = written(Level::Raid6, 6, 21);
+    add_member_images(&mut images, 4, 0xEE);
+    uraid_sim::make_dirty(&mut images);
+    let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+    let a = vol.array().clone();
+    assert!(a.needs_resync());
+    let stop = AtomicBool::new(false);
+    let r = block_on(a.resync(UNLIMITED, &stop)).expect("the walk does not stop");
+    assert_eq!(r.deferred, a.geometry().units(), "{r:?}");
+    assert!(a.needs_resync());
+    block_on(a.rebuild(UNLIMITED, &stop)).expect("rebuild");
+    assert!(!a.needs_resync(), "the rebuild resynced what the walk left");
+    assert!(read_all(&vol) == model.bytes);
+    let s = block_on(a.scrub_run(uraid_engine::ScrubMode::Check, UNLIMITED, &stop)).unwrap();
+    assert_eq!(s.mismatches, 0, "{s:?}");
+}

@@ -8,10 +8,10 @@ use futures::executor::block_on;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use uraid_core::format::{pick_superblock_slot, DATA_OFFSET, SB_SIZE};
-use uraid_core::{bitmap, Level};
+use uraid_core::Level;
 use uraid_engine::{ResyncLimits, Volume};
 use uraid_sim::crash::reassemble;
-use uraid_sim::{mem_array, member_bytes, payload, MemDev};
+use uraid_sim::{make_dirty, make_dirty_regions, mem_array, member_bytes, payload, MemDev};
 
 const CHUNK: u64 = 4096;
 const UNLIMITED: ResyncLimits = ResyncLimits {
@@ -27,31 +27,6 @@ fn written(level: Level, members: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     block_on(vol.close()).unwrap();
     let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
     (images, data.to_vec())
-}
-
-/// Marks every member's superblocks "not clean" and every write-intent region dirty (what
-/// a power cut during writes everywhere leaves).
-fn make_dirty(images: &mut [Vec<u8>]) {
-    make_dirty_regions(images, |_| true)
-}
-
-/// Marks every member's superblocks "not clean" and the bitmap regions `dirty` picks set.
-fn make_dirty_regions(images: &mut [Vec<u8>], dirty: impl Fn(u64) -> bool) {
-    for img in images.iter_mut() {
-        let (mut sb, _) =
-            pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]).unwrap();
-        sb.clean = false;
-        for slot in 0..2 {
-            img[slot * SB_SIZE..(slot + 1) * SB_SIZE].copy_from_slice(&sb.encode());
-        }
-        let (g, bc) = (sb.geometry, sb.bitmap_chunk);
-        assert!(bc > 0, "sim arrays have a bitmap");
-        let bo = bitmap::BITMAP_OFFSET as usize;
-        for p in 0..bitmap::pages(&g, bc) {
-            let page = bitmap::page_image(&g, bc, p, &dirty);
-            img[bo + p * 4096..bo + (p + 1) * 4096].copy_from_slice(&page);
-        }
-    }
 }
 
 /// A RAID5 of four, written end to end, then left "not clean" and reassembled: resync due.

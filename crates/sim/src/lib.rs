@@ -528,6 +528,32 @@ pub fn add_member_images(images: &mut [Vec<u8>], slot: usize, fill: u8) {
     }
 }
 
+/// Marks every member's superblocks "not clean" and every write-intent region dirty (what
+/// a power cut during writes everywhere leaves).
+pub fn make_dirty(images: &mut [Vec<u8>]) {
+    make_dirty_regions(images, |_| true)
+}
+
+/// Marks every member's superblocks "not clean" and the bitmap regions `dirty` picks set.
+pub fn make_dirty_regions(images: &mut [Vec<u8>], dirty: impl Fn(u64) -> bool) {
+    for img in images.iter_mut() {
+        let (mut sb, _) =
+            uraid_core::format::pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
+                .unwrap();
+        sb.clean = false;
+        for slot in 0..2 {
+            img[slot * SB_SIZE..(slot + 1) * SB_SIZE].copy_from_slice(&sb.encode());
+        }
+        let (g, bc) = (sb.geometry, sb.bitmap_chunk);
+        assert!(bc > 0, "sim arrays have a bitmap");
+        let bo = uraid_core::bitmap::BITMAP_OFFSET as usize;
+        for p in 0..uraid_core::bitmap::pages(&g, bc) {
+            let page = uraid_core::bitmap::page_image(&g, bc, p, &dirty);
+            img[bo + p * 4096..bo + (p + 1) * 4096].copy_from_slice(&page);
+        }
+    }
+}
+
 /// The flat reference model: what the volume must read back.
 pub struct Model {
     pub bytes: Vec<u8>,

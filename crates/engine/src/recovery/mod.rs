@@ -1,6 +1,6 @@
 //! Background recovery work, beside `stripe/` and under the same stripe locks: resync of an
-//! array that was not stopped cleanly (`resync.rs`) and rebuild of new members
-//! (`rebuild.rs`). Scrub will live here too.
+//! array that was not stopped cleanly (`resync.rs`), rebuild of new members (`rebuild.rs`)
+//! and scrub (`scrub.rs`).
 //!
 //! Progress of a background operation is published through `Progress` (status, metrics,
 //! `uraid watch`); its pace by `Pacer`; its stripe work goes to the reactors through
@@ -8,10 +8,13 @@
 
 mod rebuild;
 mod resync;
+mod scrub;
 
 pub use rebuild::RebuildReport;
 pub(crate) use resync::ResyncState;
 pub use resync::{ResyncLimits, ResyncReport};
+pub(crate) use scrub::ScrubCounts;
+pub use scrub::{ScrubMode, ScrubReport};
 
 use crate::array::Array;
 use crate::dev::BlockDev;

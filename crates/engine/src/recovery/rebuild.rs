@@ -94,6 +94,9 @@ impl<D: BlockDev> Array<D> {
             let Some(start) = targets.iter().map(|i| self.members.rebuilt(i)).min() else {
                 break;
             };
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
             if start < units {
                 p.total.store(units - start, Ordering::Release);
                 p.done.store(0, Ordering::Release);
@@ -108,6 +111,10 @@ impl<D: BlockDev> Array<D> {
             let mut last_log = Instant::now();
             let mut next = start;
             while next < units {
+                if self.members.rebuilding().is_empty() {
+                    // Every member being rebuilt failed: nothing left to do.
+                    break;
+                }
                 if stop.load(Ordering::Acquire) {
                     self.persist_rebuild_checkpoints().await;
                     p.running.store(false, Ordering::Release);
@@ -183,14 +190,22 @@ impl<D: BlockDev> Array<D> {
                 }
                 continue;
             }
-            self.on_reactor(move |a| async move {
-                a.each_live(done, |i| a.members.flush(i)).await;
-                for t in done.minus(a.members.failed()).iter() {
-                    a.members.rebuild_done(t);
-                }
-                a.persist_rebuilt(&[]).await;
-            })
-            .await;
+            if self
+                .on_reactor(move |a| async move {
+                    a.each_live(done, |i| a.members.flush(i)).await;
+                    for t in done.minus(a.members.failed()).iter() {
+                        a.members.rebuild_done(t);
+                    }
+                    a.persist_rebuilt(&[]).await;
+                })
+                .await
+                .is_none()
+            {
+                p.running.store(false, Ordering::Release);
+                return Err(ArrayError::Shutdown);
+            }
+            // Units it resynced on the way (after an unclean stop) may have been the last.
+            self.resync.finish_if_all_synced();
             let finished = done.minus(self.members.failed());
             report.finished = report.finished.union(finished);
             p.running.store(false, Ordering::Release);
@@ -239,7 +254,11 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Writes to the members being rebuilt that do not hold `unit` yet what they should
-    /// hold there, computed from the others. Caller holds the unit's lock.
+    /// hold there, computed from the others. A unit not yet resynced after an unclean stop
+    /// (only reachable with `--start-dirty-degraded`, or on mirrors) is resynced at the same
+    /// time: every parity is recomputed from the data as decoded, so the stripe is
+    /// consistent afterwards; on parity levels a data chunk decoded there came from parity
+    /// that was not verified (logged: the flag accepted that risk). Caller holds the lock.
     async fn rebuild_unit(&self, unit: u64) -> Result<(), ArrayError> {
         let g = self.geo;
         let len = g.chunk;
@@ -269,9 +288,34 @@ impl<D: BlockDev> Array<D> {
                     let codec = self.codec.as_ref().expect("parity level has a codec");
                     codec.encode(&srcs, &mut out);
                 }
-                let mut parity: Vec<Option<IoBuf>> = parity.into_iter().map(Some).collect();
                 let at = g.member_offset(unit, 0);
-                targets
+                let mut extra = Vec::new();
+                if self.resync.unsynced(unit) {
+                    if targets
+                        .iter()
+                        .any(|t| matches!(g.role(unit, t), Role::Data(_)))
+                        && self.resync.report_unreadable(unit)
+                    {
+                        let sdb = g.stripe_data_bytes();
+                        tracing::error!(
+                            target: "uraid_engine::recovery",
+                            "rebuild: stripe {unit} (volume bytes {}..{}) was not resynced after \
+                             the unclean stop: the new member's data there was decoded from \
+                             parity that was not verified and may be wrong",
+                            unit * sdb,
+                            (unit + 1) * sdb
+                        );
+                    }
+                    // Live parity members get the recomputed parity too (resync).
+                    for (j, p) in parity.iter().enumerate() {
+                        let pm = g.parity_member(unit, j);
+                        if !targets.contains(pm) && !failed.contains(pm) {
+                            extra.push((pm, at, buf::copy_of(p)));
+                        }
+                    }
+                }
+                let mut parity: Vec<Option<IoBuf>> = parity.into_iter().map(Some).collect();
+                let mut w: Vec<(usize, u64, IoBuf)> = targets
                     .iter()
                     .filter_map(|t| {
                         let b = match g.role(unit, t) {
@@ -280,7 +324,9 @@ impl<D: BlockDev> Array<D> {
                         };
                         b.map(|b| (t, at, b))
                     })
-                    .collect()
+                    .collect();
+                w.extend(extra);
+                w
             } else {
                 let copies = g.mirror_copies(unit);
                 let Some(&(src, base)) = copies
@@ -301,6 +347,13 @@ impl<D: BlockDev> Array<D> {
             };
             // A target that fails here is failed like any member (its rebuild ends).
             self.write_members(writes).await;
+            if self.resync.unsynced(unit) && self.members.degraded().minus(targets).is_empty() {
+                // Every chunk of the unit was just written consistently (or, on mirrors,
+                // copied from the copy reads use and resync keeps).
+                if g.level.is_parity() {
+                    self.resync.mark(unit);
+                }
+            }
             return Ok(());
         }
     }

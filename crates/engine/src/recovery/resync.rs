@@ -67,6 +67,9 @@ pub struct ResyncReport {
     pub skipped: u64,
     /// Stripes left unsynced because a chunk could not be read (media errors).
     pub unreadable: u64,
+    /// Stripes left to the rebuild: a member being rebuilt does not hold them yet (the
+    /// rebuild resyncs them as it passes).
+    pub deferred: u64,
 }
 
 /// Per-array resync state: which stripes are synced (one bit each), while resync is due.
@@ -158,6 +161,19 @@ impl ResyncState {
 
     fn finish(&self) {
         self.pending.store(false, Ordering::Release);
+    }
+
+    /// Ends the pending resync if every unit is synced (the rebuild resyncs the units it
+    /// rebuilds, and may finish what the walk had to leave to it).
+    pub(crate) fn finish_if_all_synced(&self) {
+        if self.is_pending()
+            && self
+                .synced
+                .iter()
+                .all(|w| w.load(Ordering::Acquire) == u64::MAX)
+        {
+            self.finish();
+        }
     }
 }
 
@@ -358,6 +374,10 @@ impl<D: BlockDev> Array<D> {
                         }
                     }
                     Some(Ok(None)) => report.unreadable += 1,
+                    // A member being rebuilt does not hold the unit yet.
+                    Some(Err(ArrayError::Unreadable { .. })) if self.check_serving().is_ok() => {
+                        report.deferred += 1
+                    }
                     Some(Err(e)) => {
                         p.running.store(false, Ordering::Release);
                         tracing::error!(
@@ -399,6 +419,18 @@ impl<D: BlockDev> Array<D> {
                 t0.elapsed().as_secs_f64(),
                 report.unreadable
             );
+            return Ok(report);
+        }
+        if report.deferred > 0 {
+            tracing::info!(
+                target: "uraid_engine::recovery",
+                "array '{name}': resync walked every stripe in {:.1} s and left {} to the \
+                 rebuild (a member being rebuilt does not hold them yet; it resyncs them as it \
+                 passes)",
+                t0.elapsed().as_secs_f64(),
+                report.deferred
+            );
+            self.resync.finish_if_all_synced();
             return Ok(report);
         }
         self.resync.finish();

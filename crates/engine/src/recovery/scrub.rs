@@ -1,0 +1,400 @@
+//! Scrub: read every stripe (mirror row), verify its redundancy, and with `repair` fix it
+//! (md's check and repair, with raid6check's locating of the bad chunk).
+//!
+//! Rules (ARCHITECTURE.md, "Scrub"):
+//! * Each unit is checked under its stripe lock (no write is half done meanwhile), in 4 KiB
+//!   columns (`uraid_core::scrub`). A column whose parity disagrees is *located* when the
+//!   level has two or more parities (or three or more mirror copies) and exactly one chunk
+//!   explains it; the member, its data-area offset and the bytes that differ are reported
+//!   (log, events, status, metrics). RAID5 and two-way mirrors report the mismatch without a
+//!   culprit.
+//! * `repair` rewrites a located chunk with what it should hold; an unlocatable column gets
+//!   its parity recomputed from the data (mirrors: the first copy written over the others),
+//!   as md's repair does, and is reported as such. `check` writes nothing.
+//! * Scrub needs every member (a degraded array has no redundancy to check against; rebuild
+//!   first): it refuses to start on a degraded array and stops if a member fails. A chunk
+//!   that cannot be read (media error) is reconstructed and rewritten by the read path's
+//!   error policy (`read_failed`); the unit is then counted unreadable, not verified.
+//! * Throttle: `Pacer` (the resync's min/max rates); `pause` holds it between batches,
+//!   `stop` ends it.
+
+use crate::array::{Array, ArrayError};
+use crate::buf::{self, IoBuf};
+use crate::dev::BlockDev;
+use crate::recovery::{Pacer, ResyncLimits, BATCH};
+use crate::stripe::Attempt;
+use futures::future::join_all;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uraid_core::scrub::{check_copies, check_stripe, Column, COLUMN};
+use uraid_core::MemberSet;
+
+/// Check only, or also repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScrubMode {
+    Check,
+    Repair,
+}
+
+impl ScrubMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScrubMode::Check => "check",
+            ScrubMode::Repair => "repair",
+        }
+    }
+}
+
+/// What a scrub found (also live in `scrub_counts` while it runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScrubReport {
+    /// Units verified.
+    pub units: u64,
+    /// 4 KiB columns whose redundancy disagreed.
+    pub mismatches: u64,
+    /// Of those, columns whose bad chunk was located (member named).
+    pub located: u64,
+    /// Columns rewritten (repair mode).
+    pub repaired: u64,
+    /// Units not verified because a chunk could not be read.
+    pub unreadable: u64,
+}
+
+/// Live scrub counters (status, metrics).
+#[derive(Default)]
+pub(crate) struct ScrubCounts {
+    units: AtomicU64,
+    mismatches: AtomicU64,
+    located: AtomicU64,
+    repaired: AtomicU64,
+    unreadable: AtomicU64,
+    /// 0 idle, 1 check, 2 repair.
+    mode: AtomicU8,
+    pub(crate) paused: AtomicBool,
+}
+
+impl ScrubCounts {
+    fn reset(&self, mode: ScrubMode) {
+        for c in [
+            &self.units,
+            &self.mismatches,
+            &self.located,
+            &self.repaired,
+            &self.unreadable,
+        ] {
+            c.store(0, Ordering::Release);
+        }
+        self.mode.store(
+            match mode {
+                ScrubMode::Check => 1,
+                ScrubMode::Repair => 2,
+            },
+            Ordering::Release,
+        );
+    }
+
+    fn report(&self) -> ScrubReport {
+        let l = |a: &AtomicU64| a.load(Ordering::Acquire);
+        ScrubReport {
+            units: l(&self.units),
+            mismatches: l(&self.mismatches),
+            located: l(&self.located),
+            repaired: l(&self.repaired),
+            unreadable: l(&self.unreadable),
+        }
+    }
+}
+
+/// One unit's outcome.
+#[derive(Clone, Default)]
+struct UnitResult {
+    mismatches: u64,
+    located: u64,
+    repaired: u64,
+    unreadable: bool,
+}
+
+impl<D: BlockDev> Array<D> {
+    /// The running (or last) scrub: its mode (None: never ran), counts and progress.
+    pub fn scrub_state(
+        &self,
+    ) -> (
+        Option<ScrubMode>,
+        ScrubReport,
+        crate::recovery::ProgressView,
+        bool,
+    ) {
+        let c = &self.scrub_counts;
+        let mode = match c.mode.load(Ordering::Acquire) {
+            1 => Some(ScrubMode::Check),
+            2 => Some(ScrubMode::Repair),
+            _ => None,
+        };
+        (
+            mode,
+            c.report(),
+            self.scrub.view(),
+            c.paused.load(Ordering::Acquire),
+        )
+    }
+
+    /// Pauses (true) or resumes a running scrub between batches.
+    pub fn scrub_pause(&self, pause: bool) {
+        self.scrub_counts.paused.store(pause, Ordering::Release);
+    }
+
+    /// Verifies (and with `Repair` fixes) every unit's redundancy while the array serves
+    /// (module docs); `stop` ends it early. Runs on any thread (the server gives it its own).
+    pub async fn scrub_run(
+        self: &Arc<Self>,
+        mode: ScrubMode,
+        limits: ResyncLimits,
+        stop: &AtomicBool,
+    ) -> Result<ScrubReport, ArrayError> {
+        let degraded = self.members.degraded();
+        if !degraded.is_empty() {
+            return Err(ArrayError::Unreadable { members: degraded });
+        }
+        let units = self.geo.units();
+        let (name, _, _) = self.identity();
+        let name = name.to_string();
+        let p = &self.scrub;
+        let counts = &self.scrub_counts;
+        counts.reset(mode);
+        counts.paused.store(false, Ordering::Release);
+        p.total.store(units, Ordering::Release);
+        p.done.store(0, Ordering::Release);
+        p.start();
+        if mode == ScrubMode::Repair {
+            // Repairs are writes: the superblocks say "not clean" first, like any writer.
+            self.on_reactor(|a| async move { a.ensure_dirty().await })
+                .await;
+        }
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{name}': scrub ({}) started over {units} units",
+            mode.name()
+        );
+        let t0 = Instant::now();
+        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
+        let mut pacer = Pacer::new(limits, p.unit_bytes, self.client_ops());
+        let mut next = 0u64;
+        let mut result = Ok(());
+        while next < units {
+            while counts.paused.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if stop.load(Ordering::Acquire) {
+                tracing::info!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': scrub ({}) cancelled at unit {next} of {units}",
+                    mode.name()
+                );
+                break;
+            }
+            let cap = pacer.cap(self.client_ops());
+            let end = (next + (BATCH * lanes).min(cap) as u64).min(units);
+            let batch: Vec<u64> = (next..end).collect();
+            let outcomes = self
+                .fan_out(&batch, Err(ArrayError::Shutdown), move |a, b| async move {
+                    a.scrub_batch(&b, mode).await
+                })
+                .await;
+            for r in outcomes {
+                match r {
+                    Ok(u) => {
+                        counts.units.fetch_add(1, Ordering::AcqRel);
+                        counts.mismatches.fetch_add(u.mismatches, Ordering::AcqRel);
+                        counts.located.fetch_add(u.located, Ordering::AcqRel);
+                        counts.repaired.fetch_add(u.repaired, Ordering::AcqRel);
+                        counts
+                            .unreadable
+                            .fetch_add(u64::from(u.unreadable), Ordering::AcqRel);
+                    }
+                    Err(e) => {
+                        if result.is_ok() {
+                            result = Err(e);
+                        }
+                    }
+                }
+            }
+            if let Err(e) = &result {
+                tracing::error!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': scrub ({}) stopped at unit {next}: {e}",
+                    mode.name()
+                );
+                break;
+            }
+            next = end;
+            p.done.store(next, Ordering::Release);
+            p.repaired
+                .store(counts.repaired.load(Ordering::Acquire), Ordering::Release);
+            pacer.pace(batch.len(), self.client_ops(), stop);
+        }
+        p.running.store(false, Ordering::Release);
+        let r = counts.report();
+        if next >= units {
+            tracing::info!(
+                target: "uraid_engine::recovery",
+                "array '{name}': scrub ({}) finished in {:.1} s: {} units, {} mismatched \
+                 column(s), {} located, {} repaired, {} unreadable unit(s)",
+                mode.name(),
+                t0.elapsed().as_secs_f64(),
+                r.units,
+                r.mismatches,
+                r.located,
+                r.repaired,
+                r.unreadable
+            );
+        }
+        result.map(|_| r)
+    }
+
+    async fn scrub_batch(
+        &self,
+        batch: &[u64],
+        mode: ScrubMode,
+    ) -> Vec<Result<UnitResult, ArrayError>> {
+        join_all(batch.iter().map(|&unit| async move {
+            self.locks.lock(unit).await;
+            let r = self.scrub_unit(unit, mode).await;
+            self.locks.unlock(unit, false);
+            r
+        }))
+        .await
+    }
+
+    /// Checks one unit (caller holds its lock); repairs it in `Repair` mode.
+    async fn scrub_unit(&self, unit: u64, mode: ScrubMode) -> Result<UnitResult, ArrayError> {
+        let g = self.geo;
+        let len = g.chunk;
+        let degraded = self.members.degraded();
+        if !degraded.is_empty() {
+            return Err(ArrayError::Unreadable { members: degraded });
+        }
+        // Every chunk of the unit: (member, data-area offset).
+        let (chunks, parity): (Vec<(usize, u64)>, bool) = if g.level.is_parity() {
+            let at = g.member_offset(unit, 0);
+            let mut v: Vec<(usize, u64)> = (0..g.data_chunks())
+                .map(|i| (g.data_member(unit, i), at))
+                .collect();
+            v.extend((0..g.parity()).map(|j| (g.parity_member(unit, j), at)));
+            (v, true)
+        } else {
+            (g.mirror_copies(unit), false)
+        };
+        let reqs: Vec<(usize, u64, u64)> = chunks.iter().map(|&(m, at)| (m, at, len)).collect();
+        let mut excl = MemberSet::EMPTY;
+        let bufs: Vec<IoBuf> = match self.read_members(&reqs, &mut excl).await {
+            Attempt::Done(b) => b,
+            // A read error: the member was failed, or the chunk is rewritten by the read
+            // path's correction next time it is read; not verified now.
+            Attempt::Retry => {
+                return Ok(UnitResult {
+                    unreadable: true,
+                    ..Default::default()
+                })
+            }
+        };
+        let refs: Vec<&[u8]> = bufs.iter().map(|b| &b[..]).collect();
+        let verdicts = if parity {
+            check_stripe(self.codec.as_ref().expect("parity codec"), &refs)
+        } else {
+            check_copies(&refs)
+        };
+        let mut out = UnitResult::default();
+        let mut writes: Vec<(usize, u64, IoBuf)> = Vec::new();
+        let k = g.data_chunks();
+        for (c, v) in verdicts.iter().enumerate() {
+            let col = (c * COLUMN) as u64;
+            match v {
+                Column::Consistent => {}
+                Column::Located { shard, good, bytes } => {
+                    out.mismatches += 1;
+                    out.located += 1;
+                    let (m, at) = chunks[*shard];
+                    tracing::warn!(
+                        target: "uraid_engine::recovery",
+                        "scrub: unit {unit}: member {m} ({}) data offset {}: {bytes} byte(s) \
+                         differ from what the {} say{}",
+                        self.members.name(m).unwrap_or("?"),
+                        at + col,
+                        if parity { "other chunks and the parity" } else { "other copies" },
+                        if mode == ScrubMode::Repair { "; rewritten" } else { "" }
+                    );
+                    if mode == ScrubMode::Repair {
+                        writes.push((m, at + col, buf::copy_of(good)));
+                        out.repaired += 1;
+                    }
+                }
+                Column::Unlocatable => {
+                    out.mismatches += 1;
+                    let end = (col + COLUMN as u64).min(len);
+                    let fix: Vec<(usize, u64, IoBuf)> = if parity {
+                        // md's repair: parity recomputed from the data.
+                        let data: Vec<&[u8]> = bufs[..k]
+                            .iter()
+                            .map(|b| &b[col as usize..end as usize])
+                            .collect();
+                        let mut p: Vec<IoBuf> = (0..g.parity())
+                            .map(|_| buf::alloc((end - col) as usize))
+                            .collect();
+                        {
+                            let mut outp: Vec<&mut [u8]> =
+                                p.iter_mut().map(|b| &mut b[..]).collect();
+                            self.codec
+                                .as_ref()
+                                .expect("parity codec")
+                                .encode(&data, &mut outp);
+                        }
+                        p.into_iter()
+                            .enumerate()
+                            .map(|(j, b)| (chunks[k + j].0, chunks[k + j].1 + col, b))
+                            .collect()
+                    } else {
+                        chunks[1..]
+                            .iter()
+                            .map(|&(m, at)| {
+                                (
+                                    m,
+                                    at + col,
+                                    buf::copy_of(&bufs[0][col as usize..end as usize]),
+                                )
+                            })
+                            .collect()
+                    };
+                    tracing::warn!(
+                        target: "uraid_engine::recovery",
+                        "scrub: unit {unit}: data offset {}: {} disagree and no single member \
+                         explains it ({}){}",
+                        chunks[0].1 + col,
+                        if parity { "parity and data" } else { "mirror copies" },
+                        if parity && g.parity() < 2 {
+                            "one parity cannot say which chunk is wrong"
+                        } else if !parity && chunks.len() < 3 {
+                            "two copies cannot say which is wrong"
+                        } else {
+                            "more than one chunk differs"
+                        },
+                        match (mode, parity) {
+                            (ScrubMode::Check, _) => "",
+                            (ScrubMode::Repair, true) => "; parity recomputed from the data",
+                            (ScrubMode::Repair, false) => "; the first copy written over the others",
+                        }
+                    );
+                    if mode == ScrubMode::Repair {
+                        writes.extend(fix);
+                        out.repaired += 1;
+                    }
+                }
+            }
+        }
+        if !writes.is_empty() {
+            self.write_members(writes).await;
+            self.check_serving()?;
+        }
+        Ok(out)
+    }
+}
