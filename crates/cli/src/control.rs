@@ -6,10 +6,12 @@
 //! once), with read and write timeouts. Nothing here touches the reactors: status and
 //! metrics are read from atomics the data path updates (`uraid_engine::metrics`).
 //!
-//! Endpoints (all GET; docs/control.md has the schema):
-//! * `/status`: the array, its members, exports, connections, requests (JSON, versioned);
-//! * `/metrics`: Prometheus text format 0.0.4;
-//! * `/events[?since=N]`: the event ring (`events.rs`), JSON.
+//! Endpoints (docs/control.md has the schema):
+//! * `GET /status`: the array, its members, exports, connections, requests (JSON, versioned);
+//! * `GET /metrics`: Prometheus text format 0.0.4;
+//! * `GET /events[?since=N]`: the event ring (`events.rs`), JSON;
+//! * `POST /scrub[?mode=check|repair]`, `POST /scrub/pause|resume|cancel`,
+//!   `POST /fail?member=N[&force=1]`: operator commands (`jobs.rs`), on the Unix socket only.
 
 use crate::events::Events;
 use anyhow::{bail, Context, Result};
@@ -38,6 +40,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the control socket reports on.
 pub struct State {
+    pub jobs: Arc<crate::jobs::Jobs>,
     pub volume: Arc<Volume<FileDev>>,
     pub server: Arc<Server<FileDev>>,
     pub members: Vec<Option<PathBuf>>,
@@ -332,11 +335,13 @@ impl Response {
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
+        202 => "Accepted",
         400 => "Bad Request",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        409 => "Conflict",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
         _ => "Error",
@@ -443,16 +448,89 @@ fn write_response(s: &mut dyn Write, r: &Response) -> std::io::Result<()> {
         reason(r.status),
         r.content_type,
         r.body.len(),
-        if r.status == 405 { "Allow: GET\r\n" } else { "" }
+        if r.status == 405 { "Allow: GET, POST\r\n" } else { "" }
     );
     s.write_all(head.as_bytes())?;
     s.write_all(r.body.as_bytes())?;
     s.flush()
 }
 
+/// `key=value` pairs of a query string; an unknown key or a repeated one is an error.
+fn query<'a>(q: &'a str, known: &[&str]) -> Result<Vec<(&'a str, &'a str)>, Response> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for kv in q.split('&').filter(|s| !s.is_empty()) {
+        match kv.split_once('=') {
+            Some((k, v)) if known.contains(&k) && !out.iter().any(|(x, _)| *x == k) => {
+                out.push((k, v))
+            }
+            _ => return Err(Response::error(400, &format!("unknown parameter {kv:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+/// An operator command (`POST`, Unix socket only): 202 with a message, or the refusal.
+fn command(state: &State, h: &Head) -> Response {
+    let done = |r: Result<String, crate::jobs::Refusal>| match r {
+        Ok(msg) => Response::json(202, &json!({ "ok": true, "message": msg })),
+        Err((status, msg)) => Response::error(status, &msg),
+    };
+    match h.path.as_str() {
+        "/scrub" => {
+            let q = match query(&h.query, &["mode"]) {
+                Ok(q) => q,
+                Err(r) => return r,
+            };
+            let mode = match q.first().map(|x| x.1) {
+                None | Some("check") => uraid_engine::ScrubMode::Check,
+                Some("repair") => uraid_engine::ScrubMode::Repair,
+                Some(m) => return Response::error(400, &format!("mode {m:?}: check or repair")),
+            };
+            done(state.jobs.start_scrub(mode))
+        }
+        "/scrub/pause" | "/scrub/resume" | "/scrub/cancel" => {
+            if !h.query.is_empty() {
+                return Response::error(400, "no parameters");
+            }
+            done(state.jobs.scrub_command(&h.path["/scrub/".len()..]))
+        }
+        "/fail" => {
+            let q = match query(&h.query, &["member", "force"]) {
+                Ok(q) => q,
+                Err(r) => return r,
+            };
+            let member = match q
+                .iter()
+                .find(|x| x.0 == "member")
+                .map(|x| x.1.parse::<usize>())
+            {
+                Some(Ok(m)) => m,
+                _ => return Response::error(400, "member=N is required"),
+            };
+            let force = match q.iter().find(|x| x.0 == "force").map(|x| x.1) {
+                None | Some("0") => false,
+                Some("1") => true,
+                Some(v) => return Response::error(400, &format!("force={v}: 0 or 1")),
+            };
+            done(state.jobs.fail(member, force))
+        }
+        _ => Response::error(404, "no such command"),
+    }
+}
+
 fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
+    if h.method == "POST" && !metrics_only {
+        return command(state, h);
+    }
     if h.method != "GET" {
-        return Response::error(405, "only GET is supported");
+        return Response::error(
+            405,
+            if metrics_only {
+                "this listener serves GET /metrics only"
+            } else {
+                "GET and POST only"
+            },
+        );
     }
     if metrics_only && h.path != "/metrics" {
         return Response::error(
@@ -485,7 +563,13 @@ fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
         }
         "/" => Response::json(
             200,
-            &json!({ "endpoints": ["/status", "/metrics", "/events?since=N"] }),
+            &json!({
+                "endpoints": ["/status", "/metrics", "/events?since=N"],
+                "commands": [
+                    "POST /scrub?mode=check|repair", "POST /scrub/pause", "POST /scrub/resume",
+                    "POST /scrub/cancel", "POST /fail?member=N&force=0|1"
+                ],
+            }),
         ),
         _ => Response::error(404, "no such endpoint"),
     }
@@ -619,6 +703,7 @@ pub fn status(state: &State) -> Value {
             "set_rounds": a.bitmap_rounds().0, "clear_rounds": a.bitmap_rounds().1,
         },
         "unsynced_stripes_refused": a.unsynced_stripes_refused(),
+        "scrub": scrub_json(a),
         "journal": a.journal_status().map(|j| json!({
             "device": j.device, "mode": j.mode, "state": j.state,
             "log_bytes": j.log_bytes, "used_bytes": j.used_bytes,
@@ -664,7 +749,39 @@ fn background(a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
     if !a.rebuild_state().is_empty() {
         out.push(one(a.rebuild_progress()));
     }
+    let (mode, r, v, paused) = a.scrub_state();
+    if let (Some(mode), true) = (mode, v.running) {
+        let mut e = one(v);
+        e["op"] = json!(mode.name());
+        e["state"] = json!(if paused { "paused" } else { "running" });
+        e["mismatches"] = json!(r.mismatches);
+        e["located"] = json!(r.located);
+        out.push(e);
+    }
     out
+}
+
+/// The last (or running) scrub: mode, state and what it found.
+fn scrub_json(a: &uraid_engine::Array<FileDev>) -> Value {
+    let (mode, r, v, paused) = a.scrub_state();
+    let Some(mode) = mode else {
+        return json!({ "state": "never" });
+    };
+    json!({
+        "mode": mode.name(),
+        "state": match (v.running, paused, v.done >= v.total) {
+            (true, true, _) => "paused",
+            (true, false, _) => "running",
+            (false, _, true) => "finished",
+            (false, _, false) => "stopped",
+        },
+        "progress": v.fraction,
+        "units": r.units,
+        "mismatches": r.mismatches,
+        "located": r.located,
+        "repaired": r.repaired,
+        "unreadable": r.unreadable,
+    })
 }
 
 // ---------------------------------------------------------------- metrics
@@ -897,6 +1014,34 @@ pub fn metrics(state: &State) -> String {
             bv.fraction,
         );
     }
+    let (smode, sr, sv, _) = a.scrub_state();
+    if let (Some(m), true) = (smode, sv.running) {
+        p.sample(
+            "uraid_background_progress_ratio",
+            &[arr(), ("op", m.name().to_string())],
+            sv.fraction,
+        );
+    }
+    for (name, help, v) in [
+        (
+            "uraid_scrub_mismatches",
+            "4 KiB columns whose redundancy disagreed in the last (or running) scrub.",
+            sr.mismatches,
+        ),
+        (
+            "uraid_scrub_located",
+            "Of those, columns whose bad chunk was located (member named in the events).",
+            sr.located,
+        ),
+        (
+            "uraid_scrub_repaired",
+            "Columns the last (or running) scrub repair rewrote.",
+            sr.repaired,
+        ),
+    ] {
+        p.family(name, "gauge", help);
+        p.sample(name, &[arr()], v);
+    }
     let (bc, _, dirty) = a.bitmap_state();
     if bc > 0 {
         p.family(
@@ -1021,12 +1166,18 @@ pub fn metrics(state: &State) -> String {
 
 /// GETs `path` from the control socket at `sock`: the status code and body.
 pub fn get(sock: &Path, path: &str) -> Result<(u16, String)> {
+    request(sock, "GET", path)
+}
+
+/// Sends a body-less `method` request for `path` to the control socket at `sock`.
+pub fn request(sock: &Path, method: &str, path: &str) -> Result<(u16, String)> {
     let mut s = UnixStream::connect(sock)
         .with_context(|| format!("cannot connect to {}", sock.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // A member failure waits for a superblock round (member timeouts apply).
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: uraid\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: uraid\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
@@ -1038,6 +1189,17 @@ pub fn get(sock: &Path, path: &str) -> Result<(u16, String)> {
     };
     let code = resp.code.unwrap_or(0);
     Ok((code, String::from_utf8_lossy(&buf[n..]).into_owned()))
+}
+
+/// POSTs an operator command; the server's message, or its refusal as an error.
+pub fn post(sock: &Path, path: &str) -> Result<String> {
+    let (code, body) = request(sock, "POST", path)?;
+    let v: Value = serde_json::from_str(&body)
+        .with_context(|| format!("{}: response is not JSON", sock.display()))?;
+    if code != 202 {
+        bail!("{}", v["error"].as_str().unwrap_or("?"));
+    }
+    Ok(v["message"].as_str().unwrap_or("done").to_string())
 }
 
 /// GETs a JSON document; non-200 is an error carrying the server's message.
@@ -1058,6 +1220,21 @@ pub fn get_json(sock: &Path, path: &str) -> Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_queries_refuse_unknown_repeated_and_malformed_parameters() {
+        assert_eq!(query("", &["mode"]).ok().unwrap(), vec![]);
+        assert_eq!(
+            query("member=3&force=1", &["member", "force"])
+                .ok()
+                .unwrap(),
+            vec![("member", "3"), ("force", "1")]
+        );
+        // No '=', unknown key, repeated key, empty key, a key known elsewhere only.
+        for bad in ["mode", "x=1", "mode=a&mode=b", "=", "&&mode", "member=1&"] {
+            assert!(query(bad, &["mode"]).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn label_values_are_escaped() {

@@ -4,6 +4,7 @@ mod bench;
 mod client;
 mod control;
 mod events;
+mod jobs;
 mod serve;
 mod size;
 
@@ -85,6 +86,37 @@ enum Cmd {
         dev: PathBuf,
         /// The array's members (the embedded default volume when none are given).
         members: Vec<PathBuf>,
+    },
+    /// Verify every stripe's redundancy (md's check), or fix it with --repair: with two or
+    /// more parities (or three mirror copies) a corrupt chunk is located and its member and
+    /// offset reported. On a running server (through its control socket) it runs in the
+    /// background (progress in `uraid status`; --wait to wait for it); on a stopped array
+    /// it runs here. --pause, --resume and --cancel act on a running server's scrub.
+    Scrub {
+        #[command(flatten)]
+        target: Target,
+        /// Rewrite what does not match (located chunks; otherwise parity from the data).
+        #[arg(long)]
+        repair: bool,
+        #[arg(long, conflicts_with_all = ["resume", "cancel", "repair"])]
+        pause: bool,
+        #[arg(long, conflicts_with_all = ["cancel", "repair"])]
+        resume: bool,
+        #[arg(long, conflicts_with = "repair")]
+        cancel: bool,
+        /// On a running server: wait until the scrub ends and print what it found.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Mark member INDEX failed (mdadm --fail): on a running server through its control
+    /// socket, else in the superblocks of the stopped array. Refused when the array could
+    /// not survive it, and without --force when it would leave no redundancy.
+    Fail {
+        index: usize,
+        #[arg(short, long)]
+        force: bool,
+        #[command(flatten)]
+        target: Target,
     },
     /// Add a journal device to a stopped array, or remove it (mdadm --add-journal).
     Journal {
@@ -213,6 +245,117 @@ fn target_members(t: &Target) -> Result<(Vec<PathBuf>, bool)> {
     } else {
         Ok((t.members.clone(), false))
     }
+}
+
+/// The control socket of a running server of `plan`'s array, if one answers.
+fn live_socket(plan: &Plan, t: &Target, embedded: bool) -> Result<Option<PathBuf>> {
+    let Some(sock) = client::socket_for(plan, t.control.as_deref(), embedded)? else {
+        return Ok(None);
+    };
+    Ok(client::live_status(plan, &sock)?.map(|_| sock))
+}
+
+fn scrub_cmd(
+    t: &Target,
+    repair: bool,
+    pause: bool,
+    resume: bool,
+    cancel: bool,
+    wait: bool,
+) -> Result<()> {
+    let (members, embedded) = target_members(t)?;
+    let plan = assemble::plan(&members)?;
+    let mode = if repair {
+        uraid_engine::ScrubMode::Repair
+    } else {
+        uraid_engine::ScrubMode::Check
+    };
+    let Some(sock) = live_socket(&plan, t, embedded)? else {
+        if pause || resume || cancel {
+            bail!(
+                "no running server of array '{}' to pause, resume or cancel a scrub on",
+                plan.sb.name
+            );
+        }
+        return scrub_offline(&plan, mode);
+    };
+    let path = match (pause, resume, cancel) {
+        (true, _, _) => "/scrub/pause".to_string(),
+        (_, true, _) => "/scrub/resume".to_string(),
+        (_, _, true) => "/scrub/cancel".to_string(),
+        _ => format!("/scrub?mode={}", mode.name()),
+    };
+    let msg = control::post(&sock, &path)?;
+    println!("uraid: {msg} (server at {})", sock.display());
+    if wait {
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let v = control::get_json(&sock, "/status")?;
+            let s = &v["scrub"];
+            if s["state"] != "running" && s["state"] != "paused" {
+                println!(
+                    "uraid: scrub ({}) {}: {} units, {} mismatched column(s), {} located, {} \
+                     repaired, {} unreadable (the events name members and offsets)",
+                    s["mode"].as_str().unwrap_or("?"),
+                    s["state"].as_str().unwrap_or("?"),
+                    s["units"],
+                    s["mismatches"],
+                    s["located"],
+                    s["repaired"],
+                    s["unreadable"]
+                );
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Scrub of a stopped array, in this process (messages on stderr as they are found).
+fn scrub_offline(plan: &Plan, mode: uraid_engine::ScrubMode) -> Result<()> {
+    plan.can_start()?;
+    let missing = plan.missing();
+    if !missing.is_empty() {
+        bail!(
+            "array '{}' is degraded (member(s) {missing:?} missing, failed or rebuilding): scrub \
+             needs every member",
+            plan.sb.name
+        );
+    }
+    let rt = uraid_engine::Runtime::new(
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        256,
+        true,
+    )?;
+    let vol = assemble::open_volume(
+        plan,
+        Some(rt.handle()),
+        uraid_engine::ArrayOptions::default(),
+    )?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let limits = uraid_engine::ResyncLimits {
+        min_bytes_per_second: 0,
+        max_bytes_per_second: 0,
+    };
+    let r = futures::executor::block_on(vol.array().scrub_run(mode, limits, &stop));
+    let v = vol.clone();
+    let closed = rt
+        .handle()
+        .block_on(0, move || async move { v.close().await });
+    let r = r.map_err(|e| anyhow::anyhow!("scrub: {e}"))?;
+    closed.map_err(|e| anyhow::anyhow!("closing the array: {e}"))?;
+    println!(
+        "uraid: scrub ({}) of array '{}': {} units, {} mismatched column(s), {} located, {} \
+         repaired, {} unreadable",
+        mode.name(),
+        plan.sb.name,
+        r.units,
+        r.mismatches,
+        r.located,
+        r.repaired,
+        r.unreadable
+    );
+    Ok(())
 }
 
 fn status_cmd(a: &StatusArgs, detail: bool) -> Result<()> {
@@ -344,6 +487,39 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             Ok(())
         }
         Cmd::Status(a) => status_cmd(&a, false),
+        Cmd::Scrub {
+            target,
+            repair,
+            pause,
+            resume,
+            cancel,
+            wait,
+        } => scrub_cmd(&target, repair, pause, resume, cancel, wait),
+        Cmd::Fail {
+            index,
+            force,
+            target,
+        } => {
+            let (members, embedded) = target_members(&target)?;
+            let plan = assemble::plan(&members)?;
+            match live_socket(&plan, &target, embedded)? {
+                Some(sock) => {
+                    let msg = control::post(
+                        &sock,
+                        &format!("/fail?member={index}&force={}", u8::from(force)),
+                    )?;
+                    println!("uraid: {msg} (server at {})", sock.display());
+                }
+                None => {
+                    let sb = assemble::fail_member(&plan, index, force)?;
+                    println!(
+                        "uraid: member {index} of array '{}' marked failed (events {})",
+                        sb.name, sb.events
+                    );
+                }
+            }
+            Ok(())
+        }
         Cmd::Detail(a) => status_cmd(&a, true),
         Cmd::Watch {
             target,

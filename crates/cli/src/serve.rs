@@ -273,7 +273,16 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     for l in &listeners {
         println!("uraid: listening on {}", uri(l, &export));
     }
+    let jobs = Arc::new(crate::jobs::Jobs::new(
+        array.clone(),
+        ResyncLimits {
+            min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
+            max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
+        },
+        args.read_only,
+    ));
     let state = Arc::new(control::State {
+        jobs: jobs.clone(),
         volume: array.clone(),
         server: server.clone(),
         members: plan.slots.clone(),
@@ -416,6 +425,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     eprintln!("uraid: {name} received: finishing in-flight requests");
     tracing::info!(target: "uraid::serve", "{name} received: stopping");
     ctl.stop();
+    jobs.stop();
     resync_stop.store(true, Ordering::Release);
     for t in [resync, rebuild, bitmap_daemon].into_iter().flatten() {
         let _ = t.join();

@@ -728,3 +728,119 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
     qemu_io(&srv.uri(), &want);
     srv.stop();
 }
+
+/// md's check/repair with raid6check's locating, on a running server: a corruption planted
+/// in a member file behind the server's back is found, its member and offset named (events,
+/// status, metrics), repaired, and a second check is clean; a slow scrub is paused, resumed
+/// and cancelled; `uraid fail` marks a member failed online and refuses to spend the last
+/// redundancy without --force; a degraded array cannot be scrubbed (nothing to check
+/// against), offline either.
+#[test]
+fn scrub_names_a_planted_corruption_and_repairs_it() {
+    let dir = tmp("scrub");
+    let m = create(&dir);
+    let ms: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
+    let with = |args: &[&str], ctl: &Path| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.push(format!("--control=unix:{}", ctl.display()));
+        v.extend(ms.iter().cloned());
+        v
+    };
+    let run_uraid = |v: Vec<String>| uraid(&v.iter().map(String::as_str).collect::<Vec<_>>(), &dir);
+    let srv = Srv::start(&dir, &m);
+    qemu_io(&srv.uri(), &pattern_cmds(16, 7, "write"));
+    // 40 bytes of member 4's data area at offset 70000 change behind the server's back.
+    let at = (1u64 << 20) + 70000;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&m[4]).unwrap();
+        f.write_all_at(&[0xA5; 40], at).unwrap();
+    }
+    let out = ok(&run_uraid(with(&["scrub", "--wait"], &srv.ctl)));
+    assert!(
+        out.contains("1 mismatched column(s), 1 located, 0 repaired"),
+        "{out}"
+    );
+    let ev = curl(&[
+        "--unix-socket",
+        &srv.ctl.display().to_string(),
+        "http://uraid/events",
+    ]);
+    assert!(
+        ev.contains(&format!(
+            "member 4 ({}) data offset 70000: 40 byte(s)",
+            m[4].display()
+        )),
+        "the events name the member, offset and bytes: {ev}"
+    );
+    let j = status_json(&srv);
+    assert_eq!(j["scrub"]["located"], 1, "{j}");
+    assert_eq!(j["scrub"]["state"], "finished", "{j}");
+    let text = curl(&[&srv.metrics]);
+    assert_eq!(sample(&text, "uraid_scrub_located{array=\"vol\"}"), 1.0);
+    let out = ok(&run_uraid(with(&["scrub", "--repair", "--wait"], &srv.ctl)));
+    assert!(out.contains("1 located, 1 repaired"), "{out}");
+    let out = ok(&run_uraid(with(&["scrub", "--wait"], &srv.ctl)));
+    assert!(out.contains("0 mismatched column(s)"), "{out}");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(&m[4]).unwrap();
+        let mut b = [0u8; 40];
+        f.read_exact_at(&mut b, at).unwrap();
+        assert!(b != [0xA5; 40], "repaired on the member");
+    }
+    srv.stop();
+    // Offline (no server): the scrub runs in the command itself.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&m[0]).unwrap();
+        f.write_all_at(&[0x3C; 8], (1u64 << 20) + 5000).unwrap();
+    }
+    let none = dir.join("none.sock");
+    let out = ok(&run_uraid(with(&["scrub", "--repair"], &none)));
+    assert!(
+        out.contains("1 mismatched column(s), 1 located, 1 repaired"),
+        "{out}"
+    );
+    let out = ok(&run_uraid(with(&["scrub"], &none)));
+    assert!(out.contains("0 mismatched column(s)"), "{out}");
+
+    // Slow (1 MiB/s): caught running, paused, resumed, cancelled.
+    let srv = Srv::start_with(&dir, &m, &["--resync-max", "1", "--resync-min", "1"]);
+    ok(&run_uraid(with(&["scrub"], &srv.ctl)));
+    let again = one_line_error(&run_uraid(with(&["scrub"], &srv.ctl)));
+    assert!(again.contains("a scrub is running"), "{again}");
+    ok(&run_uraid(with(&["scrub", "--pause"], &srv.ctl)));
+    assert_eq!(status_json(&srv)["scrub"]["state"], "paused");
+    ok(&run_uraid(with(&["scrub", "--resume"], &srv.ctl)));
+    assert_eq!(status_json(&srv)["scrub"]["state"], "running");
+    ok(&run_uraid(with(&["scrub", "--cancel"], &srv.ctl)));
+    let t0 = Instant::now();
+    while status_json(&srv)["scrub"]["state"] == "running" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "cancel took effect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(status_json(&srv)["scrub"]["state"], "stopped");
+
+    // fail: online, the last redundancy needs --force, and scrub is refused degraded.
+    let out = ok(&run_uraid(with(&["fail", "1"], &srv.ctl)));
+    assert!(out.contains("member 1 marked failed"), "{out}");
+    let j = status_json(&srv);
+    assert_eq!(j["slots"][1]["state"], "failed", "{j}");
+    let e = one_line_error(&run_uraid(with(&["fail", "2"], &srv.ctl)));
+    assert!(e.contains("without redundancy; pass --force"), "{e}");
+    let e = one_line_error(&run_uraid(with(&["scrub"], &srv.ctl)));
+    assert!(e.contains("degraded"), "{e}");
+    srv.stop();
+    let e = one_line_error(&run_uraid(with(&["scrub"], &dir.join("none.sock"))));
+    assert!(e.contains("is degraded"), "offline too: {e}");
+    qemu_io_check_offline(&dir, &m);
+}
+
+/// An offline check of the stopped array (members 0 and 2..5; member 1 failed) still reads
+/// the patterns: the repairs and the failure kept the data.
+fn qemu_io_check_offline(dir: &Path, m: &[PathBuf]) {
+    let srv = Srv::start(dir, m);
+    qemu_io(&srv.uri(), &pattern_cmds(16, 7, "read"));
+    srv.stop();
+}

@@ -390,6 +390,28 @@ impl Geometry {
         self.can_serve(lost.bits())
     }
 
+    /// Whether an operator may fail member `i` when the members in `lost` are already lost
+    /// (missing, failed or being rebuilt): never when the array could not survive it, and
+    /// without `force` not when it would leave no redundancy. The refusal says why.
+    pub fn check_fail(&self, lost: crate::MemberSet, i: usize, force: bool) -> Result<(), String> {
+        let after = lost.with(i);
+        if !self.survives(after) {
+            return Err(format!(
+                "failing member {i} would fail the array ({} of {} members lost, {} tolerates {})",
+                after.len(),
+                self.members,
+                self.level,
+                self.fault_tolerance()
+            ));
+        }
+        if after.len() >= self.fault_tolerance() && !force {
+            return Err(format!(
+                "failing member {i} would leave the array without redundancy; pass --force"
+            ));
+        }
+        Ok(())
+    }
+
     pub fn can_serve(&self, failed: u64) -> bool {
         let lost = failed.count_ones() as usize;
         match self.level {

@@ -31,6 +31,8 @@ pub enum Column {
         shard: usize,
         good: Vec<u8>,
         bytes: usize,
+        /// Offset in the column of the first byte that differs.
+        first: usize,
     },
     /// Parity disagrees and no single shard explains it.
     Unlocatable,
@@ -61,8 +63,11 @@ fn encode(codec: &Codec, data: &[&[u8]]) -> Vec<Vec<u8>> {
     parity
 }
 
-fn differing(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).filter(|(x, y)| x != y).count()
+/// How many bytes differ, and where the first one is.
+fn differing(a: &[u8], b: &[u8]) -> (usize, usize) {
+    let n = a.iter().zip(b).filter(|(x, y)| x != y).count();
+    let first = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0);
+    (n, first)
 }
 
 fn check_column(codec: &Codec, col: &[&[u8]]) -> Column {
@@ -107,11 +112,15 @@ fn check_column(codec: &Codec, col: &[&[u8]]) -> Column {
         }
     }
     match found {
-        Some((shard, good)) => Column::Located {
-            shard,
-            bytes: differing(&good, col[shard]),
-            good,
-        },
+        Some((shard, good)) => {
+            let (bytes, first) = differing(&good, col[shard]);
+            Column::Located {
+                shard,
+                bytes,
+                first,
+                good,
+            }
+        }
         None => Column::Unlocatable,
     }
 }
@@ -138,9 +147,11 @@ pub fn check_copies(copies: &[&[u8]]) -> Vec<Column> {
             match odd[..] {
                 [i] if col.len() >= 3 => {
                     let good = col[(i + 1) % col.len()].to_vec();
+                    let (bytes, first) = differing(&good, col[i]);
                     Column::Located {
                         shard: i,
-                        bytes: differing(&good, col[i]),
+                        bytes,
+                        first,
                         good,
                     }
                 }
@@ -238,6 +249,7 @@ mod tests {
                         shard,
                         good: good[shard][col * COLUMN..(col + 1) * COLUMN].to_vec(),
                         bytes: end - pos,
+                        first: pos,
                     });
                 } else {
                     prop_assert_eq!(x, &Column::Consistent);
@@ -255,7 +267,7 @@ mod tests {
             let refs: Vec<&[u8]> = copies.iter().map(|c| &c[..]).collect();
             let v = check_copies(&refs);
             if n >= 3 {
-                prop_assert_eq!(&v[0], &Column::Located { shard: i, good, bytes: 1 });
+                prop_assert_eq!(&v[0], &Column::Located { shard: i, good, bytes: 1, first: pos });
             } else {
                 prop_assert_eq!(&v[0], &Column::Unlocatable);
             }

@@ -72,6 +72,8 @@ pub enum AssembleError {
     Journal(String),
     #[error("cannot add {path}: {why}")]
     AddRefused { path: String, why: String },
+    #[error("{0}")]
+    Refused(String),
     #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
     TooManyMissing {
         level: Level,
@@ -767,6 +769,30 @@ pub fn add_member(
     }
     f.sync_all().map_err(io_err(path))?;
     Ok((slot, sb))
+}
+
+/// Marks member `i` of a stopped array failed in the superblocks (`uraid fail`, mdadm
+/// --fail). Refused: an unknown, missing or already failed member, one the array cannot
+/// lose, and without `force` one that would leave no redundancy.
+pub fn fail_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, AssembleError> {
+    let g = plan.sb.geometry;
+    let refuse = AssembleError::Refused;
+    if i >= g.members {
+        return Err(refuse(format!(
+            "no member {i}: the array has {}",
+            g.members
+        )));
+    }
+    let missing = plan.missing();
+    if missing.contains(&i) && !plan.sb.is_rebuilding(i) {
+        return Err(refuse(format!("member {i} is already failed or missing")));
+    }
+    let lost: uraid_core::MemberSet = missing.into_iter().filter(|&x| x != i).collect();
+    g.check_fail(lost, i, force).map_err(refuse)?;
+    rewrite_superblocks(plan, None, |sb| {
+        sb.states[i] = MemberState::Failed;
+        sb.rebuilt[i] = 0;
+    })
 }
 
 /// "N regions dirty: volume bytes a..b, c..d, ..." (the first few ranges).

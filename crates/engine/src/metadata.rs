@@ -112,6 +112,30 @@ impl<D: BlockDev> Array<D> {
         self.failure_barrier().await;
     }
 
+    /// Fails member `i` on the operator's request (`uraid fail`, mdadm --fail), durably.
+    /// Refused: an unknown or already failed member, one whose loss the array cannot
+    /// survive, and, without `force`, one that would leave no redundancy.
+    pub async fn fail_by_operator(
+        self: &std::sync::Arc<Self>,
+        i: usize,
+        force: bool,
+    ) -> Result<(), String> {
+        let g = self.geo;
+        if i >= g.members {
+            return Err(format!("no member {i}: the array has {}", g.members));
+        }
+        if self.members.is_failed(i) {
+            return Err(format!("member {i} is already failed or missing"));
+        }
+        g.check_fail(self.members.degraded(), i, force)?;
+        self.on_reactor(move |a| async move {
+            a.fail_member(i, &io::Error::other("failed by the operator"))
+                .await
+        })
+        .await
+        .ok_or_else(|| "the server is stopping".to_string())
+    }
+
     /// Waits until every failure known now is recorded in the superblocks of the survivors.
     /// Cheap when nothing failed since the last round (two atomic loads).
     pub(crate) async fn failure_barrier(&self) {

@@ -311,16 +311,21 @@ impl<D: BlockDev> Array<D> {
             let col = (c * COLUMN) as u64;
             match v {
                 Column::Consistent => {}
-                Column::Located { shard, good, bytes } => {
+                Column::Located {
+                    shard,
+                    good,
+                    bytes,
+                    first,
+                } => {
                     out.mismatches += 1;
                     out.located += 1;
                     let (m, at) = chunks[*shard];
                     tracing::warn!(
                         target: "uraid_engine::recovery",
                         "scrub: unit {unit}: member {m} ({}) data offset {}: {bytes} byte(s) \
-                         differ from what the {} say{}",
+                         in the 4 KiB from there differ from what the {} say{}",
                         self.members.name(m).unwrap_or("?"),
-                        at + col,
+                        at + col + *first as u64,
                         if parity { "other chunks and the parity" } else { "other copies" },
                         if mode == ScrubMode::Repair { "; rewritten" } else { "" }
                     );

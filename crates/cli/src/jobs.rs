@@ -1,0 +1,120 @@
+//! Operator commands a running server carries out for the control socket (`POST`):
+//! scrub start/pause/resume/cancel and failing a member. Each runs off the control
+//! connection's thread: a scrub on its own thread (like resync and rebuild), a member
+//! failure on a reactor (its superblock round gets member timeouts).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use uraid_engine::{FileDev, ResyncLimits, ScrubMode, Volume};
+
+/// A command's refusal: HTTP status and message.
+pub type Refusal = (u16, String);
+
+pub struct Jobs {
+    volume: Arc<Volume<FileDev>>,
+    limits: ResyncLimits,
+    read_only: bool,
+    scrub: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
+}
+
+impl Jobs {
+    pub fn new(volume: Arc<Volume<FileDev>>, limits: ResyncLimits, read_only: bool) -> Jobs {
+        Jobs {
+            volume,
+            limits,
+            read_only,
+            scrub: Mutex::new(None),
+        }
+    }
+
+    fn scrub_slot(&self) -> std::sync::MutexGuard<'_, Option<(Arc<AtomicBool>, JoinHandle<()>)>> {
+        self.scrub.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a scrub in `mode`. Refused while one runs, on a degraded array, and (repair)
+    /// on a read-only server.
+    pub fn start_scrub(&self, mode: ScrubMode) -> Result<String, Refusal> {
+        if mode == ScrubMode::Repair && self.read_only {
+            return Err((409, "the server is read-only: scrub repair writes".into()));
+        }
+        let a = self.volume.array();
+        let degraded = a.failed().union(
+            a.rebuild_state()
+                .iter()
+                .map(|r| r.0)
+                .collect::<uraid_core::MemberSet>(),
+        );
+        if !degraded.is_empty() {
+            return Err((
+                409,
+                format!(
+                    "the array is degraded (member(s) {degraded} missing, failed or rebuilding): \
+                     scrub needs every member"
+                ),
+            ));
+        }
+        let mut slot = self.scrub_slot();
+        if slot.as_ref().is_some_and(|(_, t)| !t.is_finished()) {
+            return Err((
+                409,
+                "a scrub is running: pause, resume or cancel it, or wait for it".into(),
+            ));
+        }
+        if let Some((_, t)) = slot.take() {
+            let _ = t.join();
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (vol, st, limits) = (self.volume.clone(), stop.clone(), self.limits);
+        let t = std::thread::Builder::new()
+            .name("uraid-scrub".into())
+            .spawn(move || {
+                let _ = futures::executor::block_on(vol.array().scrub_run(mode, limits, &st));
+            })
+            .map_err(|e| (500, format!("starting the scrub thread: {e}")))?;
+        *slot = Some((stop, t));
+        Ok(format!("scrub ({}) started", mode.name()))
+    }
+
+    /// Pauses, resumes or cancels the running scrub.
+    pub fn scrub_command(&self, cmd: &str) -> Result<String, Refusal> {
+        let slot = self.scrub_slot();
+        let Some((stop, t)) = slot.as_ref().filter(|(_, t)| !t.is_finished()) else {
+            return Err((409, "no scrub is running".into()));
+        };
+        let _ = t;
+        let a = self.volume.array();
+        match cmd {
+            "pause" => a.scrub_pause(true),
+            "resume" => a.scrub_pause(false),
+            "cancel" => {
+                stop.store(true, Ordering::Release);
+                a.scrub_pause(false);
+            }
+            _ => return Err((404, format!("no scrub command {cmd:?}"))),
+        }
+        Ok(format!("scrub {cmd}: done"))
+    }
+
+    /// Fails member `i` (mdadm --fail).
+    pub fn fail(&self, i: usize, force: bool) -> Result<String, Refusal> {
+        if self.read_only {
+            return Err((
+                409,
+                "the server is read-only: failing a member writes".into(),
+            ));
+        }
+        let a = self.volume.array().clone();
+        futures::executor::block_on(a.fail_by_operator(i, force)).map_err(|e| (409, e))?;
+        Ok(format!("member {i} marked failed"))
+    }
+
+    /// Stops a running scrub and waits for it (server shutdown).
+    pub fn stop(&self) {
+        if let Some((stop, t)) = self.scrub_slot().take() {
+            stop.store(true, Ordering::Release);
+            self.volume.array().scrub_pause(false);
+            let _ = t.join();
+        }
+    }
+}
