@@ -3,8 +3,9 @@
 //! optional TCP listener that serves only `/metrics` to Prometheus.
 //!
 //! One accept thread; each connection gets a short-lived thread (at most `MAX_CLIENTS` at
-//! once), with read and write timeouts. Nothing here touches the reactors: status and
-//! metrics are read from atomics the data path updates (`uraid_engine::metrics`).
+//! once), with read and write timeouts. Status and metrics never touch the reactors: they
+//! are read from atomics the data path updates (`uraid_engine::metrics`); only `POST /fail`
+//! waits for one (its superblock round runs there, with member timeouts).
 //!
 //! Endpoints (docs/control.md has the schema):
 //! * `GET /status`: the array, its members, exports, connections, requests (JSON, versioned);
@@ -342,6 +343,7 @@ fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         409 => "Conflict",
+        500 => "Internal Server Error",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
         _ => "Error",
@@ -441,14 +443,18 @@ fn read_head(s: &mut dyn ReadWrite, deadline: Instant) -> Result<Head, Response>
 }
 
 fn write_response(s: &mut dyn Write, r: &Response) -> std::io::Result<()> {
-    let head =
-        format!(
+    let head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
         r.status,
         reason(r.status),
         r.content_type,
         r.body.len(),
-        if r.status == 405 { "Allow: GET, POST\r\n" } else { "" }
+        match r.status {
+            // The metrics listener takes GET only; the control socket GET and POST.
+            405 if r.body.contains("/metrics only") => "Allow: GET\r\n",
+            405 => "Allow: GET, POST\r\n",
+            _ => "",
+        }
     );
     s.write_all(head.as_bytes())?;
     s.write_all(r.body.as_bytes())?;
@@ -513,6 +519,9 @@ fn command(state: &State, h: &Head) -> Response {
                 Some(v) => return Response::error(400, &format!("force={v}: 0 or 1")),
             };
             done(state.jobs.fail(member, force))
+        }
+        "/status" | "/metrics" | "/events" | "/" => {
+            Response::error(405, "a report: GET it (POST is for commands)")
         }
         _ => Response::error(404, "no such command"),
     }

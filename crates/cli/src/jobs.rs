@@ -16,6 +16,8 @@ pub struct Jobs {
     limits: ResyncLimits,
     read_only: bool,
     scrub: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
+    /// Set by `stop` (under the scrub lock): nothing starts afterwards.
+    stopped: AtomicBool,
 }
 
 impl Jobs {
@@ -25,6 +27,7 @@ impl Jobs {
             limits,
             read_only,
             scrub: Mutex::new(None),
+            stopped: AtomicBool::new(false),
         }
     }
 
@@ -55,6 +58,9 @@ impl Jobs {
             ));
         }
         let mut slot = self.scrub_slot();
+        if self.stopped.load(Ordering::Acquire) {
+            return Err((503, "the server is stopping".into()));
+        }
         if slot.as_ref().is_some_and(|(_, t)| !t.is_finished()) {
             return Err((
                 409,
@@ -66,10 +72,14 @@ impl Jobs {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let (vol, st, limits) = (self.volume.clone(), stop.clone(), self.limits);
+        a.scrub_pause(false);
         let t = std::thread::Builder::new()
             .name("uraid-scrub".into())
             .spawn(move || {
-                let _ = futures::executor::block_on(vol.array().scrub_run(mode, limits, &st));
+                if let Err(e) = futures::executor::block_on(vol.array().scrub_run(mode, limits, &st))
+                {
+                    tracing::error!(target: "uraid_engine::recovery", "scrub ({}): {e}", mode.name());
+                }
             })
             .map_err(|e| (500, format!("starting the scrub thread: {e}")))?;
         *slot = Some((stop, t));
@@ -111,7 +121,12 @@ impl Jobs {
 
     /// Stops a running scrub and waits for it (server shutdown).
     pub fn stop(&self) {
-        if let Some((stop, t)) = self.scrub_slot().take() {
+        let taken = {
+            let mut slot = self.scrub_slot();
+            self.stopped.store(true, Ordering::Release);
+            slot.take()
+        };
+        if let Some((stop, t)) = taken {
             stop.store(true, Ordering::Release);
             self.volume.array().scrub_pause(false);
             let _ = t.join();

@@ -268,7 +268,26 @@ fn malformed_requests_get_4xx_and_the_data_path_keeps_serving() {
         raw(c, b"POST /status HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
         405
     );
+    assert_eq!(
+        raw(c, b"PUT /status HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+        405
+    );
     assert_eq!(raw(c, b"GET /nope HTTP/1.1\r\n\r\n"), 404);
+    // Commands with bad parameters: 400; refused: 409; unknown: 404.
+    for (req, want) in [
+        ("POST /scrub?mode=fix", 400),
+        ("POST /scrub?mode=check&mode=repair", 400),
+        ("POST /scrub/pause?now=1", 400),
+        ("POST /fail", 400),
+        ("POST /fail?member=x", 400),
+        ("POST /fail?member=1&force=yes", 400),
+        ("POST /fail?member=99", 409),
+        ("POST /scrub/cancel", 409),
+        ("POST /reboot", 404),
+    ] {
+        let r = format!("{req} HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+        assert_eq!(raw(c, r.as_bytes()), want, "{req}");
+    }
     assert_eq!(raw(c, b"GET /events?since=x HTTP/1.1\r\n\r\n"), 400);
     let many: String = (0..64).map(|i| format!("X-{i}: y\r\n")).collect();
     assert_eq!(

@@ -51,6 +51,9 @@ pub enum ArrayError {
     Unreadable { members: MemberSet },
     #[error("reactor stopped before the request finished")]
     Shutdown,
+    /// An operator command the array cannot carry out (never a client request's error).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Counters for the request planner, readable while the array runs. Cache-line aligned:

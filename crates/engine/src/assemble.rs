@@ -525,6 +525,17 @@ fn rewrite_superblocks(
     claim_also: Option<&Path>,
     change: impl FnOnce(&mut Superblock),
 ) -> Result<Superblock, AssembleError> {
+    rewrite_superblocks_but(plan, claim_also, None, change)
+}
+
+/// `rewrite_superblocks` leaving slot `skip` alone (a member being failed: its device may
+/// not take writes, and its superblock no longer counts).
+fn rewrite_superblocks_but(
+    plan: &Plan,
+    claim_also: Option<&Path>,
+    skip: Option<usize>,
+    change: impl FnOnce(&mut Superblock),
+) -> Result<Superblock, AssembleError> {
     let mut claims = Vec::new();
     for (i, p) in plan.slots.iter().enumerate() {
         if let Some(p) = p {
@@ -544,7 +555,7 @@ fn rewrite_superblocks(
         .map_or(0, |d| d.as_secs());
     for (i, p) in plan.slots.iter().enumerate() {
         let Some(p) = p else { continue };
-        if plan.sb.is_failed(i) {
+        if plan.sb.is_failed(i) || skip == Some(i) {
             continue;
         }
         let f = OpenOptions::new()
@@ -789,7 +800,7 @@ pub fn fail_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, Ass
     }
     let lost: uraid_core::MemberSet = missing.into_iter().filter(|&x| x != i).collect();
     g.check_fail(lost, i, force).map_err(refuse)?;
-    rewrite_superblocks(plan, None, |sb| {
+    rewrite_superblocks_but(plan, None, Some(i), |sb| {
         sb.states[i] = MemberState::Failed;
         sb.rebuilt[i] = 0;
     })

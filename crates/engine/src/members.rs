@@ -204,8 +204,43 @@ impl Default for Health {
     }
 }
 
+/// Devices a slot can be given in one session (the assembled one and replacements added
+/// while serving). Replaced devices stay open until the array is dropped: I/O still on its
+/// way to them keeps its references valid without any counting on the I/O path.
+pub const MAX_GENERATIONS: usize = 8;
+
+/// One member slot: its device generations and the current one. Each generation has its own
+/// health (timeouts, error budget, counters), so a hung replaced device can never abort the
+/// I/O of its successor.
+/// One device generation of a slot: the device (None: missing at assembly) and its health.
+type Generation<D> = std::sync::OnceLock<(Option<D>, Health)>;
+
+struct Slot<D> {
+    gens: Box<[Generation<D>]>,
+    cur: std::sync::atomic::AtomicUsize,
+}
+
+impl<D> Slot<D> {
+    fn new(dev: Option<D>) -> Slot<D> {
+        let gens: Box<[Generation<D>]> = (0..MAX_GENERATIONS)
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
+        let _ = gens[0].set((dev, Health::default()));
+        Slot {
+            gens,
+            cur: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn current(&self) -> &(Option<D>, Health) {
+        self.gens[self.cur.load(Ordering::Acquire)]
+            .get()
+            .expect("the current generation is set before it is published")
+    }
+}
+
 pub struct Members<D: BlockDev> {
-    devs: Vec<Option<D>>,
+    slots: Vec<Slot<D>>,
     failed: AtomicU64,
     /// Members being rebuilt (recovery/rebuild.rs): present and written, but holding only
     /// the units below their checkpoint (`rebuilt`). A failed member is never rebuilding.
@@ -213,7 +248,6 @@ pub struct Members<D: BlockDev> {
     rebuilt: Vec<AtomicU64>,
     data_offset: u64,
     policy: ErrorPolicy,
-    health: Vec<Health>,
 }
 
 /// errno values that mean "this sector could not be read" rather than "the device is gone".
@@ -240,21 +274,25 @@ impl<D: BlockDev> Members<D> {
             .filter(|&i| rebuilt[i].is_some() && !failed.contains(i))
             .collect();
         Members {
-            health: (0..devs.len()).map(|_| Health::default()).collect(),
             failed: AtomicU64::new(failed.bits()),
             rebuilding: AtomicU64::new(rebuilding.bits()),
             rebuilt: rebuilt
                 .iter()
                 .map(|r| AtomicU64::new(r.unwrap_or(0)))
                 .collect(),
-            devs,
+            slots: devs.into_iter().map(Slot::new).collect(),
             data_offset,
             policy,
         }
     }
 
+    /// Start of the data area on every member.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
     pub fn count(&self) -> usize {
-        self.devs.len()
+        self.slots.len()
     }
 
     pub fn policy(&self) -> ErrorPolicy {
@@ -329,7 +367,34 @@ impl<D: BlockDev> Members<D> {
     }
 
     pub fn name(&self, i: usize) -> Option<&str> {
-        self.devs[i].as_ref().map(|d| d.name())
+        self.device(i).map(|d| d.name())
+    }
+
+    fn health(&self, i: usize) -> &Health {
+        &self.slots[i].current().1
+    }
+
+    /// Puts `dev` into slot `i` as its new device (the slot must be failed: no I/O goes to
+    /// it until the caller clears that). Err: the slot had `MAX_GENERATIONS` devices this
+    /// session already.
+    pub(crate) fn install(&self, i: usize, dev: D) -> Result<(), D> {
+        let slot = &self.slots[i];
+        let next = slot.cur.load(Ordering::Acquire) + 1;
+        if next >= MAX_GENERATIONS {
+            return Err(dev);
+        }
+        slot.gens[next]
+            .set((Some(dev), Health::default()))
+            .map_err(|(d, _)| d.expect("just given"))?;
+        slot.cur.store(next, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes failed member `i` a member being rebuilt from unit 0 (after `install`).
+    pub(crate) fn start_rebuilding(&self, i: usize) {
+        self.rebuilt[i].store(0, Ordering::Release);
+        self.rebuilding.fetch_or(1 << i, Ordering::AcqRel);
+        self.failed.fetch_and(!(1 << i), Ordering::AcqRel);
     }
 
     /// Adds `i` to the failed set; true if it was not failed before.
@@ -339,16 +404,19 @@ impl<D: BlockDev> Members<D> {
 
     /// Reads corrected on member `i` so far.
     pub fn corrected_reads(&self, i: usize) -> u64 {
-        self.health[i].corrected.load(Ordering::Relaxed)
+        self.health(i).corrected.load(Ordering::Relaxed)
     }
 
     pub fn device(&self, i: usize) -> Option<&D> {
-        self.devs[i].as_ref()
+        self.slots[i].current().0.as_ref()
     }
 
-    fn dev(&self, i: usize) -> io::Result<&D> {
-        self.devs[i]
-            .as_ref()
+    /// The current device of slot `i` and its health (one load: an I/O keeps the pair it
+    /// started with even if the slot gets a new device meanwhile).
+    fn dev(&self, i: usize) -> io::Result<(&D, &Health)> {
+        let (d, h) = self.slots[i].current();
+        d.as_ref()
+            .map(|d| (d, h))
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))
     }
 
@@ -364,15 +432,15 @@ impl<D: BlockDev> Members<D> {
 
     /// Reads at a member offset (metadata).
     pub async fn read_raw(&self, i: usize, at: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
-        let dev = match self.dev(i) {
+        let (dev, h) = match self.dev(i) {
             Ok(d) => d,
             Err(e) => return (Err(e), buf),
         };
-        let (io, len) = (self.health[i].io.local(), buf.len() as u64);
+        let (io, len) = (h.io.local(), buf.len() as u64);
         let t0 = io.sample();
         // Aborted before the device returned the buffer: hand back an empty one.
         let r = self
-            .timed(i, dev.read(at, buf), |e| (Err(e), crate::buf::alloc(0)))
+            .timed(h, dev.read(at, buf), |e| (Err(e), crate::buf::alloc(0)))
             .await;
         account(&io.read, len, r.0.is_ok(), t0);
         r
@@ -380,11 +448,11 @@ impl<D: BlockDev> Members<D> {
 
     /// Writes at a member offset (metadata).
     pub async fn write_raw(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
-        let dev = self.dev(i)?;
-        let (io, len) = (self.health[i].io.local(), buf.len() as u64);
+        let (dev, h) = self.dev(i)?;
+        let (io, len) = (h.io.local(), buf.len() as u64);
         let t0 = io.sample();
         let r = self
-            .timed(i, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
+            .timed(h, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
             .await
             .0;
         account(&io.write, len, r.is_ok(), t0);
@@ -392,17 +460,17 @@ impl<D: BlockDev> Members<D> {
     }
 
     pub async fn flush(&self, i: usize) -> io::Result<()> {
-        let dev = self.dev(i)?;
-        let io = self.health[i].io.local();
+        let (dev, h) = self.dev(i)?;
+        let io = h.io.local();
         let t0 = Some(Instant::now());
-        let r = self.timed(i, dev.flush(), Err).await;
+        let r = self.timed(h, dev.flush(), Err).await;
         account(&io.flush, 0, r.is_ok(), t0);
         r
     }
 
     /// Member `i`'s I/O totals so far (data and metadata I/O).
     pub fn io(&self, i: usize) -> MemberIoSnapshot {
-        let io = &self.health[i].io;
+        let io = &self.health(i).io;
         MemberIoSnapshot {
             read: OpCounters::sum(io.iter().map(|c| &c.read)),
             write: OpCounters::sum(io.iter().map(|c| &c.write)),
@@ -412,7 +480,8 @@ impl<D: BlockDev> Members<D> {
 
     /// Read errors counted against member `i`'s budget (decayed), and the budget.
     pub fn read_error_budget(&self, i: usize) -> (u32, u32) {
-        let g = self.health[i]
+        let g = self
+            .health(i)
             .read_errors
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -425,22 +494,21 @@ impl<D: BlockDev> Members<D> {
     /// so the watchdog can see its age and an abort can wake it.
     async fn timed<T>(
         &self,
-        i: usize,
+        h: &Health,
         op: impl std::future::Future<Output = T>,
         aborted: impl FnOnce(io::Error) -> T,
     ) -> T {
-        self.health[i]
-            .timed(self.policy.io_timeout.is_some(), op, aborted)
-            .await
+        h.timed(self.policy.io_timeout.is_some(), op, aborted).await
     }
 
     /// Decides what a failed I/O on member `i` means. `read`: whether it was a data read
     /// (which the caller can repair from redundancy).
     pub(crate) fn classify(&self, i: usize, read: bool, e: &io::Error) -> Verdict {
-        if !read || !media_error(e) || self.health[i].aborted.load(Ordering::Acquire) {
+        if !read || !media_error(e) || self.health(i).aborted.load(Ordering::Acquire) {
             return Verdict::Fail;
         }
-        let mut g = self.health[i]
+        let mut g = self
+            .health(i)
             .read_errors
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -465,12 +533,18 @@ impl<D: BlockDev> Members<D> {
     }
 
     pub(crate) fn count_corrected(&self, i: usize) {
-        self.health[i].corrected.fetch_add(1, Ordering::Relaxed);
+        self.health(i).corrected.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Aborts every outstanding and future I/O of member `i` (ETIMEDOUT).
-    fn abort(&self, i: usize) {
-        self.health[i].abort();
+    /// Every device generation of every slot with its health: (slot, generation, device
+    /// name, health). The watchdog ages all of them (a replaced device's I/O too).
+    fn generations(&self) -> impl Iterator<Item = (usize, usize, &str, &Health)> {
+        self.slots.iter().enumerate().flat_map(|(i, s)| {
+            s.gens.iter().enumerate().filter_map(move |(g, cell)| {
+                cell.get()
+                    .map(|(d, h)| (i, g, d.as_ref().map_or("?", |d| d.name()), h))
+            })
+        })
     }
 }
 
@@ -509,7 +583,7 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
             std::thread::sleep(tick);
             let Some(a) = weak.upgrade() else { return };
             let m = a.members();
-            for (i, h) in m.health.iter().enumerate() {
+            for (i, _, name, h) in m.generations() {
                 if h.aborted.load(Ordering::Acquire) {
                     continue;
                 }
@@ -518,13 +592,12 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
                 let age = oldest.elapsed();
                 if age >= timeout {
                     tracing::error!(
-                        "member {i} ({}): an I/O has waited {:.1?} (timeout {:?}; {n} waiting): \
-                         timing it out",
-                        m.name(i).unwrap_or("?"),
+                        "member {i} ({name}): an I/O has waited {:.1?} (timeout {:?}; {n} \
+                         waiting): timing it out",
                         age,
                         timeout
                     );
-                    m.abort(i);
+                    h.abort();
                 }
             }
             // The journal device, when the owner has one: a hung journal is failed like a

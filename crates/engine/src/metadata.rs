@@ -124,16 +124,108 @@ impl<D: BlockDev> Array<D> {
         if i >= g.members {
             return Err(format!("no member {i}: the array has {}", g.members));
         }
-        if self.members.is_failed(i) {
-            return Err(format!("member {i} is already failed or missing"));
-        }
-        g.check_fail(self.members.degraded(), i, force)?;
         self.on_reactor(move |a| async move {
-            a.fail_member(i, &io::Error::other("failed by the operator"))
-                .await
+            // Checked and marked under the superblock lock: two operator commands at once
+            // cannot both pass the check.
+            {
+                let _meta = a.meta.state.lock().await;
+                if a.members.is_failed(i) {
+                    return Err(format!("member {i} is already failed or missing"));
+                }
+                g.check_fail(a.members.degraded(), i, force)?;
+                if a.needs_resync() && a.journal_active().is_none() && g.level.is_parity() && !force
+                {
+                    return Err(format!(
+                        "a resync is pending (unclean stop): failing member {i} now would make \
+                         the stripes not yet resynced unreadable where it held data; wait for \
+                         the resync or pass --force"
+                    ));
+                }
+                a.members.mark_failed(i);
+                tracing::error!(
+                    "member {i} ({}) failed by the operator; marking it faulty",
+                    a.members.name(i).unwrap_or("?")
+                );
+            }
+            a.failure_barrier().await;
+            Ok(())
         })
         .await
-        .ok_or_else(|| "the server is stopping".to_string())
+        .unwrap_or_else(|| Err("the server is stopping".to_string()))
+    }
+
+    /// Puts `dev` into the lowest failed slot of the running array (`uraid add` on a server,
+    /// or a hot spare taking over), durably: its metadata area is zeroed (no stale map or
+    /// bitmap can be merged from it), then in one superblock round the slot is recorded
+    /// rebuilding from unit 0 with `uuid` (the new member gets its superblock too); from
+    /// then on writes reach it and the rebuild (`Array::rebuild`) fills it. The caller then
+    /// rewrites the member metadata (`Volume::add_member` does). Returns the slot.
+    pub async fn add_member_online(
+        self: &std::sync::Arc<Self>,
+        dev: D,
+        uuid: [u8; 16],
+    ) -> Result<usize, String> {
+        let g = self.geo;
+        let need = self.members.data_offset() + g.member_data;
+        if dev.size() < need {
+            return Err(format!(
+                "{}: too small ({} bytes); a member needs at least {need}",
+                dev.name(),
+                dev.size()
+            ));
+        }
+        if g.fault_tolerance() == 0 {
+            return Err(format!(
+                "{} has no redundancy to rebuild a member from",
+                g.level
+            ));
+        }
+        if self.meta_frozen() {
+            return Err("the array's metadata is read-only".into());
+        }
+        self.on_reactor(move |a| async move { a.add_member_here(dev, uuid).await })
+            .await
+            .unwrap_or_else(|| Err("the server is stopping".into()))
+    }
+
+    async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
+        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
+        let name = dev.name().to_string();
+        let (r, _) = dev.write(0, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
+        let mut meta = self.meta.state.lock().await;
+        let Some(slot) = self.members.failed().iter().next() else {
+            return Err("the array has no failed or missing member to replace".into());
+        };
+        self.members.install(slot, dev).map_err(|_| {
+            format!(
+                "slot {slot} was given {} devices this session already; restart the server to \
+                 add another",
+                crate::members::MAX_GENERATIONS - 1
+            )
+        })?;
+        // The next round first brings it up to the array's superblock (slot 0), then writes
+        // the round's (slot 1).
+        meta.ids[slot] = MemberId {
+            uuid,
+            sb_slot: 1,
+            events: 0,
+        };
+        self.members.start_rebuilding(slot);
+        tracing::warn!(
+            "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"
+        );
+        self.persist(&mut meta, true).await;
+        drop(meta);
+        if self.members.is_failed(slot) {
+            return Err(format!(
+                "{name}: its superblock could not be written; failed again"
+            ));
+        }
+        // Every member's bitmap copy (the new one's is zero) made equal to memory.
+        self.bitmap_sync_all().await;
+        Ok(slot)
     }
 
     /// Waits until every failure known now is recorded in the superblocks of the survivors.

@@ -194,3 +194,58 @@ fn degraded_is_refused_and_stop_ends_it() {
     let r = block_on(vol.array().scrub_run(ScrubMode::Check, UNLIMITED, &stop)).unwrap();
     assert_eq!(r.units, 0);
 }
+
+/// RAID0 has nothing to check: refused, never a panic.
+#[test]
+fn raid0_is_refused() {
+    let (images, _) = written(Level::Raid0, 3);
+    let vol = reassemble(&images, &[true; 3]).unwrap();
+    let stop = AtomicBool::new(false);
+    let e = block_on(vol.array().scrub_run(ScrubMode::Check, UNLIMITED, &stop)).unwrap_err();
+    assert!(e.to_string().contains("no redundancy"), "{e}");
+}
+
+/// After an unclean stop, a stripe torn by the cut (a data chunk written, its parity not)
+/// is resynced before it is checked (resync's rule: parity from the data), never blamed on
+/// the member that got the newer data.
+#[test]
+fn a_torn_stripe_is_resynced_not_blamed() {
+    let (mut images, mut want) = written(Level::Raid6, 6);
+    let vol0 = reassemble(&images, &[true; 6]).unwrap();
+    let g = *vol0.array().geometry();
+    drop(vol0);
+    let stripe = 4;
+    let m = g.data_member(stripe, 2);
+    corrupt(&mut images, m, g.member_offset(stripe, 0), 4096);
+    // What reads return from that chunk now (the "new" data the cut left on it).
+    let vo = (stripe * g.stripe_data_bytes() + 2 * CHUNK) as usize;
+    let o = (DATA_OFFSET + g.member_offset(stripe, 0)) as usize;
+    want[vo..vo + 4096].copy_from_slice(&images[m][o..o + 4096]);
+    uraid_sim::make_dirty(&mut images);
+    let vol = reassemble(&images, &[true; 6]).unwrap();
+    let r = scrub(&vol, ScrubMode::Check);
+    assert_eq!((r.mismatches, r.located), (0, 0), "{r:?}");
+    assert!(read_all(&vol) == want);
+}
+
+/// A chunk with a media error is rebuilt from the rest of its stripe and rewritten (the
+/// unit is counted, not verified); the next scrub reads it fine.
+#[test]
+fn an_unreadable_chunk_is_rewritten() {
+    let (images, want) = written(Level::Raid6, 6);
+    let vol = reassemble(&images, &[true; 6]).unwrap();
+    let g = *vol.array().geometry();
+    let m = g.parity_member(6, 0);
+    let at = DATA_OFFSET + g.member_offset(6, 0);
+    vol.array()
+        .member_dev(m)
+        .unwrap()
+        .faults
+        .bad_range(at + 512, at + 1024);
+    let r = scrub(&vol, ScrubMode::Check);
+    assert_eq!((r.unreadable, r.mismatches), (1, 0), "{r:?}");
+    let r = scrub(&vol, ScrubMode::Check);
+    assert_eq!((r.unreadable, r.mismatches), (0, 0), "rewritten: {r:?}");
+    assert!(!vol.array().is_failed(m));
+    assert!(read_all(&vol) == want);
+}

@@ -854,7 +854,9 @@ async fn transmission<D: BlockDev>(
 fn errno_of(e: &ArrayError) -> Errno {
     match e {
         ArrayError::OutOfRange { .. } | ArrayError::Misaligned { .. } => Errno::Inval,
-        ArrayError::Failed { .. } | ArrayError::Unreadable { .. } => Errno::Io,
+        ArrayError::Failed { .. } | ArrayError::Unreadable { .. } | ArrayError::Refused(_) => {
+            Errno::Io
+        }
         ArrayError::Shutdown => Errno::Shutdown,
     }
 }

@@ -246,26 +246,27 @@ impl<D: BlockDev> Array<D> {
     async fn rebuild_batch(&self, batch: &[u64]) -> Vec<Result<(), ArrayError>> {
         join_all(batch.iter().map(|&unit| async move {
             self.locks.lock(unit).await;
-            let r = self.rebuild_unit(unit).await;
+            let r = self.regenerate(unit, MemberSet::EMPTY).await;
             self.locks.unlock(unit, false);
             r
         }))
         .await
     }
 
-    /// Writes to the members being rebuilt that do not hold `unit` yet what they should
-    /// hold there, computed from the others. A unit not yet resynced after an unclean stop
+    /// Writes to the members being rebuilt that do not hold `unit` yet, and to the members
+    /// in `also` (chunks a scrub could not read), what they should hold there, computed from
+    /// the others. A unit not yet resynced after an unclean stop
     /// (only reachable with `--start-dirty-degraded`, or on mirrors) is resynced at the same
     /// time: every parity is recomputed from the data as decoded, so the stripe is
     /// consistent afterwards; on parity levels a data chunk decoded there came from parity
     /// that was not verified (logged: the flag accepted that risk). Caller holds the lock.
-    async fn rebuild_unit(&self, unit: u64) -> Result<(), ArrayError> {
+    pub(crate) async fn regenerate(&self, unit: u64, also: MemberSet) -> Result<(), ArrayError> {
         let g = self.geo;
         let len = g.chunk;
         let mut excl = MemberSet::EMPTY;
         loop {
             let failed = self.check_serving()?;
-            let targets = self.members.stale_at(unit).minus(failed);
+            let targets = self.members.stale_at(unit).union(also).minus(failed);
             if targets.is_empty() {
                 return Ok(());
             }

@@ -152,9 +152,18 @@ impl<D: BlockDev> Array<D> {
         limits: ResyncLimits,
         stop: &AtomicBool,
     ) -> Result<ScrubReport, ArrayError> {
+        if self.geo.fault_tolerance() == 0 {
+            return Err(ArrayError::Refused(format!(
+                "{} has no redundancy to check",
+                self.geo.level
+            )));
+        }
         let degraded = self.members.degraded();
         if !degraded.is_empty() {
-            return Err(ArrayError::Unreadable { members: degraded });
+            return Err(ArrayError::Refused(format!(
+                "the array is degraded (member(s) {degraded} missing, failed or rebuilding): \
+                 scrub needs every member"
+            )));
         }
         let units = self.geo.units();
         let (name, _, _) = self.identity();
@@ -162,14 +171,20 @@ impl<D: BlockDev> Array<D> {
         let p = &self.scrub;
         let counts = &self.scrub_counts;
         counts.reset(mode);
-        counts.paused.store(false, Ordering::Release);
         p.total.store(units, Ordering::Release);
         p.done.store(0, Ordering::Release);
         p.start();
-        if mode == ScrubMode::Repair {
-            // Repairs are writes: the superblocks say "not clean" first, like any writer.
-            self.on_reactor(|a| async move { a.ensure_dirty().await })
-                .await;
+        // Repairs are writes: the superblocks say "not clean" first, like any writer. (A
+        // check only rewrites chunks with the bytes the rest of the stripe determines, or
+        // resyncs units of an array that is not clean on disk already.)
+        if mode == ScrubMode::Repair
+            && self
+                .on_reactor(|a| async move { a.ensure_dirty().await })
+                .await
+                .is_none()
+        {
+            p.running.store(false, Ordering::Release);
+            return Err(ArrayError::Shutdown);
         }
         tracing::info!(
             target: "uraid_engine::recovery",
@@ -274,6 +289,9 @@ impl<D: BlockDev> Array<D> {
         if !degraded.is_empty() {
             return Err(ArrayError::Unreadable { members: degraded });
         }
+        // After an unclean stop, resync's rule comes first (parity from the data, the first
+        // mirror copy over the others): a torn write is not a corrupt member.
+        self.resync_if_unsynced(unit).await?;
         // Every chunk of the unit: (member, data-area offset).
         let (chunks, parity): (Vec<(usize, u64)>, bool) = if g.level.is_parity() {
             let at = g.member_offset(unit, 0);
@@ -289,13 +307,18 @@ impl<D: BlockDev> Array<D> {
         let mut excl = MemberSet::EMPTY;
         let bufs: Vec<IoBuf> = match self.read_members(&reqs, &mut excl).await {
             Attempt::Done(b) => b,
-            // A read error: the member was failed, or the chunk is rewritten by the read
-            // path's correction next time it is read; not verified now.
+            // A read error: the member was failed (the walk stops), or the chunk had a media
+            // error: it is rebuilt from the rest of the unit and rewritten (as md's check
+            // does), and the unit is counted, not verified.
             Attempt::Retry => {
+                let bad = excl.minus(self.members.failed());
+                if !bad.is_empty() {
+                    self.regenerate(unit, bad).await?;
+                }
                 return Ok(UnitResult {
                     unreadable: true,
                     ..Default::default()
-                })
+                });
             }
         };
         let refs: Vec<&[u8]> = bufs.iter().map(|b| &b[..]).collect();
