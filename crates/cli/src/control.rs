@@ -475,6 +475,37 @@ fn query<'a>(q: &'a str, known: &[&str]) -> Result<Vec<(&'a str, &'a str)>, Resp
     Ok(out)
 }
 
+/// `%XX`-decodes a query value (None: a bad escape or not UTF-8).
+pub fn percent_decode(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(h, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `%XX`-encodes everything but unreserved characters and '/'.
+pub fn percent_encode(v: &str) -> String {
+    v.bytes()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || b"-._~/".contains(&c) {
+                (c as char).to_string()
+            } else {
+                format!("%{c:02X}")
+            }
+        })
+        .collect()
+}
+
 /// An operator command (`POST`, Unix socket only): 202 with a message, or the refusal.
 fn command(state: &State, h: &Head) -> Response {
     let done = |r: Result<String, crate::jobs::Refusal>| match r {
@@ -499,6 +530,26 @@ fn command(state: &State, h: &Head) -> Response {
                 return Response::error(400, "no parameters");
             }
             done(state.jobs.scrub_command(&h.path["/scrub/".len()..]))
+        }
+        "/add" => {
+            let q = match query(&h.query, &["path", "force"]) {
+                Ok(q) => q,
+                Err(r) => return r,
+            };
+            let path = match q
+                .iter()
+                .find(|x| x.0 == "path")
+                .map(|x| percent_decode(x.1))
+            {
+                Some(Some(p)) if !p.is_empty() => PathBuf::from(p),
+                _ => return Response::error(400, "path=DEVICE (percent-encoded) is required"),
+            };
+            let force = match q.iter().find(|x| x.0 == "force").map(|x| x.1) {
+                None | Some("0") => false,
+                Some("1") => true,
+                Some(v) => return Response::error(400, &format!("force={v}: 0 or 1")),
+            };
+            done(state.jobs.add(&path, force))
         }
         "/fail" => {
             let q = match query(&h.query, &["member", "force"]) {
@@ -576,7 +627,8 @@ fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
                 "endpoints": ["/status", "/metrics", "/events?since=N"],
                 "commands": [
                     "POST /scrub?mode=check|repair", "POST /scrub/pause", "POST /scrub/resume",
-                    "POST /scrub/cancel", "POST /fail?member=N&force=0|1"
+                    "POST /scrub/cancel", "POST /fail?member=N&force=0|1",
+                    "POST /add?path=DEVICE&force=0|1"
                 ],
             }),
         ),
@@ -634,7 +686,7 @@ pub fn status(state: &State) -> Value {
             let (corrected, budget_used, budget) = a.member_errors(i);
             json!({
                 "index": i,
-                "path": state.members.get(i).cloned().flatten().map(|p| p.display().to_string()),
+                "path": member_path(state, i),
                 "state": member_state(a, i),
                 "rebuilt_units": a.rebuild_state().iter().find(|r| r.0 == i).map(|r| r.1),
                 "read": op_json(&io.read),
@@ -720,6 +772,23 @@ pub fn status(state: &State) -> Value {
             "checkpoints": j.checkpoints, "replayed_records": j.replayed,
         })),
     })
+}
+
+/// The path of slot `i`'s device (the one added while serving, if any).
+fn member_path(state: &State, i: usize) -> Option<String> {
+    state
+        .volume
+        .array()
+        .member_name(i)
+        .map(str::to_string)
+        .or_else(|| {
+            state
+                .members
+                .get(i)
+                .cloned()
+                .flatten()
+                .map(|p| p.display().to_string())
+        })
 }
 
 /// A member's state word: missing, failed, rebuilding or active.
@@ -910,12 +979,7 @@ pub fn metrics(state: &State) -> String {
         "1 for each member's current state (active, failed, missing, rebuilding).",
     );
     let member_labels = |i: usize| {
-        let dev = state
-            .members
-            .get(i)
-            .cloned()
-            .flatten()
-            .map_or("-".to_string(), |p| p.display().to_string());
+        let dev = member_path(state, i).unwrap_or_else(|| "-".to_string());
         vec![arr(), ("member", i.to_string()), ("device", dev)]
     };
     for i in 0..g.members {

@@ -16,6 +16,10 @@ pub struct Jobs {
     limits: ResyncLimits,
     read_only: bool,
     scrub: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
+    rebuild: Mutex<Option<JoinHandle<()>>>,
+    rebuild_stop: Arc<AtomicBool>,
+    /// Serialises `add` (one device at a time into the lowest failed slot).
+    adding: Mutex<()>,
     /// Set by `stop` (under the scrub lock): nothing starts afterwards.
     stopped: AtomicBool,
 }
@@ -27,6 +31,9 @@ impl Jobs {
             limits,
             read_only,
             scrub: Mutex::new(None),
+            rebuild: Mutex::new(None),
+            rebuild_stop: Arc::new(AtomicBool::new(false)),
+            adding: Mutex::new(()),
             stopped: AtomicBool::new(false),
         }
     }
@@ -106,6 +113,84 @@ impl Jobs {
         Ok(format!("scrub {cmd}: done"))
     }
 
+    /// Starts the rebuild thread if members are to be rebuilt and none runs (at start, and
+    /// after `add`). The rebuild picks up members added while it runs by itself.
+    pub fn ensure_rebuild(&self) -> bool {
+        let a = self.volume.array();
+        if a.rebuild_state().is_empty() || self.read_only || self.stopped.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut slot = self.rebuild.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|t| !t.is_finished()) {
+            return true;
+        }
+        let (vol, stop, limits) = (self.volume.clone(), self.rebuild_stop.clone(), self.limits);
+        match std::thread::Builder::new()
+            .name("uraid-rebuild".into())
+            .spawn(move || {
+                // Members added while a pass finished: go again until nothing is left.
+                while !vol.array().rebuild_state().is_empty() && !stop.load(Ordering::Acquire) {
+                    if futures::executor::block_on(vol.array().rebuild(limits, &stop)).is_err() {
+                        break;
+                    }
+                }
+            }) {
+            Ok(t) => {
+                *slot = Some(t);
+                true
+            }
+            Err(e) => {
+                tracing::error!("starting the rebuild thread: {e}");
+                false
+            }
+        }
+    }
+
+    /// Adds the device at `path` in place of the lowest failed member and starts its
+    /// rebuild (mdadm --add on a running array). Refused: a read-only server, a device that
+    /// holds a uraid superblock or journal (unless `force`), one in use, no failed member.
+    pub fn add(&self, path: &std::path::Path, force: bool) -> Result<String, Refusal> {
+        if self.read_only {
+            return Err((
+                409,
+                "the server is read-only: adding a member writes".into(),
+            ));
+        }
+        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        if !force {
+            if let Ok(sb) = uraid_engine::assemble::read_superblock(path) {
+                return Err((
+                    409,
+                    format!(
+                        "{} holds a uraid superblock (array '{}', member {}); force=1 \
+                         overwrites it",
+                        path.display(),
+                        sb.name,
+                        sb.index
+                    ),
+                ));
+            }
+            if uraid_engine::assemble::read_journal_super(path).is_ok() {
+                return Err((
+                    409,
+                    format!(
+                        "{} holds a uraid journal; force=1 overwrites it",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        let dev = FileDev::open(path).map_err(|e| (409, format!("{}: {e}", path.display())))?;
+        let uuid = uraid_engine::assemble::new_device_uuid();
+        let vol = self.volume.clone();
+        let slot = futures::executor::block_on(vol.add_member(dev, uuid)).map_err(|e| (409, e))?;
+        self.ensure_rebuild();
+        Ok(format!(
+            "{} added as member {slot}; it is being rebuilt",
+            path.display()
+        ))
+    }
+
     /// Fails member `i` (mdadm --fail).
     pub fn fail(&self, i: usize, force: bool) -> Result<String, Refusal> {
         if self.read_only {
@@ -121,11 +206,20 @@ impl Jobs {
 
     /// Stops a running scrub and waits for it (server shutdown).
     pub fn stop(&self) {
+        self.rebuild_stop.store(true, Ordering::Release);
         let taken = {
             let mut slot = self.scrub_slot();
             self.stopped.store(true, Ordering::Release);
             slot.take()
         };
+        let rebuild = self
+            .rebuild
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = rebuild {
+            let _ = t.join();
+        }
         if let Some((stop, t)) = taken {
             stop.store(true, Ordering::Release);
             self.volume.array().scrub_pause(false);

@@ -73,15 +73,19 @@ enum Cmd {
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
-    /// Add DEV to the stopped array formed by MEMBERs in place of a failed or missing member
-    /// (mdadm --add): the next `serve` rebuilds it while serving, resuming from its
-    /// checkpoint after a restart. Refused: RAID0, an array with no failed or missing
-    /// member, a device smaller than the members, one that holds a uraid superblock or
-    /// journal (unless --force), an array being served (stop it first).
+    /// Add DEV to the array formed by MEMBERs in place of a failed member (mdadm --add): on
+    /// a running server through its control socket (rebuilt at once, while serving), or on
+    /// a stopped array in the superblocks (rebuilt by the next `serve`); a rebuild resumes
+    /// from its checkpoint after a restart. Refused: RAID0, an array with no failed member
+    /// (a merely missing one needs --force when stopped), a device smaller than the
+    /// members, one that holds a uraid superblock or journal (unless --force).
     Add {
         /// Overwrite a device that holds a uraid superblock or journal.
         #[arg(short, long)]
         force: bool,
+        /// Control socket of the server: unix:PATH (as for status).
+        #[arg(long, value_name = "unix:PATH")]
+        control: Option<String>,
         /// The new member.
         dev: PathBuf,
         /// The array's members (the embedded default volume when none are given).
@@ -452,14 +456,26 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
         }
         Cmd::Add {
             force,
+            control,
             dev,
             members,
         } => {
-            let (members, _) = target_members(&Target {
-                control: None,
-                members,
-            })?;
+            let t = Target { control, members };
+            let (members, embedded) = target_members(&t)?;
             let plan = assemble::plan(&members)?;
+            if let Some(sock) = live_socket(&plan, &t, embedded)? {
+                let abs = std::fs::canonicalize(&dev).unwrap_or(dev.clone());
+                let msg = control::post(
+                    &sock,
+                    &format!(
+                        "/add?path={}&force={}",
+                        control::percent_encode(&abs.display().to_string()),
+                        u8::from(force)
+                    ),
+                )?;
+                println!("uraid: {msg} (server at {})", sock.display());
+                return Ok(());
+            }
             let (slot, sb) = assemble::add_member(&plan, &dev, force)?;
             println!(
                 "uraid: {} added to array '{}' as member {slot} (events {}); it is rebuilt \

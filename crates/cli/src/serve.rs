@@ -290,6 +290,29 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         events: events.clone(),
         started,
     });
+    // Rebuild of members added in place of failed ones, on its own thread
+    // (recovery/rebuild.rs), resuming from each one's checkpoint.
+    if !array.array().rebuild_state().is_empty() {
+        if args.read_only {
+            warn(
+                args,
+                &events,
+                "members to rebuild: rebuild deferred while serving read-only".to_string(),
+            );
+        } else if jobs.ensure_rebuild() {
+            println!(
+                "uraid: '{}': rebuilding member(s) {:?} in the background (uraid status shows \
+                 progress)",
+                plan.sb.name,
+                array
+                    .array()
+                    .rebuild_state()
+                    .iter()
+                    .map(|r| r.0)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let mut ctl = control::Control::start(state, control_listener, metrics_listener)?;
     if let Some(p) = ctl.path() {
@@ -350,43 +373,6 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     } else {
         None
     };
-    // Rebuild of members added in place of failed ones, on its own thread
-    // (recovery/rebuild.rs), resuming from each one's checkpoint.
-    let rebuild = if array.array().rebuild_state().is_empty() {
-        None
-    } else if args.read_only {
-        warn(
-            args,
-            &events,
-            "members to rebuild: rebuild deferred while serving read-only".to_string(),
-        );
-        None
-    } else {
-        let (vol, stop) = (array.clone(), resync_stop.clone());
-        let limits = ResyncLimits {
-            min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
-            max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
-        };
-        println!(
-            "uraid: '{}': rebuilding member(s) {:?} in the background (uraid status shows \
-             progress)",
-            plan.sb.name,
-            array
-                .array()
-                .rebuild_state()
-                .iter()
-                .map(|r| r.0)
-                .collect::<Vec<_>>()
-        );
-        Some(
-            std::thread::Builder::new()
-                .name("uraid-rebuild".into())
-                .spawn(move || {
-                    let _ = futures::executor::block_on(vol.array().rebuild(limits, &stop));
-                })
-                .context("starting the rebuild thread")?,
-        )
-    };
     // The write-intent bitmap daemon: clears the bits of regions idle for a tick, and
     // checkpoints the journal.
     let bitmap_daemon = if (array.array().bitmap_state().0 > 0
@@ -427,7 +413,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     ctl.stop();
     jobs.stop();
     resync_stop.store(true, Ordering::Release);
-    for t in [resync, rebuild, bitmap_daemon].into_iter().flatten() {
+    for t in [resync, bitmap_daemon].into_iter().flatten() {
         let _ = t.join();
     }
     let r = server.shutdown();

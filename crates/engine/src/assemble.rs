@@ -642,6 +642,11 @@ pub fn remove_journal(plan: &Plan, force: bool) -> Result<Superblock, AssembleEr
     rewrite_superblocks(plan, plan.journal.as_deref(), |sb| sb.journal = None)
 }
 
+/// A random device uuid for a new member.
+pub fn new_device_uuid() -> [u8; 16] {
+    *uuid::Uuid::new_v4().as_bytes()
+}
+
 /// The array's superblock after `new_uuid` was added into `slot`: the slot rebuilding from
 /// unit 0 (pure; `add_member` and the simulator's images use it). Events are not moved.
 pub fn with_new_member(sb: &Superblock, slot: usize, new_uuid: [u8; 16]) -> Superblock {

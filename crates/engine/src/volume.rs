@@ -77,6 +77,30 @@ impl<D: BlockDev> Volume<D> {
         self.array.flush().await
     }
 
+    /// Puts `dev` into the lowest failed slot while serving (`Array::add_member_online`),
+    /// then writes every allocation-map page to every live member (the new one's copy was
+    /// zeroed) and flushes them. Its rebuild is the caller's to start (`Array::rebuild`).
+    pub async fn add_member(self: &Arc<Self>, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
+        let slot = self.array.add_member_online(dev, uuid).await?;
+        let v = self.clone();
+        let pages = move || async move {
+            for p in 0..v.map.page_locks.len() {
+                v.persist_page(p, &[], &[]).await?;
+            }
+            v.array.flush_members().await;
+            v.array.check_serving().map(|_| ())
+        };
+        let r = match &self.array.rt {
+            Some(rt) => rt
+                .spawn_on(0, pages)
+                .await
+                .unwrap_or(Err(ArrayError::Shutdown)),
+            None => pages().await,
+        };
+        r.map_err(|e| format!("member {slot} added, but writing the allocation map failed: {e}"))?;
+        Ok(slot)
+    }
+
     pub async fn close(&self) -> Result<(), ArrayError> {
         self.array.close().await
     }
