@@ -268,3 +268,57 @@ fn resync_leaves_units_to_the_rebuild_which_resyncs_them() {
     let s = block_on(a.scrub_run(uraid_engine::ScrubMode::Check, UNLIMITED, &stop)).unwrap();
     assert_eq!(s.mismatches, 0, "{s:?}");
 }
+
+/// While serving: the operator fails a member, a new device is added in its place (its
+/// metadata area full of another array's bytes), and it is rebuilt under client reads and
+/// writes; afterwards every byte reads back with other members taken away, and a fresh
+/// assembly sees the new member active (the replaced one refused).
+#[test]
+fn a_member_failed_and_replaced_while_serving() {
+    for &(level, members) in &[(Level::Raid6, 6), (Level::Raid5, 4), (Level::Raid1, 3)] {
+        let (images, mut model) = written(level, members, 31);
+        let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
+        let a = vol.array().clone();
+        block_on(a.fail_by_operator(1, true)).expect("fail");
+        assert!(a.is_failed(1));
+        let size = images[1].len();
+        let new = MemDev::from_image("new1", vec![0x77; size]);
+        let slot = block_on(vol.add_member(new, [0x42; 16])).expect("add");
+        assert_eq!(slot, 1);
+        assert_eq!(a.rebuild_state(), vec![(1, 0)]);
+        let stop = AtomicBool::new(false);
+        let mut rng = Rng::new(5);
+        let size = vol.size();
+        let (r, model) = block_on(async {
+            let rebuild = a.rebuild(UNLIMITED, &stop);
+            let client = async {
+                for i in 0..60 {
+                    let (off, len) = range(&mut rng, size);
+                    if i % 2 == 0 {
+                        let data = payload(5000 + i, len as usize);
+                        vol.write(off, data.clone()).await.unwrap();
+                        model.write(off, &data);
+                    } else {
+                        let got = vol.read(off, len).await.unwrap().to_vec();
+                        assert!(got == model.read(off, len), "{level}: read during rebuild");
+                    }
+                }
+                model
+            };
+            futures::join!(rebuild, client)
+        });
+        r.expect("rebuild");
+        assert!(a.rebuild_state().is_empty());
+        block_on(vol.close()).unwrap();
+        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        let again = reassemble(&after, &vec![true; members]).unwrap();
+        assert!(again.array().rebuild_state().is_empty());
+        assert!(read_all(&again) == model.bytes);
+        check_without_others(&after, &[1], &model, a.geometry().fault_tolerance());
+        // The old member 1 given instead of the new one: refused by its uuid.
+        let mut old = after.clone();
+        old[1] = images[1].clone();
+        let with_old = reassemble(&old, &vec![true; members]).unwrap();
+        assert!(with_old.array().member_dev(1).is_none(), "{level}: old member refused");
+    }
+}
