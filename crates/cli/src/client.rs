@@ -145,6 +145,9 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
     for b in &bg {
         println!("      background: {b}");
     }
+    for sp in v["spares"].as_array().into_iter().flatten() {
+        println!("      spare: {}", sp.as_str().unwrap_or("?"));
+    }
     for s in &slots {
         let st = s["state"].as_str().unwrap_or("?");
         let path = s["path"].as_str().unwrap_or("-");

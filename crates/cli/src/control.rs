@@ -765,6 +765,7 @@ pub fn status(state: &State) -> Value {
         },
         "unsynced_stripes_refused": a.unsynced_stripes_refused(),
         "scrub": scrub_json(a),
+        "spares": state.jobs.spare_paths(),
         "journal": a.journal_status().map(|j| json!({
             "device": j.device, "mode": j.mode, "state": j.state,
             "log_bytes": j.log_bytes, "used_bytes": j.used_bytes,

@@ -20,6 +20,9 @@ pub struct Jobs {
     rebuild_stop: Arc<AtomicBool>,
     /// Serialises `add` (one device at a time into the lowest failed slot).
     adding: Mutex<()>,
+    /// Hot spares: opened, waiting for a member to fail (`spare_watch`).
+    spares: Mutex<Vec<(FileDev, [u8; 16])>>,
+    spare_watch: Mutex<Option<JoinHandle<()>>>,
     /// Set by `stop` (under the scrub lock): nothing starts afterwards.
     stopped: AtomicBool,
 }
@@ -34,6 +37,8 @@ impl Jobs {
             rebuild: Mutex::new(None),
             rebuild_stop: Arc::new(AtomicBool::new(false)),
             adding: Mutex::new(()),
+            spares: Mutex::new(Vec::new()),
+            spare_watch: Mutex::new(None),
             stopped: AtomicBool::new(false),
         }
     }
@@ -146,10 +151,73 @@ impl Jobs {
         }
     }
 
+    /// Hot spares waiting (their device paths).
+    pub fn spare_paths(&self) -> Vec<String> {
+        use uraid_engine::BlockDev;
+        self.spares
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(d, _)| d.name().to_string())
+            .collect()
+    }
+
+    /// Takes a spare (opened at start or added while serving) into the pool.
+    pub fn add_spare_dev(self: &Arc<Self>, dev: FileDev, uuid: [u8; 16]) {
+        self.spares
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((dev, uuid));
+        self.watch_spares();
+    }
+
+    /// Starts the thread that puts a spare into the slot of a member that failed (every
+    /// 200 ms), if it is not running.
+    fn watch_spares(self: &Arc<Self>) {
+        let mut w = self.spare_watch.lock().unwrap_or_else(|e| e.into_inner());
+        if w.as_ref().is_some_and(|t| !t.is_finished()) || self.read_only {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        *w = std::thread::Builder::new()
+            .name("uraid-spares".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                let Some(j) = me.upgrade() else { return };
+                if j.stopped.load(Ordering::Acquire) {
+                    return;
+                }
+                j.spare_tick();
+            })
+            .ok();
+    }
+
+    /// One look: a failed member and a spare waiting: the spare takes the slot.
+    fn spare_tick(&self) {
+        let a = self.volume.array();
+        if a.failed().is_empty() || !a.is_serving() {
+            return;
+        }
+        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((dev, uuid)) = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
+            return;
+        };
+        use uraid_engine::BlockDev;
+        let name = dev.name().to_string();
+        match futures::executor::block_on(self.volume.add_member(dev, uuid)) {
+            Ok(slot) => {
+                tracing::warn!("spare {name} takes over the slot of failed member {slot}");
+                self.ensure_rebuild();
+            }
+            Err(e) => tracing::error!("spare {name} could not take over a failed member: {e}"),
+        }
+    }
+
     /// Adds the device at `path` in place of the lowest failed member and starts its
-    /// rebuild (mdadm --add on a running array). Refused: a read-only server, a device that
-    /// holds a uraid superblock or journal (unless `force`), one in use, no failed member.
-    pub fn add(&self, path: &std::path::Path, force: bool) -> Result<String, Refusal> {
+    /// rebuild (mdadm --add on a running array), or, with no member failed, as a hot spare.
+    /// Refused: a read-only server, a device that holds a uraid superblock or journal
+    /// (unless `force`), one in use.
+    pub fn add(self: &Arc<Self>, path: &std::path::Path, force: bool) -> Result<String, Refusal> {
         if self.read_only {
             return Err((
                 409,
@@ -183,12 +251,63 @@ impl Jobs {
         let dev = FileDev::open(path).map_err(|e| (409, format!("{}: {e}", path.display())))?;
         let uuid = uraid_engine::assemble::new_device_uuid();
         let vol = self.volume.clone();
+        if vol.array().failed().is_empty() {
+            return self.add_as_spare(path, dev, uuid);
+        }
         let slot = futures::executor::block_on(vol.add_member(dev, uuid)).map_err(|e| (409, e))?;
         self.ensure_rebuild();
         Ok(format!(
             "{} added as member {slot}; it is being rebuilt",
             path.display()
         ))
+    }
+
+    fn add_as_spare(
+        self: &Arc<Self>,
+        path: &std::path::Path,
+        dev: FileDev,
+        uuid: [u8; 16],
+    ) -> Result<String, Refusal> {
+        use std::os::unix::fs::FileExt;
+        use uraid_engine::BlockDev;
+        let g = *self.volume.geometry();
+        if g.fault_tolerance() == 0 {
+            return Err((
+                409,
+                format!(
+                    "{} has no redundancy: a spare could never be rebuilt",
+                    g.level
+                ),
+            ));
+        }
+        let sb = futures::executor::block_on(self.volume.array().superblock());
+        let need = sb.data_offset + g.member_data;
+        if dev.size() < need {
+            return Err((
+                409,
+                format!(
+                    "{}: too small ({} bytes, needs {need})",
+                    path.display(),
+                    dev.size()
+                ),
+            ));
+        }
+        let sb = uraid_engine::assemble::spare_superblock(&sb, uuid);
+        let write = || -> std::io::Result<()> {
+            let f = std::fs::OpenOptions::new().write(true).open(path)?;
+            for s in 0..uraid_core::format::SB_SLOTS {
+                f.write_all_at(&sb.encode(), (s * uraid_core::format::SB_SIZE) as u64)?;
+            }
+            f.sync_all()
+        };
+        write().map_err(|e| {
+            (
+                409,
+                format!("{}: writing its spare superblock: {e}", path.display()),
+            )
+        })?;
+        self.add_spare_dev(dev, uuid);
+        Ok(format!("{} added as a hot spare", path.display()))
     }
 
     /// Fails member `i` (mdadm --fail).

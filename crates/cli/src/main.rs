@@ -476,6 +476,16 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                 println!("uraid: {msg} (server at {})", sock.display());
                 return Ok(());
             }
+            if assemble::slot_to_fill(&plan).is_none() {
+                let sb = assemble::add_spare(&plan, &dev, force)?;
+                println!(
+                    "uraid: {} added to array '{}' as a hot spare (give it with the members to \
+                     serve: it takes over the next member that fails)",
+                    dev.display(),
+                    sb.name
+                );
+                return Ok(());
+            }
             let (slot, sb) = assemble::add_member(&plan, &dev, force)?;
             println!(
                 "uraid: {} added to array '{}' as member {slot} (events {}); it is rebuilt \
@@ -913,6 +923,9 @@ fn print_status(plan: &Plan) {
             });
         println!("      journal  {} {at}", journal_word(sb));
     }
+    for (p, _) in &plan.spares {
+        println!("      spare      {}", p.display());
+    }
     for r in &plan.refused {
         println!("      refused: {r}");
     }
@@ -935,6 +948,7 @@ fn status_json(plan: &Plan) -> serde_json::Value {
         "fault_tolerance": g.fault_tolerance(),
         "slots": member_states(plan).into_iter().map(|(i, p, s)| json!({"index": i, "path": p, "state": s, "rebuilt_units": (s == "rebuilding").then_some(sb.rebuilt[i])})).collect::<Vec<_>>(),
         "refused": plan.refused,
+        "spares": plan.spares.iter().map(|s| s.0.display().to_string()).collect::<Vec<_>>(),
         "journal": sb.journal.map(|(u, m)| json!({
             "uuid": uuid_string(&u),
             "mode": m.name(),

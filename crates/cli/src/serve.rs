@@ -290,6 +290,15 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         events: events.clone(),
         started,
     });
+    // Hot spares given with the members: opened exclusively now, waiting for a failure.
+    if !args.read_only {
+        for (p, uuid) in &plan.spares {
+            let dev = uraid_engine::FileDev::open(p)
+                .with_context(|| format!("opening spare {}", p.display()))?;
+            jobs.add_spare_dev(dev, *uuid);
+            println!("uraid: {} is a hot spare", p.display());
+        }
+    }
     // Rebuild of members added in place of failed ones, on its own thread
     // (recovery/rebuild.rs), resuming from each one's checkpoint.
     if !array.array().rebuild_state().is_empty() {

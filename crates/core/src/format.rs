@@ -57,6 +57,9 @@ pub mod off {
 }
 
 pub const FLAG_CLEAN: u32 = 1;
+/// A hot spare of the array (version 6): no slot; it takes over a failed member's slot
+/// while serving. Its superblock is otherwise a copy of the array's when it was added.
+pub const FLAG_SPARE: u32 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberState {
@@ -94,6 +97,8 @@ pub struct Superblock {
     pub geometry: Geometry,
     pub index: usize,
     pub clean: bool,
+    /// This device is a hot spare of the array (FLAG_SPARE), not the member in `index`.
+    pub spare: bool,
     pub data_offset: u64,
     pub events: u64,
     pub ctime: u64,
@@ -172,7 +177,11 @@ impl Superblock {
         put32(&mut b, off::CHUNK, g.chunk as u32);
         put32(&mut b, off::MEMBERS, g.members as u32);
         put32(&mut b, off::INDEX, self.index as u32);
-        put32(&mut b, off::FLAGS, if self.clean { FLAG_CLEAN } else { 0 });
+        put32(
+            &mut b,
+            off::FLAGS,
+            if self.clean { FLAG_CLEAN } else { 0 } | if self.spare { FLAG_SPARE } else { 0 },
+        );
         put64(&mut b, off::DATA_OFFSET, self.data_offset);
         put64(&mut b, off::MEMBER_DATA, g.member_data);
         put64(&mut b, off::VOLUME_SIZE, g.volume_size());
@@ -277,7 +286,12 @@ impl Superblock {
             ));
         }
         let flags = u32_at(b, off::FLAGS);
-        if flags & !FLAG_CLEAN != 0 {
+        let known = if version > VERSION_NO_REBUILD {
+            FLAG_CLEAN | FLAG_SPARE
+        } else {
+            FLAG_CLEAN
+        };
+        if flags & !known != 0 {
             return Err(field("flags", format!("unknown bits {flags:#x}")));
         }
         let mut states = Vec::with_capacity(members);
@@ -350,6 +364,7 @@ impl Superblock {
             geometry,
             index,
             clean: flags & FLAG_CLEAN != 0,
+            spare: flags & FLAG_SPARE != 0,
             data_offset,
             events: u64_at(b, off::EVENTS),
             ctime: u64_at(b, off::CTIME),
@@ -408,6 +423,7 @@ mod tests {
             geometry: Geometry::new(Level::Raid6, 10, 65536, 1 << 30).unwrap(),
             index: 3,
             clean: true,
+            spare: false,
             data_offset: DATA_OFFSET,
             events: 42,
             ctime: 1_700_000_000,
@@ -428,6 +444,8 @@ mod tests {
         s.states[6] = MemberState::Rebuilding;
         s.rebuilt[6] = 12345;
         s.clean = false;
+        assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
+        s.spare = true;
         assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
     }
 
@@ -459,7 +477,7 @@ mod tests {
             (off::INDEX, 10u32, "index"),
             (off::MEMBERS, 65, "members"),
             (off::LEVEL, 3, "level"),
-            (off::FLAGS, 2, "flags"),
+            (off::FLAGS, 4, "flags"),
         ] {
             let mut b = good;
             b[o..o + 4].copy_from_slice(&v.to_le_bytes());
@@ -530,6 +548,13 @@ mod tests {
         b[off::VERSION] = 5;
         b[off::STATES + 1] = 2;
         assert!(Superblock::decode(&reseal(b)).is_err());
+        let mut b = good;
+        b[off::VERSION] = 5;
+        b[off::FLAGS] = 2;
+        assert!(
+            Superblock::decode(&reseal(b)).is_err(),
+            "no spares before version 6"
+        );
         // A checkpoint on a member that is not rebuilding, or past the end, is refused.
         let mut b = good;
         b[off::REBUILT + 8] = 1;

@@ -191,6 +191,7 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         geometry,
         index: 0,
         clean: true,
+        spare: false,
         data_offset: DATA_OFFSET,
         events: 1,
         ctime: now,
@@ -302,6 +303,8 @@ pub struct Plan {
     /// The array's journal device among the paths given (its superblock names this
     /// array and the journal the array's superblock records).
     pub journal: Option<PathBuf>,
+    /// Hot spares of this array among the paths given, with their device uuids.
+    pub spares: Vec<(PathBuf, [u8; 16])>,
 }
 
 impl Plan {
@@ -689,8 +692,7 @@ pub fn add_member(
     }
     let Some(slot) = slot_to_fill(plan) else {
         return Err(refuse(format!(
-            "array '{}' has no failed or missing member to replace (spares are not supported \
-             yet)",
+            "array '{}' has no failed or missing member to replace (add it as a spare)",
             plan.sb.name
         )));
     };
@@ -702,12 +704,58 @@ pub fn add_member(
             plan.sb.name
         )));
     }
+    check_new_device(plan, path, force)?;
+    // The member metadata between the superblocks and the data area, from a member that
+    // holds all of it.
+    let src = (0..g.members)
+        .find(|&i| plan.slots[i].is_some() && !plan.missing().contains(&i))
+        .and_then(|i| plan.slots[i].clone())
+        .ok_or_else(|| refuse("no member to copy the array metadata from".into()))?;
+    let meta_at = (SB_SIZE * SB_SLOTS) as u64;
+    let mut meta = vec![0u8; (plan.sb.data_offset - meta_at) as usize];
+    File::open(&src)
+        .and_then(|f| f.read_exact_at(&mut meta, meta_at))
+        .map_err(io_err(&src))?;
+    let uuid = *uuid::Uuid::new_v4().as_bytes();
+    let _claim = open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(slot))?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    // No stale superblock may survive in either slot while the others are rewritten.
+    f.write_all_at(&vec![0u8; SB_SIZE * SB_SLOTS], 0)
+        .map_err(io_err(path))?;
+    f.write_all_at(&meta, meta_at).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))?;
+    let sb = rewrite_superblocks(plan, None, |sb| *sb = with_new_member(sb, slot, uuid))?;
+    let mut m = sb.clone();
+    m.index = slot;
+    m.device_uuid = uuid;
+    for s in 0..SB_SLOTS {
+        f.write_all_at(&m.encode(), (s * SB_SIZE) as u64)
+            .map_err(io_err(path))?;
+    }
+    f.sync_all().map_err(io_err(path))?;
+    Ok((slot, sb))
+}
+
+/// What a new member or spare must be: an array that could start, a device given once,
+/// large enough, not a member of this array already, and (unless `force`) holding no uraid
+/// superblock or journal.
+fn check_new_device(plan: &Plan, path: &Path, force: bool) -> Result<(), AssembleError> {
+    let g = plan.sb.geometry;
+    let refuse = |why: String| AssembleError::AddRefused {
+        path: path.display().to_string(),
+        why,
+    };
     plan.can_start()?;
     if plan
         .slots
         .iter()
         .flatten()
         .chain(plan.journal.iter())
+        .chain(plan.spares.iter().map(|s| &s.0))
         .any(|q| same_file(path, q))
     {
         return Err(AssembleError::Duplicate {
@@ -752,39 +800,48 @@ pub fn add_member(
             ));
         }
     }
-    // The member metadata between the superblocks and the data area, from a member that
-    // holds all of it.
-    let src = (0..g.members)
-        .find(|&i| plan.slots[i].is_some() && !plan.missing().contains(&i))
-        .and_then(|i| plan.slots[i].clone())
-        .ok_or_else(|| refuse("no member to copy the array metadata from".into()))?;
-    let meta_at = (SB_SIZE * SB_SLOTS) as u64;
-    let mut meta = vec![0u8; (plan.sb.data_offset - meta_at) as usize];
-    File::open(&src)
-        .and_then(|f| f.read_exact_at(&mut meta, meta_at))
-        .map_err(io_err(&src))?;
-    let uuid = *uuid::Uuid::new_v4().as_bytes();
-    let _claim = open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(slot))?;
+    Ok(())
+}
+
+/// Adds `path` to a stopped array as a hot spare (`uraid add` when no member is failed or
+/// missing): it gets a copy of the array's superblock marked spare, with its own device
+/// uuid; given with the members to `serve`, it takes over the slot of the next member that
+/// fails. The members' superblocks do not change.
+pub fn add_spare(plan: &Plan, path: &Path, force: bool) -> Result<Superblock, AssembleError> {
+    let g = plan.sb.geometry;
+    if g.fault_tolerance() == 0 {
+        return Err(AssembleError::AddRefused {
+            path: path.display().to_string(),
+            why: format!(
+                "{} has no redundancy: a spare could never be rebuilt",
+                g.level
+            ),
+        });
+    }
+    check_new_device(plan, path, force)?;
+    let _claim =
+        open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(usize::MAX))?;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
         .map_err(io_err(path))?;
-    // No stale superblock may survive in either slot while the others are rewritten.
-    f.write_all_at(&vec![0u8; SB_SIZE * SB_SLOTS], 0)
-        .map_err(io_err(path))?;
-    f.write_all_at(&meta, meta_at).map_err(io_err(path))?;
-    f.sync_all().map_err(io_err(path))?;
-    let sb = rewrite_superblocks(plan, None, |sb| *sb = with_new_member(sb, slot, uuid))?;
-    let mut m = sb.clone();
-    m.index = slot;
-    m.device_uuid = uuid;
+    let sb = spare_superblock(&plan.sb, new_device_uuid());
     for s in 0..SB_SLOTS {
-        f.write_all_at(&m.encode(), (s * SB_SIZE) as u64)
+        f.write_all_at(&sb.encode(), (s * SB_SIZE) as u64)
             .map_err(io_err(path))?;
     }
     f.sync_all().map_err(io_err(path))?;
-    Ok((slot, sb))
+    Ok(sb)
+}
+
+/// The superblock a spare of the array `sb` describes carries.
+pub fn spare_superblock(sb: &Superblock, uuid: [u8; 16]) -> Superblock {
+    let mut s = sb.clone();
+    s.spare = true;
+    s.index = 0;
+    s.device_uuid = uuid;
+    s
 }
 
 /// Marks member `i` of a stopped array failed in the superblocks (`uraid fail`, mdadm
@@ -864,9 +921,11 @@ pub fn decide(
 ) -> Result<Plan, AssembleError> {
     // The array is the one most of the given members belong to (ties: the freshest); its
     // truth is its member with the highest event count.
+    // Spares carry a copy of the superblock of when they were added: never the truth.
     let votes = |u: &[u8; 16]| found.iter().filter(|f| &f.sb.array_uuid == u).count();
     let Some(best) = found
         .iter()
+        .filter(|f| !f.sb.spare)
         .max_by_key(|f| (votes(&f.sb.array_uuid), f.sb.events))
     else {
         return Err(AssembleError::NoMembers(refused.join("; ")));
@@ -881,8 +940,23 @@ pub fn decide(
     found.sort_by_key(|f| std::cmp::Reverse(f.sb.events));
     // Refused for staleness or a failed mark: candidates for --force.
     let mut forceable: Vec<(&Found, String)> = Vec::new();
+    let mut spares = Vec::new();
     for f in &found {
         let p = f.path.display();
+        if f.sb.spare {
+            if f.sb.array_uuid != sb.array_uuid || f.sb.geometry != sb.geometry {
+                refused.push(format!(
+                    "{p}: a spare of array {} ('{}'), not of this one",
+                    uuid_string(&f.sb.array_uuid),
+                    f.sb.name
+                ));
+            } else if sb.slot_uuids.contains(&f.sb.device_uuid) {
+                refused.push(format!("{p}: a spare that became a member since"));
+            } else {
+                spares.push((f.path.clone(), f.sb.device_uuid));
+            }
+            continue;
+        }
         if f.sb.array_uuid != sb.array_uuid {
             refused.push(format!(
                 "{p}: belongs to array {} ('{}'), not {} ('{}')",
@@ -951,6 +1025,7 @@ pub fn decide(
                 refused: Vec::new(),
                 bitmap: None,
                 journal: None,
+                spares: Vec::new(),
             };
             probe.can_start().is_ok()
         };
@@ -983,6 +1058,7 @@ pub fn decide(
         refused,
         bitmap: None,
         journal: None,
+        spares,
     })
 }
 

@@ -228,6 +228,11 @@ impl<D: BlockDev> Array<D> {
         Ok(slot)
     }
 
+    /// The array's current superblock (a spare added while serving carries a copy).
+    pub async fn superblock(&self) -> Superblock {
+        self.meta.state.lock().await.sb.clone()
+    }
+
     /// Waits until every failure known now is recorded in the superblocks of the survivors.
     /// Cheap when nothing failed since the last round (two atomic loads).
     pub(crate) async fn failure_barrier(&self) {

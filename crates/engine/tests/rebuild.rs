@@ -319,6 +319,9 @@ fn a_member_failed_and_replaced_while_serving() {
         let mut old = after.clone();
         old[1] = images[1].clone();
         let with_old = reassemble(&old, &vec![true; members]).unwrap();
-        assert!(with_old.array().member_dev(1).is_none(), "{level}: old member refused");
+        assert!(
+            with_old.array().member_dev(1).is_none(),
+            "{level}: old member refused"
+        );
     }
 }

@@ -312,6 +312,7 @@ pub fn sim_superblock(geometry: Geometry) -> Superblock {
         geometry,
         index: 0,
         clean: true,
+        spare: false,
         data_offset: DATA_OFFSET,
         events: 1,
         ctime: 0,
