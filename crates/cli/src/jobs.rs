@@ -195,10 +195,13 @@ impl Jobs {
     /// One look: a failed member and a spare waiting: the spare takes the slot.
     fn spare_tick(&self) {
         let a = self.volume.array();
-        if a.failed().is_empty() || !a.is_serving() {
+        if a.failed().is_empty() || !a.is_serving() || !a.can_take_member() {
             return;
         }
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::Acquire) {
+            return;
+        }
         let Some((dev, uuid)) = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
             return;
         };
@@ -209,7 +212,11 @@ impl Jobs {
                 tracing::warn!("spare {name} takes over the slot of failed member {slot}");
                 self.ensure_rebuild();
             }
-            Err(e) => tracing::error!("spare {name} could not take over a failed member: {e}"),
+            Err(e) => {
+                tracing::error!("spare {name} could not take over a failed member: {e}");
+                // It may have become a member before the error (the map rewrite).
+                self.ensure_rebuild();
+            }
         }
     }
 
@@ -254,8 +261,10 @@ impl Jobs {
         if vol.array().failed().is_empty() {
             return self.add_as_spare(path, dev, uuid);
         }
-        let slot = futures::executor::block_on(vol.add_member(dev, uuid)).map_err(|e| (409, e))?;
+        let r = futures::executor::block_on(vol.add_member(dev, uuid));
+        // Also after a late error (the map rewrite): the member may be rebuilding already.
         self.ensure_rebuild();
+        let slot = r.map_err(|e| (409, e))?;
         Ok(format!(
             "{} added as member {slot}; it is being rebuilt",
             path.display()
@@ -331,6 +340,16 @@ impl Jobs {
             self.stopped.store(true, Ordering::Release);
             slot.take()
         };
+        // No spare takes a slot after this (it checks `stopped` under the add lock).
+        drop(self.adding.lock().unwrap_or_else(|e| e.into_inner()));
+        let watcher = self
+            .spare_watch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = watcher {
+            let _ = t.join();
+        }
         let rebuild = self
             .rebuild
             .lock()

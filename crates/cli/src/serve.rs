@@ -293,10 +293,17 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     // Hot spares given with the members: opened exclusively now, waiting for a failure.
     if !args.read_only {
         for (p, uuid) in &plan.spares {
-            let dev = uraid_engine::FileDev::open(p)
-                .with_context(|| format!("opening spare {}", p.display()))?;
-            jobs.add_spare_dev(dev, *uuid);
-            println!("uraid: {} is a hot spare", p.display());
+            match uraid_engine::FileDev::open(p) {
+                Ok(dev) => {
+                    jobs.add_spare_dev(dev, *uuid);
+                    println!("uraid: {} is a hot spare", p.display());
+                }
+                Err(e) => warn(
+                    args,
+                    &events,
+                    format!("spare {}: {e}; not used", p.display()),
+                ),
+            }
         }
     }
     // Rebuild of members added in place of failed ones, on its own thread

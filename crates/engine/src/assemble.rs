@@ -922,7 +922,12 @@ pub fn decide(
     // The array is the one most of the given members belong to (ties: the freshest); its
     // truth is its member with the highest event count.
     // Spares carry a copy of the superblock of when they were added: never the truth.
-    let votes = |u: &[u8; 16]| found.iter().filter(|f| &f.sb.array_uuid == u).count();
+    let votes = |u: &[u8; 16]| {
+        found
+            .iter()
+            .filter(|f| !f.sb.spare && &f.sb.array_uuid == u)
+            .count()
+    };
     let Some(best) = found
         .iter()
         .filter(|f| !f.sb.spare)

@@ -43,9 +43,32 @@ impl Default for ErrorPolicy {
     }
 }
 
+/// An I/O error from a device that is no longer its slot's current one (the slot was given a
+/// new device while the I/O was on its way). The slot's failure is already on disk (a device
+/// is only replaced after that); the error says nothing about the new device, so it never
+/// fails the slot or spends its read-error budget.
+#[derive(Debug)]
+pub struct StaleDevice(pub io::Error);
+
+impl std::fmt::Display for StaleDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (from a device since replaced)", self.0)
+    }
+}
+
+impl std::error::Error for StaleDevice {}
+
+/// Whether `e` came from a replaced device (`StaleDevice`).
+pub fn is_stale(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|x| x.is::<StaleDevice>())
+}
+
 /// What to do about a failed member I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// The error came from a device the slot no longer has (`StaleDevice`): leave the
+    /// member out of this operation, nothing else.
+    Stale,
     /// A media error on a read within the budget: reconstruct the data from the stripe and
     /// rewrite it; the member stays in the array.
     Correct,
@@ -374,6 +397,16 @@ impl<D: BlockDev> Members<D> {
         &self.slots[i].current().1
     }
 
+    /// Whether slot `i` can take another device this session.
+    pub(crate) fn can_install(&self, i: usize) -> bool {
+        self.slots[i].cur.load(Ordering::Acquire) + 1 < MAX_GENERATIONS
+    }
+
+    /// The current device generation of slot `i` (changes when it is given a new device).
+    pub fn generation(&self, i: usize) -> usize {
+        self.slots[i].cur.load(Ordering::Acquire)
+    }
+
     /// Puts `dev` into slot `i` as its new device (the slot must be failed: no I/O goes to
     /// it until the caller clears that). Err: the slot had `MAX_GENERATIONS` devices this
     /// session already.
@@ -413,11 +446,25 @@ impl<D: BlockDev> Members<D> {
 
     /// The current device of slot `i` and its health (one load: an I/O keeps the pair it
     /// started with even if the slot gets a new device meanwhile).
-    fn dev(&self, i: usize) -> io::Result<(&D, &Health)> {
-        let (d, h) = self.slots[i].current();
+    fn dev(&self, i: usize) -> io::Result<(&D, &Health, usize)> {
+        let slot = &self.slots[i];
+        let g = slot.cur.load(Ordering::Acquire);
+        let (d, h) = slot.gens[g]
+            .get()
+            .expect("the current generation is set before it is published");
         d.as_ref()
-            .map(|d| (d, h))
+            .map(|d| (d, h, g))
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))
+    }
+
+    /// An error of an I/O issued to generation `g` of slot `i`: marked stale if the slot
+    /// has another device by now.
+    fn mark_stale(&self, i: usize, g: usize, e: io::Error) -> io::Error {
+        if self.generation(i) != g {
+            io::Error::new(e.kind(), StaleDevice(e))
+        } else {
+            e
+        }
     }
 
     /// Reads from the data area.
@@ -432,23 +479,23 @@ impl<D: BlockDev> Members<D> {
 
     /// Reads at a member offset (metadata).
     pub async fn read_raw(&self, i: usize, at: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
-        let (dev, h) = match self.dev(i) {
+        let (dev, h, g) = match self.dev(i) {
             Ok(d) => d,
             Err(e) => return (Err(e), buf),
         };
         let (io, len) = (h.io.local(), buf.len() as u64);
         let t0 = io.sample();
         // Aborted before the device returned the buffer: hand back an empty one.
-        let r = self
+        let (r, b) = self
             .timed(h, dev.read(at, buf), |e| (Err(e), crate::buf::alloc(0)))
             .await;
-        account(&io.read, len, r.0.is_ok(), t0);
-        r
+        account(&io.read, len, r.is_ok(), t0);
+        (r.map_err(|e| self.mark_stale(i, g, e)), b)
     }
 
     /// Writes at a member offset (metadata).
     pub async fn write_raw(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
-        let (dev, h) = self.dev(i)?;
+        let (dev, h, g) = self.dev(i)?;
         let (io, len) = (h.io.local(), buf.len() as u64);
         let t0 = io.sample();
         let r = self
@@ -456,16 +503,16 @@ impl<D: BlockDev> Members<D> {
             .await
             .0;
         account(&io.write, len, r.is_ok(), t0);
-        r
+        r.map_err(|e| self.mark_stale(i, g, e))
     }
 
     pub async fn flush(&self, i: usize) -> io::Result<()> {
-        let (dev, h) = self.dev(i)?;
+        let (dev, h, g) = self.dev(i)?;
         let io = h.io.local();
         let t0 = Some(Instant::now());
         let r = self.timed(h, dev.flush(), Err).await;
         account(&io.flush, 0, r.is_ok(), t0);
-        r
+        r.map_err(|e| self.mark_stale(i, g, e))
     }
 
     /// Member `i`'s I/O totals so far (data and metadata I/O).
@@ -504,6 +551,9 @@ impl<D: BlockDev> Members<D> {
     /// Decides what a failed I/O on member `i` means. `read`: whether it was a data read
     /// (which the caller can repair from redundancy).
     pub(crate) fn classify(&self, i: usize, read: bool, e: &io::Error) -> Verdict {
+        if is_stale(e) {
+            return Verdict::Stale;
+        }
         if !read || !media_error(e) || self.health(i).aborted.load(Ordering::Acquire) {
             return Verdict::Fail;
         }

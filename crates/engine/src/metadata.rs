@@ -103,6 +103,11 @@ impl Metadata {
 impl<D: BlockDev> Array<D> {
     /// Marks a member failed (logging the cause) and waits until the failure is durable.
     pub(crate) async fn fail_member(&self, member: usize, err: &io::Error) {
+        if crate::members::is_stale(err) {
+            // From the device the slot had before: its failure is on disk already.
+            tracing::debug!("member {member}: {err}");
+            return;
+        }
         if self.members.mark_failed(member) {
             tracing::error!(
                 "member {member} ({}) failed: {err}; marking it faulty",
@@ -189,29 +194,41 @@ impl<D: BlockDev> Array<D> {
     }
 
     async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
-        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
         let name = dev.name().to_string();
-        let (r, _) = dev.write(0, zeros).await;
-        r.and(dev.flush().await)
-            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
         let mut meta = self.meta.state.lock().await;
         let Some(slot) = self.members.failed().iter().next() else {
             return Err("the array has no failed or missing member to replace".into());
         };
-        self.members.install(slot, dev).map_err(|_| {
-            format!(
+        if !self.members.can_install(slot) {
+            return Err(format!(
                 "slot {slot} was given {} devices this session already; restart the server to \
                  add another",
                 crate::members::MAX_GENERATIONS - 1
-            )
-        })?;
-        // The next round first brings it up to the array's superblock (slot 0), then writes
-        // the round's (slot 1).
+            ));
+        }
+        // The slot's failure is on disk first (state failed, no checkpoint, its uuid), so
+        // a crash before the round below leaves it failed, never trusting the new device.
+        if !self.meta.persisted().contains(slot)
+            || meta.sb.states[slot] != MemberState::Failed
+            || meta.sb.rebuilt[slot] != 0
+        {
+            self.persist(&mut meta, true).await;
+        }
+        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
+        let (r, _) = dev.write(0, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
+        if self.members.install(slot, dev).is_err() {
+            return Err(format!("slot {slot}: no room for another device"));
+        }
+        // Its first superblock comes from the round itself (not a catch-up copy of an
+        // older one): a torn round leaves it without any, i.e. missing.
         meta.ids[slot] = MemberId {
             uuid,
             sb_slot: 1,
-            events: 0,
+            events: meta.sb.events,
         };
+        meta.sb.rebuilt[slot] = 0;
         self.members.start_rebuilding(slot);
         tracing::warn!(
             "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"
@@ -226,6 +243,15 @@ impl<D: BlockDev> Array<D> {
         // Every member's bitmap copy (the new one's is zero) made equal to memory.
         self.bitmap_sync_all().await;
         Ok(slot)
+    }
+
+    /// Whether a device could be added now: a failed slot with room for another device.
+    pub fn can_take_member(&self) -> bool {
+        self.members
+            .failed()
+            .iter()
+            .next()
+            .is_some_and(|i| self.members.can_install(i))
     }
 
     /// The array's current superblock (a spare added while serving carries a copy).
@@ -261,9 +287,7 @@ impl<D: BlockDev> Array<D> {
             force = false;
             if self.meta.frozen {
                 // Nothing is written; the in-memory failure is all there is.
-                self.meta
-                    .persisted
-                    .fetch_or(failed.bits(), Ordering::AcqRel);
+                self.meta.persisted.store(failed.bits(), Ordering::Release);
                 return;
             }
             self.catch_up(meta, failed).await;
@@ -322,9 +346,9 @@ impl<D: BlockDev> Array<D> {
                     }
                 }
             }
-            self.meta
-                .persisted
-                .fetch_or(failed.bits(), Ordering::AcqRel);
+            // Exactly what this round wrote (a slot given a new device is no longer failed
+            // on disk; its next failure must be written again).
+            self.meta.persisted.store(failed.bits(), Ordering::Release);
             self.meta.events.store(meta.sb.events, Ordering::Release);
             if !newly {
                 return;

@@ -325,3 +325,32 @@ fn a_member_failed_and_replaced_while_serving() {
         );
     }
 }
+
+/// In the session that replaced a member, the new device failing is recorded failed on disk
+/// again before writes that did without it are acknowledged (found by a cold review: the
+/// slot stayed "failed on disk" in memory, so the failure barrier skipped the round).
+#[test]
+fn a_replacement_that_fails_is_recorded_failed_again() {
+    let (images, _) = written(Level::Raid6, 6, 8);
+    let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+    let a = vol.array().clone();
+    block_on(a.fail_by_operator(2, true)).unwrap();
+    let new = MemDev::from_image("new2", vec![0; images[2].len()]);
+    block_on(vol.add_member(new, [0x24; 16])).unwrap();
+    let stop = AtomicBool::new(false);
+    block_on(a.rebuild(UNLIMITED, &stop)).unwrap();
+    assert!(!a.durable_failed().contains(2));
+    a.member_dev(2).unwrap().faults.kill();
+    block_on(vol.write(0, payload(77, 64 * 1024))).unwrap();
+    assert!(a.is_failed(2));
+    assert!(
+        a.durable_failed().contains(2),
+        "the second failure is on disk"
+    );
+    let after: Vec<Vec<u8>> = (0..6).map(|m| member_bytes(&vol, m)).collect();
+    let again = reassemble(&after, &[true; 6]).unwrap();
+    assert!(
+        again.array().is_failed(2),
+        "a fresh assembly sees it failed"
+    );
+}

@@ -128,6 +128,15 @@ impl<D: BlockDev> Array<D> {
                 let cap = pacer.cap(self.client_ops());
                 let end = (next + (BATCH * lanes).min(cap) as u64).min(units);
                 let batch: Vec<u64> = (next..end).collect();
+                // The members this batch brings forward: rebuilding from at most `next`, with
+                // the device they have now (one added or replaced during the batch is not).
+                let covered: Vec<(usize, usize)> = self
+                    .members
+                    .rebuilding()
+                    .iter()
+                    .filter(|&t| self.members.rebuilt(t) >= next)
+                    .map(|t| (t, self.members.generation(t)))
+                    .collect();
                 let outcomes = self
                     .fan_out(&batch, Err(ArrayError::Shutdown), |a, b| async move {
                         a.rebuild_batch(&b).await
@@ -148,10 +157,11 @@ impl<D: BlockDev> Array<D> {
                     );
                     return Err(e);
                 }
-                // Only members whose checkpoint the walk had reached move (one added behind
-                // the walk keeps its own).
-                for t in self.members.rebuilding().iter() {
-                    if self.members.rebuilt(t) >= next {
+                // Only members whose checkpoint the walk had reached before the batch move,
+                // and only if they still have the same device (one added behind the walk, or
+                // during the batch, keeps its own).
+                for &(t, gen) in &covered {
+                    if self.members.rebuilding().contains(t) && self.members.generation(t) == gen {
                         self.members.set_rebuilt(t, end);
                     }
                 }
@@ -178,12 +188,14 @@ impl<D: BlockDev> Array<D> {
                 pacer.pace(batch.len(), self.client_ops(), stop);
             }
             // Every unit is on the members that reached the end: durable first, then active.
-            let done: MemberSet = self
+            let done_gens: Vec<(usize, usize)> = self
                 .members
                 .rebuilding()
                 .iter()
                 .filter(|&t| self.members.rebuilt(t) >= units)
+                .map(|t| (t, self.members.generation(t)))
                 .collect();
+            let done: MemberSet = done_gens.iter().map(|d| d.0).collect();
             if done.is_empty() {
                 if self.members.rebuilding().is_empty() {
                     break;
@@ -193,8 +205,10 @@ impl<D: BlockDev> Array<D> {
             if self
                 .on_reactor(move |a| async move {
                     a.each_live(done, |i| a.members.flush(i)).await;
-                    for t in done.minus(a.members.failed()).iter() {
-                        a.members.rebuild_done(t);
+                    for &(t, gen) in &done_gens {
+                        if !a.members.is_failed(t) && a.members.generation(t) == gen {
+                            a.members.rebuild_done(t);
+                        }
                     }
                     a.persist_rebuilt(&[]).await;
                 })
@@ -230,14 +244,24 @@ impl<D: BlockDev> Array<D> {
     /// Persists the rebuilding members' checkpoints: taken first, then those members
     /// flushed (so everything the checkpoints cover is durable), then a superblock round.
     async fn persist_rebuild_checkpoints(self: &Arc<Self>) {
-        let to = self.rebuild_state();
+        let to: Vec<(usize, u64, usize)> = self
+            .rebuild_state()
+            .into_iter()
+            .map(|(i, r)| (i, r, self.members.generation(i)))
+            .collect();
         if to.is_empty() {
             return;
         }
         self.on_reactor(move |a| async move {
-            let set: MemberSet = to.iter().map(|&(i, _)| i).collect();
+            let set: MemberSet = to.iter().map(|t| t.0).collect();
             a.each_live(set, |i| a.members.flush(i)).await;
-            a.persist_rebuilt(&to).await;
+            // A slot given another device since: its checkpoint is not this one's.
+            let keep: Vec<(usize, u64)> = to
+                .iter()
+                .filter(|t| a.members.generation(t.0) == t.2)
+                .map(|t| (t.0, t.1))
+                .collect();
+            a.persist_rebuilt(&keep).await;
         })
         .await;
     }

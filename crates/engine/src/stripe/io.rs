@@ -36,6 +36,7 @@ impl<D: BlockDev> Array<D> {
     pub(crate) async fn read_failed(&self, m: usize, e: &std::io::Error, excl: &mut MemberSet) {
         match self.members.classify(m, true, e) {
             Verdict::Fail => self.fail_member(m, e).await,
+            Verdict::Stale => *excl = excl.with(m),
             Verdict::Correct => {
                 tracing::warn!(
                     "member {m} ({}): read error: {e}; reconstructing from the stripe",
