@@ -469,7 +469,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                     &sock,
                     &format!(
                         "/add?path={}&force={}",
-                        control::percent_encode(&abs.display().to_string()),
+                        uraid_core::http::percent_encode(&abs.display().to_string()),
                         u8::from(force)
                     ),
                 )?;

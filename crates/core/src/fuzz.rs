@@ -56,9 +56,19 @@ pub fn map_page(data: &[u8]) {
 }
 
 /// Control-socket request heads: never a panic; a parsed head's request line, rebuilt,
-/// parses to the same head.
+/// parses to the same head; its query's parameters and their percent-decoded values (what
+/// the operator commands take) never panic, and a decoded value encodes back to itself.
 pub fn http_head(data: &[u8]) {
     if let Ok(Some(h)) = crate::http::parse_head(data) {
+        let known = ["mode", "member", "force", "path", "since"];
+        if let Ok(pairs) = crate::http::query_pairs(&h.query, &known) {
+            for (_, v) in pairs {
+                if let Some(d) = crate::http::percent_decode(v) {
+                    let e = crate::http::percent_encode(&d);
+                    assert_eq!(crate::http::percent_decode(&e), Some(d));
+                }
+            }
+        }
         let q = if h.query.is_empty() {
             String::new()
         } else {

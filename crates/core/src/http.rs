@@ -116,3 +116,81 @@ mod tests {
         );
     }
 }
+
+/// `key=value` pairs of a query string, each key one of `known` and at most once; anything
+/// else (no '=', an unknown or repeated key) is an error naming the parameter.
+pub fn query_pairs<'a>(q: &'a str, known: &[&str]) -> Result<Vec<(&'a str, &'a str)>, String> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for kv in q.split('&').filter(|s| !s.is_empty()) {
+        match kv.split_once('=') {
+            Some((k, v)) if known.contains(&k) && !out.iter().any(|(x, _)| *x == k) => {
+                out.push((k, v))
+            }
+            _ => return Err(format!("unknown parameter {kv:?}")),
+        }
+    }
+    Ok(out)
+}
+
+/// `%XX`-decodes a query value (None: a bad escape, or not UTF-8).
+pub fn percent_decode(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let h = b.get(i + 1..i + 3)?;
+            if !h.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `%XX`-encodes every byte but unreserved characters and '/'.
+pub fn percent_encode(v: &str) -> String {
+    v.bytes()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || b"-._~/".contains(&c) {
+                (c as char).to_string()
+            } else {
+                format!("%{c:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod query_tests {
+    use super::*;
+
+    #[test]
+    fn queries_refuse_unknown_repeated_and_malformed_parameters() {
+        assert_eq!(query_pairs("", &["mode"]), Ok(vec![]));
+        assert_eq!(
+            query_pairs("member=3&force=1", &["member", "force"]),
+            Ok(vec![("member", "3"), ("force", "1")])
+        );
+        // No '=', unknown key, repeated key, empty key, a key known elsewhere only.
+        for bad in ["mode", "x=1", "mode=a&mode=b", "=", "&&mode", "member=1&"] {
+            assert!(query_pairs(bad, &["mode"]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn percent_coding_round_trips_and_refuses_bad_escapes() {
+        for s in ["/tmp/a b/c%d", "", "é/ü", "/dev/nvme0n1"] {
+            assert_eq!(percent_decode(&percent_encode(s)).as_deref(), Some(s));
+        }
+        for bad in ["%", "%4", "%zz", "%+f", "%ff%fe"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
+        }
+        assert_eq!(percent_decode("a%2Fb").as_deref(), Some("a/b"));
+    }
+}
