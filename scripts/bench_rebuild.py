@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Rebuild and scrub: their rates on an idle array against what fio does with the same member
+reads and writes, and client reads during a rebuild against the same array degraded without
+one (issue 12's report; docs/benchmarks.md).
+
+RAID6 8+2 over /dev/shm member files, written end to end (`uraid bench --precondition`). A
+run:
+  raw      fio (io_uring, O_DIRECT) doing the rebuild's member I/O by itself: sequential
+           chunk-sized reads of the 9 surviving member files (QD8 each, the rebuild's batch)
+           and sequential chunk-sized writes of a new file of a member's size, all at once;
+  idle     member 3 failed and a new file added (`uraid fail`, `uraid add`, offline), then
+           `uraid serve`: time from start to the server's "rebuild ... finished" event;
+  degraded member 3 failed, no replacement: fio (nbd engine, one connection) 4k random reads
+           QD32 for --load-seconds;
+  load     a new member added, `uraid serve` with the default limits (`--resync-min 50`):
+           the same fio while the rebuild runs, and how far the rebuild got meanwhile;
+  scrub    `uraid scrub --wait` on the healthy array served, idle: member bytes read per
+           second (the server's "scrub ... finished" event).
+Runs repeat; medians.
+
+    scripts/bench_rebuild.py [--runs 3] [--size 1G] [--load-seconds 8] [--out -]
+"""
+import argparse, json, os, shutil, statistics, sys, time
+
+from bench_resync import Serve, events, fio_nbd, size_bytes, status
+from pts import run, write_report
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+URAID = os.path.join(ROOT, "target", "release", "uraid")
+CHUNK = 64 << 10
+MEMBERS = 10
+SLOT = 3
+
+
+def raw_rebuild_io(survivors, new, span):
+    """fio: the rebuild's reads and writes, all at once; seconds for all of it."""
+    cmd = ["fio", "--ioengine=io_uring", "--direct=1", f"--bs={CHUNK >> 10}k", "--iodepth=8",
+           f"--size={span}", "--offset=1m", "--output-format=json"]
+    for i, m in enumerate(survivors):
+        cmd += [f"--name=r{i}", "--rw=read", f"--filename={m}"]
+    cmd += ["--name=w", "--rw=write", f"--filename={new}"]
+    t0 = time.monotonic()
+    run(cmd)
+    return time.monotonic() - t0
+
+
+def finished_in(ctl, what, timeout=600):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        for e in events(ctl):
+            m = e["message"]
+            if what in m and "finished in" in m:
+                return float(m.split("finished in ")[1].split(" s")[0])
+        time.sleep(0.02)
+    raise RuntimeError(f"no '{what} ... finished' event")
+
+
+def replace(members, new, size):
+    """Fails member SLOT offline and adds `new` (a fresh file) in its place."""
+    if os.path.exists(new):
+        os.unlink(new)
+    with open(new, "wb") as f:
+        f.truncate(size)
+    run([URAID, "fail", str(SLOT), *members])
+    run([URAID, "add", new, *members])
+    out = list(members)
+    out[SLOT] = new
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--size", default="1G", help="each member file")
+    ap.add_argument("--load-seconds", type=int, default=8)
+    ap.add_argument("--dir", default="/dev/shm/uraid-rebuild")
+    ap.add_argument("--out", default="-")
+    a = ap.parse_args()
+    shutil.rmtree(a.dir, ignore_errors=True)
+    os.makedirs(a.dir)
+    size = size_bytes(a.size)
+    members = [os.path.join(a.dir, f"m{i}") for i in range(MEMBERS)]
+    run([URAID, "create", "--level", "6", "--size", a.size, "-N", "res", "--force"] + members)
+    run([URAID, "bench", "--precondition", "--runtime", "0.1", "--allow-writes"] + members)
+    sb = json.loads(run([URAID, "examine", "--json", members[0]]))
+    member_data = sb["member_data"]
+    units = member_data // CHUNK
+    span = f"{(member_data >> 20) - 1}m"
+    scratch = os.path.join(a.dir, "scratch")
+    res = {k: [] for k in ("raw_s", "idle_s", "degraded", "load", "load_units", "scrub_s")}
+    gen = 0
+    for r in range(a.runs):
+        survivors = [m for i, m in enumerate(members) if i != SLOT]
+        with open(scratch, "wb") as f:
+            f.truncate(size)
+        res["raw_s"].append(raw_rebuild_io(survivors, scratch, span))
+        os.unlink(scratch)
+        # Idle rebuild.
+        gen += 1
+        members = replace(members, os.path.join(a.dir, f"new{gen}"), size)
+        s = Serve(a.dir, members)
+        res["idle_s"].append(finished_in(s.ctl, "rebuild"))
+        s.stop()
+        # Degraded, no rebuild: the client's reads.
+        run([URAID, "fail", str(SLOT), *members])
+        s = Serve(a.dir, members)
+        res["degraded"].append(fio_nbd(s.uri, "randread", a.load_seconds))
+        s.stop()
+        # A new member, rebuilding under the same client.
+        gen += 1
+        new = os.path.join(a.dir, f"new{gen}")
+        with open(new, "wb") as f:
+            f.truncate(size)
+        run([URAID, "add", new, *members])
+        members[SLOT] = new
+        s = Serve(a.dir, members)
+        t0 = time.monotonic()
+        res["load"].append(fio_nbd(s.uri, "randread", a.load_seconds))
+        t1 = time.monotonic()
+        st = status(s.ctl)
+        rb = [b for b in st["background"] if b["op"] == "rebuild"]
+        done = rb[0]["done"] if rb else units
+        res["load_units"].append(done / (t1 - t0))
+        finished_in(s.ctl, "rebuild")
+        s.stop()
+        # Scrub, idle, on the healthy array.
+        s = Serve(a.dir, members)
+        run([URAID, "scrub", "--wait", f"--control=unix:{s.ctl}", *members])
+        res["scrub_s"].append(finished_in(s.ctl, "scrub (check)"))
+        s.stop()
+        for m in os.listdir(a.dir):
+            p = os.path.join(a.dir, m)
+            if m.startswith("new") and p not in members:
+                os.unlink(p)
+        print(f"run {r}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in res.items()), file=sys.stderr)
+    shutil.rmtree(a.dir, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    idle_units = units / med["idle_s"]
+    rebuilt = member_data / med["idle_s"]
+    scrub_read = units * MEMBERS * CHUNK / med["scrub_s"]
+    gb = lambda b: f"{b / 1e9:.2f} GB/s"
+    out = [
+        f"RAID6 8+2, chunk 64K, {a.size} member files on /dev/shm, preconditioned; member {SLOT} "
+        f"replaced by a new file; {a.runs} runs, medians. A rebuild reads 9 members and writes "
+        f"{member_data / 1e9:.2f} GB to the new one ({units} stripes).\n",
+        "| measure | value | ratio |",
+        "|---|---:|---:|",
+        f"| fio doing the rebuild's member I/O (9 sequential {CHUNK >> 10}K readers, one writer, "
+        f"QD8 each) | {med['raw_s']:.2f} s | |",
+        f"| rebuild, idle | {med['idle_s']:.2f} s ({gb(rebuilt)} written to the new member) | "
+        f"{med['raw_s'] / med['idle_s']:.2f} of fio's rate (goal 0.8) |",
+        f"| client 4k randread QD32, degraded (no rebuild) | {med['degraded']:,.0f} IOPS | |",
+        f"| client 4k randread QD32, during the rebuild (`--resync-min 50`) | {med['load']:,.0f} IOPS | "
+        f"{med['load'] / med['degraded']:.2f} of degraded (goal 0.7) |",
+        f"| rebuild progress meanwhile | {med['load_units']:,.0f} stripes/s | "
+        f"{med['load_units'] / idle_units:.2f} of its idle rate (goal 0.1) |",
+        f"| scrub (check), idle: member bytes read per second | {gb(scrub_read)} | |",
+    ]
+    write_report(a.out, "\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
