@@ -12,8 +12,10 @@ run:
            `uraid serve`: time from start to the server's "rebuild ... finished" event;
   degraded member 3 failed, no replacement: fio (nbd engine, one connection) 4k random reads
            QD32 for --load-seconds;
-  load     a new member added, `uraid serve` with the default limits (`--resync-min 50`):
-           the same fio while the rebuild runs, and how far the rebuild got meanwhile;
+  load     a new member added, `uraid serve` with the default throttle (an in-flight budget
+           of one stripe while clients are active, then a pause of half its time): the same fio while the
+           rebuild runs, and how far the rebuild got meanwhile (counted from fio's start);
+  load-md  the same with `--background-budget 0` (md's `--resync-min 50` instead);
   scrub    `uraid scrub --wait` on the healthy array served, idle: member bytes read per
            second (the server's "scrub ... finished" event).
 Runs repeat; medians.
@@ -87,7 +89,8 @@ def main():
     units = member_data // CHUNK
     span = f"{(member_data >> 20) - 1}m"
     scratch = os.path.join(a.dir, "scratch")
-    res = {k: [] for k in ("raw_s", "idle_s", "degraded", "load", "load_units", "scrub_s")}
+    res = {k: [] for k in ("raw_s", "idle_s", "degraded", "load", "load_units", "load_md",
+                           "load_md_units", "scrub_s")}
     gen = 0
     for r in range(a.runs):
         survivors = [m for i, m in enumerate(members) if i != SLOT]
@@ -106,23 +109,27 @@ def main():
         s = Serve(a.dir, members)
         res["degraded"].append(fio_nbd(s.uri, "randread", a.load_seconds))
         s.stop()
-        # A new member, rebuilding under the same client.
-        gen += 1
-        new = os.path.join(a.dir, f"new{gen}")
-        with open(new, "wb") as f:
-            f.truncate(size)
-        run([URAID, "add", new, *members])
-        members[SLOT] = new
-        s = Serve(a.dir, members)
-        t0 = time.monotonic()
-        res["load"].append(fio_nbd(s.uri, "randread", a.load_seconds))
-        t1 = time.monotonic()
-        st = status(s.ctl)
-        rb = [b for b in st["background"] if b["op"] == "rebuild"]
-        done = rb[0]["done"] if rb else units
-        res["load_units"].append(done / (t1 - t0))
-        finished_in(s.ctl, "rebuild")
-        s.stop()
+        # A new member, rebuilding under the same client: the default throttle, then md's.
+        for key, extra in (("load", []), ("load_md", ["--background-budget", "0"])):
+            if key == "load_md":
+                run([URAID, "fail", str(SLOT), *members])
+            gen += 1
+            new = os.path.join(a.dir, f"new{gen}")
+            with open(new, "wb") as f:
+                f.truncate(size)
+            run([URAID, "add", new, *members])
+            members[SLOT] = new
+            s = Serve(a.dir, members, extra)
+            rb0 = [b for b in status(s.ctl)["background"] if b["op"] == "rebuild"]
+            d0 = rb0[0]["done"] if rb0 else 0
+            t0 = time.monotonic()
+            res[key].append(fio_nbd(s.uri, "randread", a.load_seconds))
+            t1 = time.monotonic()
+            rb = [b for b in status(s.ctl)["background"] if b["op"] == "rebuild"]
+            done = rb[0]["done"] if rb else units
+            res[key + "_units"].append((done - d0) / (t1 - t0))
+            finished_in(s.ctl, "rebuild")
+            s.stop()
         # Scrub, idle, on the healthy array.
         s = Serve(a.dir, members)
         run([URAID, "scrub", "--wait", f"--control=unix:{s.ctl}", *members])
@@ -150,10 +157,14 @@ def main():
         f"| rebuild, idle | {med['idle_s']:.2f} s ({gb(rebuilt)} written to the new member) | "
         f"{med['raw_s'] / med['idle_s']:.2f} of fio's rate (goal 0.8) |",
         f"| client 4k randread QD32, degraded (no rebuild) | {med['degraded']:,.0f} IOPS | |",
-        f"| client 4k randread QD32, during the rebuild (`--resync-min 50`) | {med['load']:,.0f} IOPS | "
-        f"{med['load'] / med['degraded']:.2f} of degraded (goal 0.7) |",
+        f"| client 4k randread QD32, during the rebuild (default: budget of 1 stripe) | "
+        f"{med['load']:,.0f} IOPS | {med['load'] / med['degraded']:.2f} of degraded (goal 0.7) |",
         f"| rebuild progress meanwhile | {med['load_units']:,.0f} stripes/s | "
         f"{med['load_units'] / idle_units:.2f} of its idle rate (goal 0.1) |",
+        f"| client 4k randread QD32, during the rebuild (`--background-budget 0`: md's "
+        f"`--resync-min 50`) | {med['load_md']:,.0f} IOPS | {med['load_md'] / med['degraded']:.2f} of degraded |",
+        f"| rebuild progress meanwhile | {med['load_md_units']:,.0f} stripes/s | "
+        f"{med['load_md_units'] / idle_units:.2f} of its idle rate |",
         f"| scrub (check), idle: member bytes read per second | {gb(scrub_read)} | |",
     ]
     write_report(a.out, "\n".join(out) + "\n")

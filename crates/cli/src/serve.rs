@@ -52,7 +52,14 @@ pub struct ServeArgs {
     /// for the missing members). md's start_dirty_degraded.
     #[arg(long)]
     pub start_dirty_degraded: bool,
-    /// Resync rate while clients are active, MB/s (md's sync_speed_min).
+    /// Background work (resync, rebuild, scrub) in flight while clients are active: stripes
+    /// at a time, each reading one chunk of the members it needs, then a pause of half that
+    /// round's time (OpenZFS's rule: about one background I/O per member; full speed when
+    /// clients are idle). 0: md's --resync-min rate instead.
+    #[arg(long, value_name = "STRIPES", default_value_t = 1)]
+    pub background_budget: usize,
+    /// Resync, rebuild and scrub rate while clients are active, MB/s of member I/O (md's
+    /// sync_speed_min), with --background-budget 0.
     #[arg(long, value_name = "MB/S", default_value_t = 50)]
     pub resync_min: u64,
     /// Resync rate while clients are idle, MB/s; 0: unlimited (md's sync_speed_max).
@@ -273,6 +280,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     for l in &listeners {
         println!("uraid: listening on {}", uri(l, &export));
     }
+    array.array().set_background_budget(args.background_budget);
     let jobs = Arc::new(crate::jobs::Jobs::new(
         array.clone(),
         ResyncLimits {

@@ -28,33 +28,53 @@ use std::time::{Duration, Instant};
 /// far behind it.
 pub(crate) const BATCH: usize = 8;
 
-/// md's sync_speed_min/max throttle for a walk running on its own thread: while clients did
-/// I/O since the last round, at most `min_bytes_per_second`; otherwise at most
-/// `max_bytes_per_second` (0 = unlimited for either), with at most 200 ms of unused credit.
+/// The throttle of a walk running on its own thread. While clients did I/O since the last
+/// round: with an in-flight *budget* (OpenZFS's rule; `uraid serve --background-budget`,
+/// `Array::set_background_budget`), rounds of `budget` units (one unit reads one chunk of
+/// each member it needs, so about one background I/O per member), each followed by a pause
+/// of half its time; without one, md's sync_speed_min: at most `min_bytes_per_second`.
+/// While clients are idle: full rounds, at most `max_bytes_per_second`. 0 = unlimited for
+/// either rate; at most 200 ms of unused credit.
 pub(crate) struct Pacer {
     limits: ResyncLimits,
     unit_bytes: u64,
+    /// Units per round while clients are active (0: md's min rate instead).
+    busy_round: usize,
+    /// When the current round started (`cap`).
+    round: Instant,
     t0: Instant,
     paced: Duration,
     last_client: u64,
 }
 
 impl Pacer {
-    pub(crate) fn new(limits: ResyncLimits, unit_bytes: u64, client_ops: u64) -> Pacer {
+    pub(crate) fn new(
+        limits: ResyncLimits,
+        unit_bytes: u64,
+        client_ops: u64,
+        busy_round: usize,
+    ) -> Pacer {
         Pacer {
             limits,
             unit_bytes: unit_bytes.max(1),
+            busy_round,
+            round: Instant::now(),
             t0: Instant::now(),
             paced: Duration::ZERO,
             last_client: client_ops,
         }
     }
 
-    /// Units the next round may take: while clients are active, at most 200 ms of the
-    /// minimum rate (at least one), so the walk never bursts past the throttle.
-    pub(crate) fn cap(&self, client_ops: u64) -> usize {
+    /// Units the next round may take: while clients are active, the budget, or at most
+    /// 200 ms of the minimum rate (at least one), so the walk never bursts past the
+    /// throttle.
+    pub(crate) fn cap(&mut self, client_ops: u64) -> usize {
+        self.round = Instant::now();
         let min = self.limits.min_bytes_per_second;
-        if client_ops != self.last_client && min > 0 {
+        let busy = client_ops != self.last_client;
+        if busy && self.busy_round > 0 {
+            self.busy_round
+        } else if busy && min > 0 {
             (min / 5 / self.unit_bytes).max(1) as usize
         } else {
             usize::MAX
@@ -66,6 +86,17 @@ impl Pacer {
     pub(crate) fn pace(&mut self, units: usize, client_ops: u64, stop: &AtomicBool) {
         let busy = client_ops != self.last_client;
         self.last_client = client_ops;
+        if busy && self.busy_round > 0 {
+            // The budget is the throttle, with a pause of half the round's time after each
+            // round (the background work holds its budget two thirds of the time, on any
+            // host's speed).
+            self.paced = self.t0.elapsed();
+            let pause = (self.round.elapsed() / 2).min(Duration::from_millis(50));
+            if !stop.load(Ordering::Acquire) {
+                std::thread::sleep(pause);
+            }
+            return;
+        }
         let rate = if busy {
             self.limits.min_bytes_per_second
         } else {
@@ -91,6 +122,18 @@ impl Pacer {
 }
 
 impl<D: BlockDev> Array<D> {
+    /// Background units in flight while clients are active (0: md's `--resync-min` rate
+    /// instead): resync, rebuild and scrub.
+    pub fn set_background_budget(&self, units: usize) {
+        self.background_budget.store(units, Ordering::Relaxed);
+    }
+
+    /// A new pacer for a walk with `limits` over units of `unit_bytes`.
+    pub(crate) fn pacer(&self, limits: ResyncLimits, unit_bytes: u64) -> Pacer {
+        let budget = self.background_budget.load(Ordering::Relaxed);
+        Pacer::new(limits, unit_bytes, self.client_ops(), budget)
+    }
+
     /// Runs `work` over `units`: with reactors, a slice of `BATCH` units on each at once
     /// (io_uring: every member busy, member timeouts apply); without, here. One result per
     /// unit, in order; `gone` for the units of a slice whose reactor stopped.

@@ -23,7 +23,7 @@
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
-use crate::recovery::{Pacer, ResyncLimits, BATCH};
+use crate::recovery::{ResyncLimits, BATCH};
 use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,7 +106,7 @@ impl<D: BlockDev> Array<D> {
                     "array '{name}': rebuilding member(s) {targets} from unit {start} of {units}"
                 );
             }
-            let mut pacer = Pacer::new(limits, p.unit_bytes, self.client_ops());
+            let mut pacer = self.pacer(limits, p.unit_bytes);
             let mut last_persist = Instant::now();
             let mut last_log = Instant::now();
             let mut next = start;

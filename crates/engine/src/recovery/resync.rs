@@ -27,7 +27,7 @@
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
-use crate::recovery::{Pacer, BATCH};
+use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -335,7 +335,7 @@ impl<D: BlockDev> Array<D> {
             .await;
         let mut report = ResyncReport::default();
         let t0 = Instant::now();
-        let mut pacer = Pacer::new(limits, unit_bytes, self.client_ops());
+        let mut pacer = self.pacer(limits, unit_bytes);
         let mut last_log = Instant::now();
         let mut todo = due.into_iter().flatten();
         let mut n = 0u64;
