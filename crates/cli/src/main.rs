@@ -70,6 +70,10 @@ enum Cmd {
         /// satisfied by the journal (one journal write), members flushed at checkpoints.
         #[arg(long, default_value = "write-through", value_parser = parse_journal_mode)]
         journal_mode: JournalMode,
+        /// A hot spare (repeat for several): it takes over the slot of the next member that
+        /// fails while serving (give it with the members to `serve`). Levels with redundancy.
+        #[arg(long, value_name = "DEV")]
+        spare: Vec<PathBuf>,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -415,11 +419,20 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             bitmap_chunk,
             journal,
             journal_mode,
+            spare,
             members,
         } => {
             let level = Level::parse(&level, parity)?;
+            if !spare.is_empty() && level == Level::Raid0 {
+                bail!("--spare: raid0 has no redundancy, a spare could never be rebuilt");
+            }
+            for (i, s) in spare.iter().enumerate() {
+                if spare[..i].contains(s) || members.contains(s) {
+                    bail!("{}: given twice", s.display());
+                }
+            }
             if let Some(sz) = size {
-                for m in &members {
+                for m in members.iter().chain(&spare) {
                     if !m.exists() {
                         let f = std::fs::File::create(m)
                             .with_context(|| format!("{}: cannot create", m.display()))?;
@@ -427,6 +440,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                     }
                 }
             }
+            let jpath = journal.clone();
             let sb = assemble::create_exclusive(
                 &members,
                 &CreateOptions {
@@ -451,6 +465,15 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             );
             if let Some((u, m)) = sb.journal {
                 println!("uraid: journal {} ({})", uuid_string(&u), m.name());
+            }
+            if !spare.is_empty() {
+                let mut given = members.clone();
+                given.extend(jpath.iter().cloned());
+                let plan = assemble::plan(&given)?;
+                for s in &spare {
+                    assemble::add_spare(&plan, s, force)?;
+                    println!("uraid: hot spare {}", s.display());
+                }
             }
             Ok(())
         }
@@ -761,7 +784,11 @@ fn print_examine(path: &Path, sb: &Superblock) {
         g.volume_size()
     );
     println!("    Device UUID : {}", uuid_string(&sb.device_uuid));
-    println!("   Device Index : {}", sb.index);
+    if sb.spare {
+        println!("    Device Role : hot spare");
+    } else {
+        println!("   Device Index : {}", sb.index);
+    }
     println!("         Events : {}", sb.events);
     println!("   Bitmap Chunk : {}", bitmap_word(sb));
     println!("        Journal : {}", journal_word(sb));
@@ -809,6 +836,7 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
         "journal": sb.journal.map(|(u, m)| json!({"uuid": uuid_string(&u), "mode": m.name()})),
         "ctime": sb.ctime,
         "utime": sb.utime,
+        "spare": sb.spare,
         "member_states": (0..g.members).map(|i| sb_state(sb, i)).collect::<Vec<_>>(),
         "rebuilt_units": sb.rebuilt,
     })

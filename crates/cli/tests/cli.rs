@@ -550,3 +550,44 @@ fn journal_add_examine_missing_and_remove() {
     assert!(e.contains("no parity"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `create --spare`: hot spares written at creation (a superblock marked spare), found by
+/// `status` among the paths given; refused on RAID0 before anything is written, and a spare
+/// given twice is refused.
+#[test]
+fn create_with_spares() {
+    let dir = tmp("spares-create");
+    let out = create(&dir, "6", 6, &["--spare", "s0", "--spare", "s1"]);
+    assert!(
+        out.contains("hot spare s0") && out.contains("hot spare s1"),
+        "{out}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&on_members(
+        &["status", "--json", "--offline", "s0", "s1"],
+        6,
+        &dir,
+    )))
+    .unwrap();
+    assert_eq!(v["spares"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["state"], "healthy", "{v}");
+    let ex: serde_json::Value =
+        serde_json::from_str(&ok(&uraid(&["examine", "--json", "s0"], &dir))).unwrap();
+    assert_eq!(ex["spare"], true, "{ex}");
+    let e = one_line_error(&on_members(
+        &[
+            "create", "--level", "0", "--size", "48M", "--force", "--spare", "s2",
+        ],
+        3,
+        &dir,
+    ));
+    assert!(e.contains("raid0 has no redundancy"), "{e}");
+    assert!(!dir.join("s2").exists(), "nothing written");
+    let e = one_line_error(&on_members(
+        &[
+            "create", "--level", "5", "--size", "48M", "--force", "--spare", "s3", "--spare", "s3",
+        ],
+        3,
+        &dir,
+    ));
+    assert!(e.contains("given twice"), "{e}");
+}
