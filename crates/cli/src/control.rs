@@ -466,6 +466,15 @@ fn query<'a>(q: &'a str, known: &[&str]) -> Result<Vec<(&'a str, &'a str)>, Resp
     uraid_core::http::query_pairs(q, known).map_err(|e| Response::error(400, &e))
 }
 
+/// The `force` parameter of a command: absent or 0, or 1.
+fn force_param(q: &[(&str, &str)]) -> Result<bool, Response> {
+    match q.iter().find(|x| x.0 == "force").map(|x| x.1) {
+        None | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(Response::error(400, &format!("force={v}: 0 or 1"))),
+    }
+}
+
 /// An operator command (`POST`, Unix socket only): 202 with a message, or the refusal.
 fn command(state: &State, h: &Head) -> Response {
     let done = |r: Result<String, crate::jobs::Refusal>| match r {
@@ -504,10 +513,9 @@ fn command(state: &State, h: &Head) -> Response {
                 Some(Some(p)) if !p.is_empty() => PathBuf::from(p),
                 _ => return Response::error(400, "path=DEVICE (percent-encoded) is required"),
             };
-            let force = match q.iter().find(|x| x.0 == "force").map(|x| x.1) {
-                None | Some("0") => false,
-                Some("1") => true,
-                Some(v) => return Response::error(400, &format!("force={v}: 0 or 1")),
+            let force = match force_param(&q) {
+                Ok(f) => f,
+                Err(r) => return r,
             };
             done(state.jobs.add(&path, force))
         }
@@ -524,10 +532,9 @@ fn command(state: &State, h: &Head) -> Response {
                 Some(Ok(m)) => m,
                 _ => return Response::error(400, "member=N is required"),
             };
-            let force = match q.iter().find(|x| x.0 == "force").map(|x| x.1) {
-                None | Some("0") => false,
-                Some("1") => true,
-                Some(v) => return Response::error(400, &format!("force={v}: 0 or 1")),
+            let force = match force_param(&q) {
+                Ok(f) => f,
+                Err(r) => return r,
             };
             done(state.jobs.fail(member, force))
         }

@@ -380,6 +380,28 @@ fn settle(rt: &Runtime, vol: &Arc<Volume<uraid_sim::MemDev>>, off: u64, len: u64
         .unwrap();
 }
 
+/// Writes ones over `[0, base)`, lets their deferred member writes land, holds member 1,
+/// then writes W (twos over stripe 0): acknowledged, its member-1 write still in flight.
+fn held_write(
+    rt: &Runtime,
+    vol: &Arc<Volume<uraid_sim::MemDev>>,
+    faults: &[Arc<uraid_sim::Faults>],
+    base: usize,
+) {
+    let write = |byte: u8, len: usize| {
+        let v = vol.clone();
+        rt.handle()
+            .block_on(0, move || async move {
+                v.write(0, Arc::new(vec![byte; len])).await
+            })
+            .unwrap();
+    };
+    write(1, base);
+    settle(rt, vol, 0, base as u64);
+    faults[1].hold();
+    write(2, 3 * 4096);
+}
+
 /// The write-intent bit of a region stays set while a deferred (write-back) member write into
 /// it is still in flight: if the journal were lost afterwards, the bitmap is all that says
 /// where stripes may be torn (found by a cold review; fails without the deferred count).
@@ -389,23 +411,8 @@ fn bitmap_is_not_cleared_under_a_deferred_write() {
     let rt = Runtime::new(1, 64, true).unwrap();
     let (vol, faults, _j) = write_back_raid5(&rt);
     let sw = 3 * 4096usize; // one full stripe
-    let v = vol.clone();
-    rt.handle()
-        .block_on(0, move || async move {
-            v.write(0, Arc::new(vec![1u8; sw])).await
-        })
-        .unwrap();
-    settle(&rt, &vol, 0, sw as u64);
+    held_write(&rt, &vol, &faults, sw);
     let a = vol.array().clone();
-    eprintln!("after first write: bitmap {:?}", a.bitmap_state());
-    // Hold member 1: the next full-stripe write's member writes stay in flight.
-    faults[1].hold();
-    let v = vol.clone();
-    rt.handle()
-        .block_on(0, move || async move {
-            v.write(0, Arc::new(vec![2u8; sw])).await
-        })
-        .unwrap();
     eprintln!("acknowledged; bitmap {:?}", a.bitmap_state());
     assert!(faults[1].held.load(Ordering::SeqCst));
     let t = a.clone();
@@ -435,20 +442,7 @@ fn flush_after_a_journal_failure_covers_deferred_writes() {
     let rt = Runtime::new(2, 64, true).unwrap();
     let (vol, faults, jf) = write_back_raid5(&rt);
     let sw = 3 * 4096usize;
-    let v = vol.clone();
-    rt.handle()
-        .block_on(0, move || async move {
-            v.write(0, Arc::new(vec![1u8; 4 * sw])).await
-        })
-        .unwrap();
-    settle(&rt, &vol, 0, 4 * sw as u64);
-    faults[1].hold();
-    let v = vol.clone();
-    rt.handle()
-        .block_on(0, move || async move {
-            v.write(0, Arc::new(vec![2u8; sw])).await
-        })
-        .unwrap();
+    held_write(&rt, &vol, &faults, 4 * sw);
     eprintln!("W acknowledged (member 1 held)");
     jf.kill();
     // Another write meets the dead journal: the fallback starts (and waits for W).
