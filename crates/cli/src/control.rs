@@ -12,7 +12,9 @@
 //! * `GET /metrics`: Prometheus text format 0.0.4;
 //! * `GET /events[?since=N]`: the event ring (`events.rs`), JSON;
 //! * `POST /scrub[?mode=check|repair]`, `POST /scrub/pause|resume|cancel`,
-//!   `POST /fail?member=N[&force=1]`: operator commands (`jobs.rs`), on the Unix socket only.
+//!   `POST /fail?member=N[&force=1]`, `POST /add?path=DEVICE`, `POST /remove?member=N`,
+//!   `POST /throttle?budget=&min=&max=&priority=`: operator commands (`jobs.rs`), on the
+//!   Unix socket only.
 
 use crate::events::Events;
 use anyhow::{bail, Context, Result};
@@ -475,6 +477,68 @@ fn force_param(q: &[(&str, &str)]) -> Result<bool, Response> {
     }
 }
 
+/// `t` with the parameters of `POST /throttle` applied: budget (stripes), min and max (MB/s
+/// of member I/O), priority (low, normal, high).
+fn throttle_params(
+    mut t: uraid_engine::Throttle,
+    q: &[(&str, &str)],
+) -> Result<uraid_engine::Throttle, Response> {
+    if q.is_empty() {
+        return Err(Response::error(
+            400,
+            "nothing to set: budget=STRIPES, min=MB/S, max=MB/S or priority=low|normal|high",
+        ));
+    }
+    let number = |k: &str, v: &str, max: u64| match v.parse::<u64>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(Response::error(
+            400,
+            &format!("{k}={v}: a whole number from 0 to {max}"),
+        )),
+    };
+    for &(k, v) in q {
+        match k {
+            "budget" => t.budget = number(k, v, 1 << 16)? as usize,
+            "min" => t.min_bytes_per_second = number(k, v, 1 << 30)? << 20,
+            "max" => t.max_bytes_per_second = number(k, v, 1 << 30)? << 20,
+            _ => {
+                t.priority = uraid_engine::Priority::parse(v).ok_or_else(|| {
+                    Response::error(400, &format!("priority={v}: low, normal or high"))
+                })?
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// The throttle as an operator reads it.
+pub fn throttle_words(t: &uraid_engine::Throttle) -> String {
+    let rate = |b: u64| {
+        if b == 0 {
+            "unlimited".to_string()
+        } else {
+            format!("{} MB/s", b >> 20)
+        }
+    };
+    format!(
+        "budget {} stripe(s) while clients are active{}, priority {}, min {}, max {}",
+        t.budget,
+        if t.budget == 0 { " (off: min rate)" } else { "" },
+        t.priority.name(),
+        rate(t.min_bytes_per_second),
+        rate(t.max_bytes_per_second)
+    )
+}
+
+fn throttle_json(t: &uraid_engine::Throttle) -> Value {
+    json!({
+        "budget": t.budget,
+        "priority": t.priority.name(),
+        "min_bytes_per_second": t.min_bytes_per_second,
+        "max_bytes_per_second": t.max_bytes_per_second,
+    })
+}
+
 /// An operator command (`POST`, Unix socket only): 202 with a message, or the refusal.
 fn command(state: &State, h: &Head) -> Response {
     let done = |r: Result<String, crate::jobs::Refusal>| match r {
@@ -538,6 +602,48 @@ fn command(state: &State, h: &Head) -> Response {
             };
             done(state.jobs.fail(member, force))
         }
+        "/remove" => {
+            let q = match query(&h.query, &["member", "path", "force"]) {
+                Ok(q) => q,
+                Err(r) => return r,
+            };
+            let force = match force_param(&q) {
+                Ok(f) => f,
+                Err(r) => return r,
+            };
+            let member = q.iter().find(|x| x.0 == "member").map(|x| x.1);
+            let path = q.iter().find(|x| x.0 == "path").map(|x| x.1);
+            let what = match (member, path) {
+                (Some(m), None) => match m.parse::<usize>() {
+                    Ok(m) => crate::jobs::Removal::Member(m),
+                    Err(_) => return Response::error(400, &format!("member={m}: a number")),
+                },
+                (None, Some(p)) => match uraid_core::http::percent_decode(p) {
+                    Some(p) if !p.is_empty() => crate::jobs::Removal::Spare(PathBuf::from(p)),
+                    _ => return Response::error(400, "path=SPARE (percent-encoded)"),
+                },
+                _ => return Response::error(400, "member=N or path=SPARE (one of them)"),
+            };
+            done(state.jobs.remove(what, force))
+        }
+        "/throttle" => {
+            let q = match query(&h.query, &["budget", "min", "max", "priority"]) {
+                Ok(q) => q,
+                Err(r) => return r,
+            };
+            match throttle_params(state.volume.array().throttle(), &q) {
+                Ok(t) => {
+                    state.volume.array().set_throttle(t);
+                    tracing::info!(
+                        target: "uraid_engine::recovery",
+                        "throttle set: {}",
+                        throttle_words(&t)
+                    );
+                    done(Ok(format!("throttle: {}", throttle_words(&t))))
+                }
+                Err(r) => r,
+            }
+        }
         "/status" | "/metrics" | "/events" | "/" => {
             Response::error(405, "a report: GET it (POST is for commands)")
         }
@@ -595,7 +701,9 @@ fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
                 "commands": [
                     "POST /scrub?mode=check|repair", "POST /scrub/pause", "POST /scrub/resume",
                     "POST /scrub/cancel", "POST /fail?member=N&force=0|1",
-                    "POST /add?path=DEVICE&force=0|1"
+                    "POST /add?path=DEVICE&force=0|1",
+                    "POST /remove?member=N&force=0|1", "POST /remove?path=SPARE",
+                    "POST /throttle?budget=STRIPES&min=MB/S&max=MB/S&priority=low|normal|high"
                 ],
             }),
         ),
@@ -726,6 +834,7 @@ pub fn status(state: &State) -> Value {
             "degraded_reads": st.degraded_reads, "corrected_reads": st.corrected_reads,
         },
         "background": background(a),
+        "throttle": throttle_json(&a.throttle()),
         "bitmap": {
             "chunk": bc, "regions": regions, "dirty_regions": dirty,
             "set_rounds": a.bitmap_rounds().0, "clear_rounds": a.bitmap_rounds().1,
@@ -761,7 +870,9 @@ fn member_path(state: &State, i: usize) -> Option<String> {
 
 /// A member's state word: missing, failed, rebuilding or active.
 fn member_state(a: &uraid_engine::Array<FileDev>, i: usize) -> &'static str {
-    if a.member_dev(i).is_none() {
+    if a.removed().contains(i) {
+        "removed"
+    } else if a.member_dev(i).is_none() {
         "missing"
     } else if a.is_failed(i) {
         "failed"
@@ -952,7 +1063,7 @@ pub fn metrics(state: &State) -> String {
     };
     for i in 0..g.members {
         let now = member_state(a, i);
-        for s in ["active", "failed", "missing", "rebuilding"] {
+        for s in ["active", "failed", "missing", "rebuilding", "removed"] {
             let mut l = member_labels(i);
             l.push(("state", s.into()));
             p.sample("uraid_member_state", &l, u8::from(now == s));

@@ -6,14 +6,19 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use uraid_engine::{FileDev, ResyncLimits, ScrubMode, Volume};
+use uraid_engine::{FileDev, ScrubMode, Volume};
+
+/// What `remove` removes: a member slot, or a hot spare by path.
+pub enum Removal {
+    Member(usize),
+    Spare(std::path::PathBuf),
+}
 
 /// A command's refusal: HTTP status and message.
 pub type Refusal = (u16, String);
 
 pub struct Jobs {
     volume: Arc<Volume<FileDev>>,
-    limits: ResyncLimits,
     read_only: bool,
     scrub: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
     rebuild: Mutex<Option<JoinHandle<()>>>,
@@ -28,10 +33,9 @@ pub struct Jobs {
 }
 
 impl Jobs {
-    pub fn new(volume: Arc<Volume<FileDev>>, limits: ResyncLimits, read_only: bool) -> Jobs {
+    pub fn new(volume: Arc<Volume<FileDev>>, read_only: bool) -> Jobs {
         Jobs {
             volume,
-            limits,
             read_only,
             scrub: Mutex::new(None),
             rebuild: Mutex::new(None),
@@ -83,12 +87,12 @@ impl Jobs {
             let _ = t.join();
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let (vol, st, limits) = (self.volume.clone(), stop.clone(), self.limits);
+        let (vol, st) = (self.volume.clone(), stop.clone());
         a.scrub_pause(false);
         let t = std::thread::Builder::new()
             .name("uraid-scrub".into())
             .spawn(move || {
-                if let Err(e) = futures::executor::block_on(vol.array().scrub_run(mode, limits, &st))
+                if let Err(e) = futures::executor::block_on(vol.array().scrub_run(mode, &st))
                 {
                     tracing::error!(target: "uraid_engine::recovery", "scrub ({}): {e}", mode.name());
                 }
@@ -129,13 +133,13 @@ impl Jobs {
         if slot.as_ref().is_some_and(|t| !t.is_finished()) {
             return true;
         }
-        let (vol, stop, limits) = (self.volume.clone(), self.rebuild_stop.clone(), self.limits);
+        let (vol, stop) = (self.volume.clone(), self.rebuild_stop.clone());
         match std::thread::Builder::new()
             .name("uraid-rebuild".into())
             .spawn(move || {
                 // Members added while a pass finished: go again until nothing is left.
                 while !vol.array().rebuild_state().is_empty() && !stop.load(Ordering::Acquire) {
-                    if futures::executor::block_on(vol.array().rebuild(limits, &stop)).is_err() {
+                    if futures::executor::block_on(vol.array().rebuild(&stop)).is_err() {
                         break;
                     }
                 }
@@ -234,6 +238,17 @@ impl Jobs {
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
         if !force {
             if let Ok(sb) = uraid_engine::assemble::read_superblock(path) {
+                // A former member of this array (failed, replaced or removed) comes back
+                // as a new member, rebuilt from unit 0.
+                let a = self.volume.array();
+                let now = futures::executor::block_on(a.superblock());
+                let former = sb.array_uuid == now.array_uuid
+                    && !sb.spare
+                    && (a.is_failed(sb.index)
+                        || now.slot_uuids.get(sb.index) != Some(&sb.device_uuid));
+                if former {
+                    return self.add_checked(path);
+                }
                 return Err((
                     409,
                     format!(
@@ -255,6 +270,11 @@ impl Jobs {
                 ));
             }
         }
+        self.add_checked(path)
+    }
+
+    /// `add` once the device's contents were checked (caller holds the add lock).
+    fn add_checked(self: &Arc<Self>, path: &std::path::Path) -> Result<String, Refusal> {
         let dev = FileDev::open(path).map_err(|e| (409, format!("{}: {e}", path.display())))?;
         let uuid = uraid_engine::assemble::new_device_uuid();
         let vol = self.volume.clone();
@@ -330,6 +350,47 @@ impl Jobs {
         let a = self.volume.array().clone();
         futures::executor::block_on(a.fail_by_operator(i, force)).map_err(|e| (409, e))?;
         Ok(format!("member {i} marked failed"))
+    }
+
+    /// Removes member `i` (failing it first if it is active), or with `spare` the hot spare
+    /// at that path (its superblocks erased). Under the add lock: no spare takes the slot
+    /// between the failure and the removal.
+    pub fn remove(&self, what: Removal, force: bool) -> Result<String, Refusal> {
+        if self.read_only {
+            return Err((409, "the server is read-only: removing writes".into()));
+        }
+        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        match what {
+            Removal::Member(i) => {
+                let a = self.volume.array().clone();
+                futures::executor::block_on(a.remove_member(i, force)).map_err(|e| (409, e))
+            }
+            Removal::Spare(path) => {
+                use uraid_engine::BlockDev;
+                let taken = {
+                    let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+                    let at = spares.iter().position(|(d, _)| {
+                        uraid_engine::assemble::same_file(std::path::Path::new(d.name()), &path)
+                    });
+                    at.map(|k| spares.remove(k))
+                };
+                let Some((dev, _)) = taken else {
+                    return Err((
+                        409,
+                        format!("{} is not a spare of this server", path.display()),
+                    ));
+                };
+                drop(dev);
+                uraid_engine::assemble::erase_superblocks(&path).map_err(|e| {
+                    (
+                        500,
+                        format!("spare {} set aside, but erasing it: {e}", path.display()),
+                    )
+                })?;
+                tracing::warn!("spare {} removed", path.display());
+                Ok(format!("spare {} removed", path.display()))
+            }
+        }
     }
 
     /// Stops a running scrub and waits for it (server shutdown).

@@ -126,6 +126,39 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
     },
+    /// Remove member INDEX from the array (mdadm --remove), or the hot spare at a path: the
+    /// slot is left with no device (the old one is refused from then on) until `uraid add`
+    /// fills it; an active member is failed first (refused when the array could not lose
+    /// it, and without --force when that would leave no redundancy). A removed spare's
+    /// superblock is erased. On a running server through its control socket, else in the
+    /// superblocks of the stopped array.
+    Remove {
+        /// Member index, or a spare's path.
+        what: String,
+        #[arg(short, long)]
+        force: bool,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Show or change how hard background work (rebuild, resync, scrub) runs on a running
+    /// server while clients are active (its serve flags --background-budget, --priority,
+    /// --resync-min, --resync-max set the start values; a stopped array has none).
+    Throttle {
+        /// Stripes in flight while clients are active; 0: the --min rate instead.
+        #[arg(long, value_name = "STRIPES")]
+        budget: Option<usize>,
+        /// low, normal or high: how much of the time the budget is used.
+        #[arg(long, value_parser = ["low", "normal", "high"])]
+        priority: Option<String>,
+        /// Rate while clients are active with budget 0, MB/s of member I/O; 0: unlimited.
+        #[arg(long, value_name = "MB/S")]
+        min: Option<u64>,
+        /// Rate while clients are idle, MB/s; 0: unlimited.
+        #[arg(long, value_name = "MB/S")]
+        max: Option<u64>,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Add a journal device to a stopped array, or remove it (mdadm --add-journal).
     Journal {
         #[command(subcommand)]
@@ -341,11 +374,7 @@ fn scrub_offline(plan: &Plan, mode: uraid_engine::ScrubMode) -> Result<()> {
         uraid_engine::ArrayOptions::default(),
     )?;
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let limits = uraid_engine::ResyncLimits {
-        min_bytes_per_second: 0,
-        max_bytes_per_second: 0,
-    };
-    let r = futures::executor::block_on(vol.array().scrub_run(mode, limits, &stop));
+    let r = futures::executor::block_on(vol.array().scrub_run(mode, &stop));
     let v = vol.clone();
     let closed = rt
         .handle()
@@ -566,6 +595,99 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                         sb.name, sb.events
                     );
                 }
+            }
+            Ok(())
+        }
+        Cmd::Remove {
+            what,
+            force,
+            target,
+        } => {
+            let (members, embedded) = target_members(&target)?;
+            let plan = assemble::plan(&members)?;
+            let index = what.parse::<usize>().ok();
+            match live_socket(&plan, &target, embedded)? {
+                Some(sock) => {
+                    let q = match index {
+                        Some(i) => format!("member={i}"),
+                        None => format!(
+                            "path={}",
+                            uraid_core::http::percent_encode(
+                                &std::fs::canonicalize(&what)
+                                    .unwrap_or_else(|_| PathBuf::from(&what))
+                                    .display()
+                                    .to_string()
+                            )
+                        ),
+                    };
+                    let msg =
+                        control::post(&sock, &format!("/remove?{q}&force={}", u8::from(force)))?;
+                    println!("uraid: {msg} (server at {})", sock.display());
+                }
+                None => match index {
+                    Some(i) => {
+                        let sb = assemble::remove_member(&plan, i, force)?;
+                        println!(
+                            "uraid: member {i} removed from array '{}' (events {}); `uraid add` \
+                             fills its slot",
+                            sb.name, sb.events
+                        );
+                    }
+                    None => {
+                        assemble::remove_spare(&plan, Path::new(&what))?;
+                        println!("uraid: spare {what} removed from array '{}'", plan.sb.name);
+                    }
+                },
+            }
+            Ok(())
+        }
+        Cmd::Throttle {
+            budget,
+            priority,
+            min,
+            max,
+            target,
+        } => {
+            let (members, embedded) = target_members(&target)?;
+            let plan = assemble::plan(&members)?;
+            let Some(sock) = live_socket(&plan, &target, embedded)? else {
+                bail!(
+                    "no running server of array '{}': the throttle is set when serving                      (uraid serve --background-budget, --priority, --resync-min, --resync-max)",
+                    plan.sb.name
+                );
+            };
+            let mut q = Vec::new();
+            if let Some(b) = budget {
+                q.push(format!("budget={b}"));
+            }
+            if let Some(p) = priority {
+                q.push(format!("priority={p}"));
+            }
+            if let Some(m) = min {
+                q.push(format!("min={m}"));
+            }
+            if let Some(m) = max {
+                q.push(format!("max={m}"));
+            }
+            if q.is_empty() {
+                let st = control::get_json(&sock, "/status")?;
+                let t = &st["throttle"];
+                let rate = |v: &serde_json::Value| match v.as_u64() {
+                    Some(0) | None => "unlimited".to_string(),
+                    Some(b) => format!("{} MB/s", b >> 20),
+                };
+                println!(
+                    "uraid: throttle: budget {} stripe(s) while clients are active, priority {}, \
+                     min {}, max {} (server at {})",
+                    t["budget"],
+                    t["priority"].as_str().unwrap_or("?"),
+                    rate(&t["min_bytes_per_second"]),
+                    rate(&t["max_bytes_per_second"]),
+                    sock.display()
+                );
+            } else {
+                let msg = control::post(&sock, &format!("/throttle?{}", q.join("&")))?;
+                println!("uraid: {msg} (server at {})", sock.display());
             }
             Ok(())
         }
@@ -843,7 +965,9 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
 }
 
 fn sb_state(sb: &Superblock, i: usize) -> &'static str {
-    if sb.is_failed(i) {
+    if sb.is_removed(i) {
+        "removed"
+    } else if sb.is_failed(i) {
         "failed"
     } else if sb.is_rebuilding(i) {
         "rebuilding"
@@ -858,7 +982,9 @@ fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
             let path = plan.slots[i]
                 .as_ref()
                 .map_or("-".to_string(), |p| p.display().to_string());
-            let st = if plan.sb.is_failed(i) {
+            let st = if plan.sb.is_removed(i) {
+                "removed"
+            } else if plan.sb.is_failed(i) {
                 "failed"
             } else if plan.slots[i].is_none() {
                 "missing"

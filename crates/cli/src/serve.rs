@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
-use uraid_engine::{assemble, ArrayOptions, ErrorPolicy, ResyncLimits, Runtime};
+use uraid_engine::{assemble, ArrayOptions, ErrorPolicy, Priority, Runtime, Throttle};
 use uraid_nbd::{Config, Server};
 
 pub const DEFAULT_LISTEN: &str = "tcp:127.0.0.1:10809";
@@ -53,11 +53,17 @@ pub struct ServeArgs {
     #[arg(long)]
     pub start_dirty_degraded: bool,
     /// Background work (resync, rebuild, scrub) in flight while clients are active: stripes
-    /// at a time, each reading one chunk of the members it needs, then a pause of half that
-    /// round's time (OpenZFS's rule: about one background I/O per member; full speed when
-    /// clients are idle). 0: md's --resync-min rate instead.
+    /// at a time, each reading one chunk of the members it needs, then a pause set by
+    /// --priority (OpenZFS's rule: about one background I/O per member; full speed when
+    /// clients are idle). 0: md's --resync-min rate instead. `uraid throttle` changes it
+    /// while serving.
     #[arg(long, value_name = "STRIPES", default_value_t = 1)]
     pub background_budget: usize,
+    /// How much of the time background work holds its budget while clients are active:
+    /// low (a third: pauses twice each round's time), normal (two thirds), high (always).
+    #[arg(long, value_name = "PRIORITY", default_value = "normal",
+          value_parser = ["low", "normal", "high"])]
+    pub priority: String,
     /// Resync, rebuild and scrub rate while clients are active, MB/s of member I/O (md's
     /// sync_speed_min), with --background-budget 0.
     #[arg(long, value_name = "MB/S", default_value_t = 50)]
@@ -280,15 +286,13 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     for l in &listeners {
         println!("uraid: listening on {}", uri(l, &export));
     }
-    array.array().set_background_budget(args.background_budget);
-    let jobs = Arc::new(crate::jobs::Jobs::new(
-        array.clone(),
-        ResyncLimits {
-            min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
-            max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
-        },
-        args.read_only,
-    ));
+    array.array().set_throttle(Throttle {
+        budget: args.background_budget,
+        min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
+        max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
+        priority: Priority::parse(&args.priority).unwrap_or(Priority::Normal),
+    });
+    let jobs = Arc::new(crate::jobs::Jobs::new(array.clone(), args.read_only));
     let state = Arc::new(control::State {
         jobs: jobs.clone(),
         volume: array.clone(),
@@ -369,10 +373,6 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             None
         } else if array.array().failed().is_empty() {
             let (vol, stop) = (array.clone(), resync_stop.clone());
-            let limits = ResyncLimits {
-                min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
-                max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
-            };
             println!(
                 "uraid: '{}' was not stopped cleanly: resyncing parity in the background \
                  (uraid status shows progress)",
@@ -382,7 +382,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
                 std::thread::Builder::new()
                     .name("uraid-resync".into())
                     .spawn(move || {
-                        let _ = futures::executor::block_on(vol.array().resync(limits, &stop));
+                        let _ = futures::executor::block_on(vol.array().resync(&stop));
                     })
                     .context("starting the resync thread")?,
             )

@@ -952,3 +952,120 @@ fn raid6_loses_two_members_under_fio_verify_and_recovers_on_spares() {
     fio_job(&dir, "w", &srv.uri(), "rw=randwrite\nverify_only=1");
     srv.stop();
 }
+
+/// mdadm --remove and a live throttle, on a running server and on the stopped array: the
+/// throttle changes while serving (status shows it; a bad value is a 400); a hot spare added
+/// online is removed (its superblock erased); an active member is removed (failed first;
+/// removing the last redundancy needs --force) and its slot shows "removed"; offline, the
+/// removed device is refused at assembly, `add` takes it back without --force (a former
+/// member), a spare and a member are removed in the superblocks; the data reads back.
+#[test]
+fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
+    let dir = tmp("remove");
+    let m = create(&dir);
+    let ms: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
+    let spare = dir.join("spare");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let sp = spare.display().to_string();
+    let with = |args: &[&str], ctl: &Path, members: &[String]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.push(format!("--control=unix:{}", ctl.display()));
+        v.extend(members.iter().cloned());
+        v
+    };
+    let run_uraid = |v: Vec<String>| uraid(&v.iter().map(String::as_str).collect::<Vec<_>>(), &dir);
+    let srv = Srv::start(&dir, &m);
+    qemu_io(&srv.uri(), &pattern_cmds(16, 7, "write"));
+
+    let out = ok(&run_uraid(with(&["throttle"], &srv.ctl, &ms)));
+    assert!(
+        out.contains("budget 1 stripe(s)") && out.contains("priority normal"),
+        "{out}"
+    );
+    let out = ok(&run_uraid(with(
+        &["throttle", "--budget", "4", "--priority", "low", "--max", "100"],
+        &srv.ctl,
+        &ms,
+    )));
+    assert!(out.contains("budget 4 stripe(s)"), "{out}");
+    let t = &status_json(&srv)["throttle"];
+    assert_eq!(t["budget"], 4, "{t}");
+    assert_eq!(t["priority"], "low", "{t}");
+    assert_eq!(t["max_bytes_per_second"], 100u64 << 20, "{t}");
+    let ctl = srv.ctl.display().to_string();
+    let bad = curl(&[
+        "-X",
+        "POST",
+        "--unix-socket",
+        &ctl,
+        "http://uraid/throttle?priority=urgent",
+    ]);
+    assert!(bad.contains("low, normal or high"), "{bad}");
+    assert_eq!(status_json(&srv)["throttle"]["priority"], "low");
+
+    // A spare added online, then removed: set aside and its superblock erased.
+    let out = ok(&run_uraid(with(&["add", &sp], &srv.ctl, &ms)));
+    assert!(out.contains("hot spare"), "{out}");
+    assert_eq!(status_json(&srv)["spares"][0], sp.as_str());
+    let out = ok(&run_uraid(with(&["remove", &sp], &srv.ctl, &ms)));
+    assert!(out.contains("removed"), "{out}");
+    assert!(status_json(&srv)["spares"].as_array().unwrap().is_empty());
+    {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; 8192];
+        std::fs::File::open(&spare)
+            .unwrap()
+            .read_exact_at(&mut b, 0)
+            .unwrap();
+        assert!(b.iter().all(|&x| x == 0), "spare superblocks erased");
+    }
+    // An active member: failed, then removed; the last redundancy needs --force.
+    let out = ok(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
+    assert!(out.contains("member 1") && out.contains("removed"), "{out}");
+    let j = status_json(&srv);
+    assert_eq!(j["slots"][1]["state"], "removed", "{j}");
+    let e = one_line_error(&run_uraid(with(&["remove", "2"], &srv.ctl, &ms)));
+    assert!(e.contains("without redundancy; pass --force"), "{e}");
+    let e = one_line_error(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
+    assert!(e.contains("removed already"), "{e}");
+    qemu_io(&srv.uri(), &pattern_cmds(16, 7, "read"));
+    srv.stop();
+
+    // Offline: the removed member is refused, and shows as removed.
+    let none = dir.join("none.sock");
+    let j = uraid_json(
+        &with(&["status", "--json", "--offline"], &none, &ms)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &dir,
+    );
+    assert_eq!(j["slots"][1]["state"], "removed", "{j}");
+    // `add` takes the old device back without --force: a former member, rebuilt from 0.
+    let others: Vec<String> = ms
+        .iter()
+        .enumerate()
+        .filter(|x| x.0 != 1)
+        .map(|x| x.1.clone())
+        .collect();
+    let out = ok(&run_uraid(with(&["add", &ms[1]], &none, &others)));
+    assert!(out.contains("as member 1"), "{out}");
+    let out = ok(&run_uraid(with(&["add", &sp], &none, &ms)));
+    assert!(out.contains("hot spare"), "{out}");
+    let mut all = ms.clone();
+    all.push(sp.clone());
+    let out = ok(&run_uraid(with(&["remove", &sp], &none, &all)));
+    assert!(out.contains("removed"), "{out}");
+    let e = one_line_error(&run_uraid(with(&["remove", &sp], &none, &all)));
+    assert!(e.contains("is not a spare of array 'vol'"), "{e}");
+    let out = ok(&run_uraid(with(&["remove", "1"], &none, &ms)));
+    assert!(out.contains("member 1 removed"), "{out}");
+    let e = one_line_error(&run_uraid(with(&["remove", "1"], &none, &ms)));
+    assert!(e.contains("removed already"), "{e}");
+    let e = one_line_error(&run_uraid(with(&["remove", "0"], &none, &ms)));
+    assert!(e.contains("without redundancy; pass --force"), "{e}");
+    qemu_io_check_offline(&dir, &m);
+}

@@ -60,6 +60,10 @@ pub const FLAG_CLEAN: u32 = 1;
 /// A hot spare of the array (version 6): no slot; it takes over a failed member's slot
 /// while serving. Its superblock is otherwise a copy of the array's when it was added.
 pub const FLAG_SPARE: u32 = 2;
+/// `slot_uuids` entry of a slot whose member was removed (`uraid remove`): no device carries
+/// it (a random version-4 uuid never has every bit set), so the old member is refused and
+/// the slot assembles as missing until a new member is added.
+pub const REMOVED_SLOT: [u8; 16] = [0xff; 16];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberState {
@@ -152,6 +156,11 @@ fn field(field: &'static str, why: impl Into<String>) -> FormatError {
 impl Superblock {
     pub fn is_failed(&self, member: usize) -> bool {
         self.states.get(member) == Some(&MemberState::Failed)
+    }
+
+    /// The slot's member was removed (`REMOVED_SLOT`): it is failed with no device.
+    pub fn is_removed(&self, member: usize) -> bool {
+        self.slot_uuids.get(member) == Some(&REMOVED_SLOT)
     }
 
     pub fn is_rebuilding(&self, member: usize) -> bool {

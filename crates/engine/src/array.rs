@@ -139,8 +139,8 @@ pub struct Array<D: BlockDev> {
     pub(crate) rebuild: crate::recovery::Progress,
     pub(crate) scrub: crate::recovery::Progress,
     pub(crate) scrub_counts: crate::recovery::ScrubCounts,
-    /// Background units in flight while clients are active (recovery/mod.rs).
-    pub(crate) background_budget: std::sync::atomic::AtomicUsize,
+    /// The throttle of background work (recovery/mod.rs), shared with the running walks.
+    pub(crate) throttle: Arc<std::sync::Mutex<crate::recovery::Throttle>>,
     pub(crate) intent: crate::bitmap::WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
     pub(crate) journal: std::sync::OnceLock<crate::journal::Journal<D>>,
@@ -225,7 +225,7 @@ impl<D: BlockDev> Array<D> {
             rebuild: crate::recovery::Progress::new("rebuild", units, unit_bytes),
             scrub: crate::recovery::Progress::new("scrub", units, unit_bytes),
             scrub_counts: Default::default(),
-            background_budget: std::sync::atomic::AtomicUsize::new(0),
+            throttle: Default::default(),
             intent,
             journal: std::sync::OnceLock::new(),
             unjournaled: AtomicU64::new(0),

@@ -232,7 +232,8 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
     Ok(sb)
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
+/// Whether two paths name the same file (both resolve to one canonical path).
+pub fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
         (Ok(x), Ok(y)) => x == y,
         _ => a == b,
@@ -787,6 +788,15 @@ fn check_new_device(plan: &Plan, path: &Path, force: bool) -> Result<(), Assembl
     }
     if !force {
         if let Ok(sb) = read_superblock(path) {
+            // A former member of this array (failed, replaced or removed) comes back as a
+            // new member: its old data is never used (the slot is rebuilt from unit 0).
+            let former = sb.array_uuid == plan.sb.array_uuid
+                && !sb.spare
+                && (plan.sb.is_failed(sb.index)
+                    || plan.sb.slot_uuids.get(sb.index) != Some(&sb.device_uuid));
+            if former {
+                return Ok(());
+            }
             return Err(refuse(format!(
                 "it holds a uraid superblock (array {} '{}', member {}); --force overwrites it",
                 uuid_string(&sb.array_uuid),
@@ -866,6 +876,63 @@ pub fn fail_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, Ass
         sb.states[i] = MemberState::Failed;
         sb.rebuilt[i] = 0;
     })
+}
+
+/// Removes member `i` from a stopped array (`uraid remove`, mdadm --remove): the
+/// superblocks record its slot failed with no device (`REMOVED_SLOT`), so the old device is
+/// refused at assembly and the slot waits for `add`. An active member is failed in the same
+/// round, with `fail_member`'s refusals. The removed device itself is not written (its
+/// data stays as it was; `add` takes it back as a new member).
+pub fn remove_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, AssembleError> {
+    let g = plan.sb.geometry;
+    let refuse = AssembleError::Refused;
+    if i >= g.members {
+        return Err(refuse(format!(
+            "no member {i}: the array has {}",
+            g.members
+        )));
+    }
+    if plan.sb.is_removed(i) {
+        return Err(refuse(format!("member {i} was removed already")));
+    }
+    let missing = plan.missing();
+    if !plan.sb.is_failed(i) {
+        // Active, rebuilding, or missing without a failure on disk: it is failed too.
+        let lost: uraid_core::MemberSet = missing.into_iter().filter(|&x| x != i).collect();
+        g.check_fail(lost, i, force).map_err(refuse)?;
+    }
+    rewrite_superblocks_but(plan, None, Some(i), |sb| {
+        sb.states[i] = MemberState::Failed;
+        sb.rebuilt[i] = 0;
+        sb.slot_uuids[i] = uraid_core::format::REMOVED_SLOT;
+    })
+}
+
+/// Removes the hot spare at `path` from a stopped array: its superblocks are erased (a
+/// spare holds no data). Refused: a path that is not one of the array's spares.
+pub fn remove_spare(plan: &Plan, path: &Path) -> Result<(), AssembleError> {
+    if !plan.spares.iter().any(|s| same_file(&s.0, path)) {
+        return Err(AssembleError::Refused(format!(
+            "{} is not a spare of array '{}' (give it with the members)",
+            path.display(),
+            plan.sb.name
+        )));
+    }
+    erase_superblocks(path)
+}
+
+/// Zeroes both superblock slots of `path` and syncs (a removed spare).
+pub fn erase_superblocks(path: &Path) -> Result<(), AssembleError> {
+    let _claim =
+        open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(usize::MAX))?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.write_all_at(&vec![0u8; SB_SIZE * SB_SLOTS], 0)
+        .map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
 }
 
 /// "N regions dirty: volume bytes a..b, c..d, ..." (the first few ranges).
@@ -973,6 +1040,12 @@ pub fn decide(
         } else if f.sb.geometry != sb.geometry {
             refused.push(format!(
                 "{p}: geometry disagrees with the array's freshest superblock"
+            ));
+        } else if sb.is_removed(f.sb.index) {
+            refused.push(format!(
+                "{p}: was member {} but was removed from the array (uraid add takes it back \
+                 as a new member)",
+                f.sb.index
             ));
         } else if sb.slot_uuids[f.sb.index] != [0; 16]
             && sb.slot_uuids[f.sb.index] != f.sb.device_uuid

@@ -35,5 +35,7 @@ pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use members::ErrorPolicy;
 pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
-pub use recovery::{RebuildReport, ResyncLimits, ResyncReport, ScrubMode, ScrubReport};
+pub use recovery::{
+    Priority, RebuildReport, ResyncReport, ScrubMode, ScrubReport, Throttle,
+};
 pub use volume::{Run, Volume};

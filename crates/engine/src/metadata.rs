@@ -45,6 +45,8 @@ pub(crate) struct Metadata {
     first_write: futures::lock::Mutex<()>,
     /// The failed set the superblocks on disk record.
     persisted: AtomicU64,
+    /// Slots whose member was removed (`REMOVED_SLOT`), for status without the lock.
+    removed: AtomicU64,
     dirty: AtomicBool,
     /// The superblocks on disk say "not clean" although this session wrote nothing (a
     /// journal replay made the array consistent): the clean stop writes "clean" anyway.
@@ -73,6 +75,9 @@ impl Metadata {
             .filter(|&i| sb.is_failed(i))
             .collect::<MemberSet>()
             .union(absent);
+        let removed: MemberSet = (0..sb.geometry.members)
+            .filter(|&i| sb.is_removed(i))
+            .collect();
         Metadata {
             events: AtomicU64::new(sb.events),
             name: sb.name.clone(),
@@ -81,6 +86,7 @@ impl Metadata {
             state: futures::lock::Mutex::new(Meta { sb, ids }),
             first_write: futures::lock::Mutex::new(()),
             persisted: AtomicU64::new(persisted.bits()),
+            removed: AtomicU64::new(removed.bits()),
             dirty: AtomicBool::new(false),
             clean_round_due: AtomicBool::new(false),
             frozen,
@@ -89,6 +95,10 @@ impl Metadata {
 
     pub(crate) fn persisted(&self) -> MemberSet {
         MemberSet::from_bits(self.persisted.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn removed(&self) -> MemberSet {
+        MemberSet::from_bits(self.removed.load(Ordering::Acquire))
     }
 
     pub(crate) fn is_dirty(&self) -> bool {
@@ -157,6 +167,58 @@ impl<D: BlockDev> Array<D> {
         })
         .await
         .unwrap_or_else(|| Err("the server is stopping".to_string()))
+    }
+
+    /// Removes member `i` from the running array (`uraid remove`, mdadm --remove): its slot
+    /// is recorded with no device (`REMOVED_SLOT`), so the device is refused from now on and
+    /// the slot waits for a new member (`add`, or a spare). An active or rebuilding member is
+    /// failed first, with `fail_by_operator`'s refusals (and `force`). Durable when it
+    /// returns.
+    pub async fn remove_member(
+        self: &std::sync::Arc<Self>,
+        i: usize,
+        force: bool,
+    ) -> Result<String, String> {
+        let g = self.geo;
+        if i >= g.members {
+            return Err(format!("no member {i}: the array has {}", g.members));
+        }
+        if self.meta_frozen() {
+            return Err("the array's metadata is read-only".into());
+        }
+        if self.meta.removed().contains(i) {
+            return Err(format!("member {i} was removed already"));
+        }
+        let was = if self.members.is_failed(i) {
+            "failed"
+        } else {
+            self.fail_by_operator(i, force).await?;
+            "active"
+        };
+        self.on_reactor(move |a| async move {
+            let mut meta = a.meta.state.lock().await;
+            if !a.members.is_failed(i) {
+                return Err(format!(
+                    "member {i} was given a new device meanwhile (a spare took it over)"
+                ));
+            }
+            if a.meta.removed().contains(i) {
+                return Err(format!("member {i} was removed already"));
+            }
+            let name = a.members.name(i).unwrap_or("?").to_string();
+            meta.ids[i].uuid = uraid_core::format::REMOVED_SLOT;
+            a.meta.removed.fetch_or(1 << i, Ordering::AcqRel);
+            a.persist(&mut meta, true).await;
+            tracing::warn!("member {i} ({name}) removed from the array");
+            Ok(format!("member {i} ({name}, {was}) removed"))
+        })
+        .await
+        .unwrap_or_else(|| Err("the server is stopping".to_string()))
+    }
+
+    /// Slots whose member was removed and not yet replaced.
+    pub fn removed(&self) -> MemberSet {
+        self.meta.removed()
     }
 
     /// Puts `dev` into the lowest failed slot of the running array (`uraid add` on a server,
@@ -229,6 +291,7 @@ impl<D: BlockDev> Array<D> {
             events: meta.sb.events,
         };
         meta.sb.rebuilt[slot] = 0;
+        self.meta.removed.fetch_and(!(1 << slot), Ordering::AcqRel);
         self.members.start_rebuilding(slot);
         tracing::warn!(
             "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"

@@ -11,17 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use uraid_core::{Level, MemberSet};
-use uraid_engine::{ResyncLimits, Volume};
+use uraid_engine::Volume;
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
 use uraid_sim::{add_member_images, mem_array, member_bytes, payload, MemDev, Model};
 
 const CHUNK: u64 = 4096;
 const ROWS: u64 = 48;
-const UNLIMITED: ResyncLimits = ResyncLimits {
-    min_bytes_per_second: 0,
-    max_bytes_per_second: 0,
-};
-
 /// Levels with redundancy and their member counts.
 const LEVELS: &[(Level, usize)] = &[
     (Level::Raid1, 3),
@@ -110,7 +105,7 @@ fn rebuild_under_load(level: Level, members: usize, slots: &[usize], seed: u64) 
     let size = vol.size();
     let mut rng = Rng::new(seed ^ 0x5eed);
     let (report, model) = block_on(async {
-        let rebuild = a.rebuild(UNLIMITED, &stop);
+        let rebuild = a.rebuild(&stop);
         let client = async {
             for i in 0..80 {
                 let (off, len) = range(&mut rng, size);
@@ -178,7 +173,7 @@ fn rebuild_until_cut(images: &[Vec<u8>], cut: u64) -> (Option<Vec<Vec<u8>>>, u64
     let a = vol.array().clone();
     let slot = a.rebuild_state()[0].0;
     let stop = AtomicBool::new(false);
-    let _ = block_on(a.rebuild_with(UNLIMITED, &stop, Duration::ZERO));
+    let _ = block_on(a.rebuild_with(&stop, Duration::ZERO));
     let reached = a.rebuild_state().first().map_or(u64::MAX, |r| r.1);
     let _ = slot;
     (clock.images(), reached, clock.ops())
@@ -209,7 +204,7 @@ fn rebuild_resumes_after_power_cuts() {
                     resumed_past_zero += 1;
                 }
                 let stop = AtomicBool::new(false);
-                block_on(a.rebuild(UNLIMITED, &stop)).expect("resumed rebuild finishes");
+                block_on(a.rebuild(&stop)).expect("resumed rebuild finishes");
             }
             assert!(a.rebuild_state().is_empty());
             assert!(
@@ -237,7 +232,7 @@ fn a_failing_new_member_ends_its_rebuild() {
     let a = vol.array().clone();
     a.member_dev(2).unwrap().faults.kill_after(5);
     let stop = AtomicBool::new(false);
-    let r = block_on(a.rebuild(UNLIMITED, &stop)).expect("the walk ends without an error");
+    let r = block_on(a.rebuild(&stop)).expect("the walk ends without an error");
     assert!(r.finished.is_empty());
     assert!(a.is_failed(2));
     assert!(a.rebuild_state().is_empty());
@@ -259,13 +254,13 @@ fn resync_leaves_units_to_the_rebuild_which_resyncs_them() {
     let a = vol.array().clone();
     assert!(a.needs_resync());
     let stop = AtomicBool::new(false);
-    let r = block_on(a.resync(UNLIMITED, &stop)).expect("the walk does not stop");
+    let r = block_on(a.resync(&stop)).expect("the walk does not stop");
     assert_eq!(r.deferred, a.geometry().units(), "{r:?}");
     assert!(a.needs_resync());
-    block_on(a.rebuild(UNLIMITED, &stop)).expect("rebuild");
+    block_on(a.rebuild(&stop)).expect("rebuild");
     assert!(!a.needs_resync(), "the rebuild resynced what the walk left");
     assert!(read_all(&vol) == model.bytes);
-    let s = block_on(a.scrub_run(uraid_engine::ScrubMode::Check, UNLIMITED, &stop)).unwrap();
+    let s = block_on(a.scrub_run(uraid_engine::ScrubMode::Check, &stop)).unwrap();
     assert_eq!(s.mismatches, 0, "{s:?}");
 }
 
@@ -290,7 +285,7 @@ fn a_member_failed_and_replaced_while_serving() {
         let mut rng = Rng::new(5);
         let size = vol.size();
         let (r, model) = block_on(async {
-            let rebuild = a.rebuild(UNLIMITED, &stop);
+            let rebuild = a.rebuild(&stop);
             let client = async {
                 for i in 0..60 {
                     let (off, len) = range(&mut rng, size);
@@ -338,7 +333,7 @@ fn a_replacement_that_fails_is_recorded_failed_again() {
     let new = MemDev::from_image("new2", vec![0; images[2].len()]);
     block_on(vol.add_member(new, [0x24; 16])).unwrap();
     let stop = AtomicBool::new(false);
-    block_on(a.rebuild(UNLIMITED, &stop)).unwrap();
+    block_on(a.rebuild(&stop)).unwrap();
     assert!(!a.durable_failed().contains(2));
     a.member_dev(2).unwrap().faults.kill();
     block_on(vol.write(0, payload(77, 64 * 1024))).unwrap();

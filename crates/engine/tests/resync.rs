@@ -9,16 +9,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use uraid_core::format::{pick_superblock_slot, DATA_OFFSET, SB_SIZE};
 use uraid_core::Level;
-use uraid_engine::{ResyncLimits, Volume};
+use uraid_engine::Volume;
 use uraid_sim::crash::reassemble;
 use uraid_sim::{make_dirty, make_dirty_regions, mem_array, member_bytes, payload, MemDev};
 
 const CHUNK: u64 = 4096;
-const UNLIMITED: ResyncLimits = ResyncLimits {
-    min_bytes_per_second: 0,
-    max_bytes_per_second: 0,
-};
-
 /// A volume written end to end and stopped cleanly, as member images, and its contents.
 fn written(level: Level, members: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     let (vol, _) = mem_array(level, members, CHUNK, 16 * CHUNK, None);
@@ -98,7 +93,7 @@ fn resync_rewrites_inconsistent_parity_and_writes_resync_their_stripe_first() {
         );
         assert!(a.stripe_unsynced(7));
         let stop = AtomicBool::new(false);
-        let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+        let r = block_on(a.resync(&stop)).unwrap();
         assert_eq!(
             r.repaired, 1,
             "{level}: stripe 7 only (3 was resynced by the write)"
@@ -143,7 +138,7 @@ fn mirror_resync_makes_every_copy_equal() {
             "{level}"
         );
         let stop = AtomicBool::new(false);
-        let r = block_on(vol.array().resync(UNLIMITED, &stop)).unwrap();
+        let r = block_on(vol.array().resync(&stop)).unwrap();
         assert_eq!(r.repaired, 1, "{level}");
         let imgs = snapshot(&vol, members);
         let copy = |&(m, base): &(usize, u64)| {
@@ -167,13 +162,14 @@ fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
     // 16 stripes of 4 x 4 KiB = 256 KiB of reads at 1 MiB/s: about 0.25 s.
     let total = p.total * 4 * CHUNK;
     assert_eq!(total, 256 << 10);
-    let slow = ResyncLimits {
+    a.set_throttle(uraid_engine::Throttle {
         min_bytes_per_second: 1 << 20,
         max_bytes_per_second: 1 << 20,
-    };
+        ..uraid_engine::Throttle::UNLIMITED
+    });
     let t0 = Instant::now();
     let stop = AtomicBool::new(false);
-    block_on(a.resync(slow, &stop)).unwrap();
+    block_on(a.resync(&stop)).unwrap();
     let took = t0.elapsed();
     assert!(
         took >= Duration::from_millis(200),
@@ -188,7 +184,7 @@ fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
     let vol = reassemble(&images, &vec![true; members]).unwrap();
     let a = vol.array().clone();
     let stop = AtomicBool::new(true);
-    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    let r = block_on(a.resync(&stop)).unwrap();
     assert_eq!(r.stripes, 0);
     assert!(a.needs_resync());
     block_on(vol.close()).unwrap();
@@ -210,7 +206,7 @@ fn unreadable_chunk_leaves_its_stripe_unsynced_and_the_array_not_clean() {
     let at = DATA_OFFSET + g.member_offset(5, 0);
     a.member_dev(m).unwrap().faults.bad_range(at, at + 512);
     let stop = AtomicBool::new(false);
-    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    let r = block_on(a.resync(&stop)).unwrap();
     assert_eq!(r.unreadable, 1);
     assert_eq!(r.stripes, g.rows() - 1);
     assert!(a.stripe_unsynced(5) && !a.stripe_unsynced(4));
@@ -232,7 +228,7 @@ fn bad_parity_sector_is_rewritten_by_resync() {
     let at = DATA_OFFSET + g.member_offset(5, 0);
     a.member_dev(p).unwrap().faults.bad_range(at, at + 512);
     let stop = AtomicBool::new(false);
-    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    let r = block_on(a.resync(&stop)).unwrap();
     assert_eq!((r.unreadable, r.repaired), (0, 1));
     assert!(!a.needs_resync() && !a.is_failed(p));
     block_on(vol.close()).unwrap();
@@ -305,7 +301,7 @@ fn resync_walks_only_dirty_regions_and_resumes_region_wise() {
     assert!(a.stripe_unsynced(2) && a.stripe_unsynced(13));
     assert!(!a.stripe_unsynced(9), "clean region: nothing to resync");
     let stop = AtomicBool::new(false);
-    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    let r = block_on(a.resync(&stop)).unwrap();
     assert_eq!(
         (r.stripes, r.repaired),
         (4, 1),
@@ -354,6 +350,6 @@ fn resync_walks_only_dirty_regions_and_resumes_region_wise() {
     let vol = reassemble(&crashed, &[true; 4]).unwrap();
     let a = vol.array().clone();
     assert!(!a.stripe_unsynced(2) && a.stripe_unsynced(12));
-    let r = block_on(a.resync(UNLIMITED, &stop)).unwrap();
+    let r = block_on(a.resync(&stop)).unwrap();
     assert_eq!(r.stripes, 2, "only region 6 was left");
 }

@@ -8,17 +8,12 @@ use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
 use uraid_core::format::DATA_OFFSET;
 use uraid_core::{Level, Role};
-use uraid_engine::{ResyncLimits, ScrubMode, ScrubReport, Volume};
+use uraid_engine::{ScrubMode, ScrubReport, Volume};
 use uraid_sim::crash::{reassemble, Rng};
 use uraid_sim::{mem_array, member_bytes, payload, MemDev};
 
 const CHUNK: u64 = 16384;
 const ROWS: u64 = 16;
-const UNLIMITED: ResyncLimits = ResyncLimits {
-    min_bytes_per_second: 0,
-    max_bytes_per_second: 0,
-};
-
 /// A volume written end to end and stopped cleanly: member images and contents.
 fn written(level: Level, members: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     written_rows(level, members, ROWS)
@@ -35,7 +30,7 @@ fn written_rows(level: Level, members: usize, rows: u64) -> (Vec<Vec<u8>>, Vec<u
 
 fn scrub(vol: &Volume<MemDev>, mode: ScrubMode) -> ScrubReport {
     let stop = AtomicBool::new(false);
-    block_on(vol.array().scrub_run(mode, UNLIMITED, &stop)).expect("scrub runs")
+    block_on(vol.array().scrub_run(mode, &stop)).expect("scrub runs")
 }
 
 fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
@@ -156,7 +151,7 @@ fn no_false_mismatches_under_writes() {
             let (mut found, mut scrubs) = (0, 0);
             while !done.get() {
                 let r = a
-                    .scrub_run(ScrubMode::Check, UNLIMITED, &stop)
+                    .scrub_run(ScrubMode::Check, &stop)
                     .await
                     .unwrap();
                 found += r.mismatches;
@@ -188,10 +183,10 @@ fn degraded_is_refused_and_stop_ends_it() {
     let (images, _) = written(Level::Raid6, 6);
     let vol = reassemble(&images, &[true, true, false, true, true, true]).unwrap();
     let stop = AtomicBool::new(false);
-    assert!(block_on(vol.array().scrub_run(ScrubMode::Check, UNLIMITED, &stop)).is_err());
+    assert!(block_on(vol.array().scrub_run(ScrubMode::Check, &stop)).is_err());
     let vol = reassemble(&images, &[true; 6]).unwrap();
     stop.store(true, Ordering::Release);
-    let r = block_on(vol.array().scrub_run(ScrubMode::Check, UNLIMITED, &stop)).unwrap();
+    let r = block_on(vol.array().scrub_run(ScrubMode::Check, &stop)).unwrap();
     assert_eq!(r.units, 0);
 }
 
@@ -201,7 +196,7 @@ fn raid0_is_refused() {
     let (images, _) = written(Level::Raid0, 3);
     let vol = reassemble(&images, &[true; 3]).unwrap();
     let stop = AtomicBool::new(false);
-    let e = block_on(vol.array().scrub_run(ScrubMode::Check, UNLIMITED, &stop)).unwrap_err();
+    let e = block_on(vol.array().scrub_run(ScrubMode::Check, &stop)).unwrap_err();
     assert!(e.to_string().contains("no redundancy"), "{e}");
 }
 

@@ -537,11 +537,7 @@ pub fn resync_images(
         return Ok((images.to_vec(), Default::default()));
     }
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let unlimited = uraid_engine::ResyncLimits {
-        min_bytes_per_second: 0,
-        max_bytes_per_second: 0,
-    };
-    let report = block_on(a.resync(unlimited, &stop)).map_err(|e| format!("resync: {e}"))?;
+    let report = block_on(a.resync(&stop)).map_err(|e| format!("resync: {e}"))?;
     if a.needs_resync() {
         return Err("resync finished but the array still asks for it".into());
     }

@@ -12,7 +12,7 @@ mod scrub;
 
 pub use rebuild::RebuildReport;
 pub(crate) use resync::ResyncState;
-pub use resync::{ResyncLimits, ResyncReport};
+pub use resync::ResyncReport;
 pub(crate) use scrub::ScrubCounts;
 pub use scrub::{ScrubMode, ScrubReport};
 
@@ -28,18 +28,94 @@ use std::time::{Duration, Instant};
 /// far behind it.
 pub(crate) const BATCH: usize = 8;
 
-/// The throttle of a walk running on its own thread. While clients did I/O since the last
-/// round: with an in-flight *budget* (OpenZFS's rule; `uraid serve --background-budget`,
-/// `Array::set_background_budget`), rounds of `budget` units (one unit reads one chunk of
-/// each member it needs, so about one background I/O per member), each followed by a pause
-/// of half its time; without one, md's sync_speed_min: at most `min_bytes_per_second`.
-/// While clients are idle: full rounds, at most `max_bytes_per_second`. 0 = unlimited for
-/// either rate; at most 200 ms of unused credit.
+/// How hard background work (resync, rebuild, scrub) may push while clients are active,
+/// and how fast it may go: the array's live settings (`Array::set_throttle`; `uraid serve
+/// --background-budget/--resync-min/--resync-max/--priority`, `uraid throttle` on a running
+/// server). Every walk reads them at each round, so a change applies at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttle {
+    /// Units in flight while clients are active (OpenZFS's rule: one unit reads one chunk
+    /// of each member it needs, so about one background I/O per member); 0: md's
+    /// `min_bytes_per_second` rule instead.
+    pub budget: usize,
+    /// Rate while clients are active when there is no budget (md's sync_speed_min); 0:
+    /// unlimited.
+    pub min_bytes_per_second: u64,
+    /// Rate while clients are idle (md's sync_speed_max); 0: unlimited.
+    pub max_bytes_per_second: u64,
+    /// With a budget: how long background work pauses after each round while clients are
+    /// active.
+    pub priority: Priority,
+}
+
+impl Throttle {
+    /// No throttle at all (the engine's default; the server sets its own).
+    pub const UNLIMITED: Throttle = Throttle {
+        budget: 0,
+        min_bytes_per_second: 0,
+        max_bytes_per_second: 0,
+        priority: Priority::Normal,
+    };
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle::UNLIMITED
+    }
+}
+
+/// The share of time background work holds its budget while clients are active: after a
+/// round of `budget` units it pauses for the round's time times `pause_factor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Pauses twice the round's time: the budget is held a third of the time.
+    Low,
+    /// Pauses half the round's time: held two thirds of the time (the default).
+    Normal,
+    /// No pause: the budget is always in flight (clients still see at most `budget` units
+    /// of background I/O ahead of them).
+    High,
+}
+
+impl Priority {
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Priority> {
+        match s {
+            "low" => Some(Priority::Low),
+            "normal" => Some(Priority::Normal),
+            "high" => Some(Priority::High),
+            _ => None,
+        }
+    }
+
+    /// Pause after a busy round, as a multiple of the round's time (numerator, denominator).
+    fn pause_factor(self) -> (u32, u32) {
+        match self {
+            Priority::Low => (2, 1),
+            Priority::Normal => (1, 2),
+            Priority::High => (0, 1),
+        }
+    }
+}
+
+/// The throttle of a walk running on its own thread, applying the array's `Throttle` as it
+/// is at each round. While clients did I/O since the last round: with a budget, rounds of
+/// `budget` units, each followed by a pause set by the priority; without one, md's
+/// sync_speed_min: at most `min_bytes_per_second`. While clients are idle: full rounds, at
+/// most `max_bytes_per_second`. 0 = unlimited for either rate; at most 200 ms of unused
+/// credit.
 pub(crate) struct Pacer {
-    limits: ResyncLimits,
+    settings: Arc<Mutex<Throttle>>,
+    /// The settings this round uses (read by `cap`).
+    now: Throttle,
     unit_bytes: u64,
-    /// Units per round while clients are active (0: md's min rate instead).
-    busy_round: usize,
     /// When the current round started (`cap`).
     round: Instant,
     t0: Instant,
@@ -48,16 +124,12 @@ pub(crate) struct Pacer {
 }
 
 impl Pacer {
-    pub(crate) fn new(
-        limits: ResyncLimits,
-        unit_bytes: u64,
-        client_ops: u64,
-        busy_round: usize,
-    ) -> Pacer {
+    pub(crate) fn new(settings: Arc<Mutex<Throttle>>, unit_bytes: u64, client_ops: u64) -> Pacer {
+        let now = *settings.lock().unwrap_or_else(|e| e.into_inner());
         Pacer {
-            limits,
+            settings,
+            now,
             unit_bytes: unit_bytes.max(1),
-            busy_round,
             round: Instant::now(),
             t0: Instant::now(),
             paced: Duration::ZERO,
@@ -69,11 +141,12 @@ impl Pacer {
     /// 200 ms of the minimum rate (at least one), so the walk never bursts past the
     /// throttle.
     pub(crate) fn cap(&mut self, client_ops: u64) -> usize {
+        self.now = *self.settings.lock().unwrap_or_else(|e| e.into_inner());
         self.round = Instant::now();
-        let min = self.limits.min_bytes_per_second;
+        let min = self.now.min_bytes_per_second;
         let busy = client_ops != self.last_client;
-        if busy && self.busy_round > 0 {
-            self.busy_round
+        if busy && self.now.budget > 0 {
+            self.now.budget
         } else if busy && min > 0 {
             (min / 5 / self.unit_bytes).max(1) as usize
         } else {
@@ -81,26 +154,26 @@ impl Pacer {
         }
     }
 
-    /// After a round of `units`: sleeps what the rate that applies now owes, in slices
+    /// After a round of `units`: sleeps what the rule that applies now owes, in slices
     /// that notice `stop`.
     pub(crate) fn pace(&mut self, units: usize, client_ops: u64, stop: &AtomicBool) {
         let busy = client_ops != self.last_client;
         self.last_client = client_ops;
-        if busy && self.busy_round > 0 {
-            // The budget is the throttle, with a pause of half the round's time after each
-            // round (the background work holds its budget two thirds of the time, on any
-            // host's speed).
+        if busy && self.now.budget > 0 {
+            // The budget is the throttle, with a pause after each round in proportion to
+            // the round's time (the same share of time on any host's speed).
             self.paced = self.t0.elapsed();
-            let pause = (self.round.elapsed() / 2).min(Duration::from_millis(50));
-            if !stop.load(Ordering::Acquire) {
+            let (n, d) = self.now.priority.pause_factor();
+            let pause = (self.round.elapsed() * n / d).min(Duration::from_millis(100));
+            if !pause.is_zero() && !stop.load(Ordering::Acquire) {
                 std::thread::sleep(pause);
             }
             return;
         }
         let rate = if busy {
-            self.limits.min_bytes_per_second
+            self.now.min_bytes_per_second
         } else {
-            self.limits.max_bytes_per_second
+            self.now.max_bytes_per_second
         };
         if rate == 0 {
             self.paced = self.t0.elapsed();
@@ -122,16 +195,20 @@ impl Pacer {
 }
 
 impl<D: BlockDev> Array<D> {
-    /// Background units in flight while clients are active (0: md's `--resync-min` rate
-    /// instead): resync, rebuild and scrub.
-    pub fn set_background_budget(&self, units: usize) {
-        self.background_budget.store(units, Ordering::Relaxed);
+    /// Sets the throttle of background work (resync, rebuild, scrub); running walks apply
+    /// it from their next round.
+    pub fn set_throttle(&self, t: Throttle) {
+        *self.throttle.lock().unwrap_or_else(|e| e.into_inner()) = t;
     }
 
-    /// A new pacer for a walk with `limits` over units of `unit_bytes`.
-    pub(crate) fn pacer(&self, limits: ResyncLimits, unit_bytes: u64) -> Pacer {
-        let budget = self.background_budget.load(Ordering::Relaxed);
-        Pacer::new(limits, unit_bytes, self.client_ops(), budget)
+    /// The throttle background work applies now.
+    pub fn throttle(&self) -> Throttle {
+        *self.throttle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new pacer for a walk over units of `unit_bytes`.
+    pub(crate) fn pacer(&self, unit_bytes: u64) -> Pacer {
+        Pacer::new(self.throttle.clone(), unit_bytes, self.client_ops())
     }
 
     /// Runs `work` over `units`: with reactors, a slice of `BATCH` units on each at once

@@ -18,12 +18,12 @@
 //!   another member failing leaves the walk going while the level's tolerance allows; a
 //!   unit that cannot be reconstructed (read errors past the tolerance) stops the rebuild
 //!   with an error, the member left rebuilding from the last checkpoint.
-//! * Throttle: `Pacer` (the resync's min/max rates).
+//! * Throttle: the array's `Throttle` (recovery/mod.rs), shared with resync and scrub.
 
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
-use crate::recovery::{ResyncLimits, BATCH};
+use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,16 +67,14 @@ impl<D: BlockDev> Array<D> {
     /// any thread (the server gives it its own).
     pub async fn rebuild(
         self: &Arc<Self>,
-        limits: ResyncLimits,
         stop: &AtomicBool,
     ) -> Result<RebuildReport, ArrayError> {
-        self.rebuild_with(limits, stop, PERSIST_EVERY).await
+        self.rebuild_with(stop, PERSIST_EVERY).await
     }
 
     /// `rebuild` persisting the checkpoint every `persist_every` (tests: after every batch).
     pub async fn rebuild_with(
         self: &Arc<Self>,
-        limits: ResyncLimits,
         stop: &AtomicBool,
         persist_every: Duration,
     ) -> Result<RebuildReport, ArrayError> {
@@ -106,7 +104,7 @@ impl<D: BlockDev> Array<D> {
                     "array '{name}': rebuilding member(s) {targets} from unit {start} of {units}"
                 );
             }
-            let mut pacer = self.pacer(limits, p.unit_bytes);
+            let mut pacer = self.pacer(p.unit_bytes);
             let mut last_persist = Instant::now();
             let mut last_log = Instant::now();
             let mut next = start;

@@ -15,10 +15,8 @@
 //!   stripes' parity is then not trustworthy for reconstruction; logged as an error). A
 //!   chunk that cannot be read (media error) leaves its stripe unsynced, logged; the walk
 //!   goes on, and the array stays "not clean".
-//! * Throttle: while clients did I/O since the last stripe, resync runs at most at
-//!   `min_bytes_per_second`; otherwise at `max_bytes_per_second` (0 = unlimited for either),
-//!   md's sync_speed_min/max, with at most 200 ms of unused credit. The walk runs on its
-//!   own thread, so sleeping is the throttle; the stripe work itself goes to the array's
+//! * Throttle: the array's `Throttle` (recovery/mod.rs), shared with rebuild and scrub.
+//!   The walk runs on its own thread, so sleeping is the throttle; the stripe work itself goes to the array's
 //!   reactors, `BATCH` stripes on each at once (io_uring, member timeouts), or runs inline
 //!   on an array without reactors (tests).
 //! * Mirror rows not yet resynced are read from their first copy (the one resync copies
@@ -34,24 +32,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uraid_core::MemberSet;
-
-/// Resync rate limits in bytes of member reads per second (md's sync_speed_min/max).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResyncLimits {
-    /// Rate while clients are active (never slower than this: resync always progresses).
-    pub min_bytes_per_second: u64,
-    /// Rate while clients are idle; 0: unlimited.
-    pub max_bytes_per_second: u64,
-}
-
-impl Default for ResyncLimits {
-    fn default() -> Self {
-        ResyncLimits {
-            min_bytes_per_second: 50 << 20,
-            max_bytes_per_second: 0,
-        }
-    }
-}
 
 /// How often a running resync logs its progress (the server log; status has it live).
 const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -302,12 +282,11 @@ impl<D: BlockDev> Array<D> {
         Ok(None)
     }
 
-    /// Walks every stripe not yet synced, under its stripe lock, with the throttle of
-    /// `limits`; `stop` ends it early (the array stays "resync pending"). Runs on any
+    /// Walks every stripe not yet synced, under its stripe lock, with the array's throttle;
+    /// `stop` ends it early (the array stays "resync pending"). Runs on any
     /// thread (the server gives it its own). Progress in `recovery_progress()`.
     pub async fn resync(
         self: &Arc<Self>,
-        limits: ResyncLimits,
         stop: &AtomicBool,
     ) -> Result<ResyncReport, ArrayError> {
         let p = &self.recovery;
@@ -335,7 +314,7 @@ impl<D: BlockDev> Array<D> {
             .await;
         let mut report = ResyncReport::default();
         let t0 = Instant::now();
-        let mut pacer = self.pacer(limits, unit_bytes);
+        let mut pacer = self.pacer(unit_bytes);
         let mut last_log = Instant::now();
         let mut todo = due.into_iter().flatten();
         let mut n = 0u64;

@@ -21,7 +21,7 @@
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
-use crate::recovery::{ResyncLimits, BATCH};
+use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -149,7 +149,6 @@ impl<D: BlockDev> Array<D> {
     pub async fn scrub_run(
         self: &Arc<Self>,
         mode: ScrubMode,
-        limits: ResyncLimits,
         stop: &AtomicBool,
     ) -> Result<ScrubReport, ArrayError> {
         if self.geo.fault_tolerance() == 0 {
@@ -193,7 +192,7 @@ impl<D: BlockDev> Array<D> {
         );
         let t0 = Instant::now();
         let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
-        let mut pacer = self.pacer(limits, p.unit_bytes);
+        let mut pacer = self.pacer(p.unit_bytes);
         let mut next = 0u64;
         let mut result = Ok(());
         while next < units {
