@@ -523,7 +523,11 @@ pub fn throttle_words(t: &uraid_engine::Throttle) -> String {
     format!(
         "budget {} stripe(s) while clients are active{}, priority {}, min {}, max {}",
         t.budget,
-        if t.budget == 0 { " (off: min rate)" } else { "" },
+        if t.budget == 0 {
+            " (off: min rate)"
+        } else {
+            ""
+        },
         t.priority.name(),
         rate(t.min_bytes_per_second),
         rate(t.max_bytes_per_second)

@@ -986,7 +986,15 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
         "{out}"
     );
     let out = ok(&run_uraid(with(
-        &["throttle", "--budget", "4", "--priority", "low", "--max", "100"],
+        &[
+            "throttle",
+            "--budget",
+            "4",
+            "--priority",
+            "low",
+            "--max",
+            "100",
+        ],
         &srv.ctl,
         &ms,
     )));

@@ -138,6 +138,10 @@ pub struct Array<D: BlockDev> {
     pub(crate) recovery: crate::recovery::Progress,
     pub(crate) rebuild: crate::recovery::Progress,
     pub(crate) scrub: crate::recovery::Progress,
+    pub(crate) replace: crate::recovery::Progress,
+    /// The replace started last (recovery/replace.rs); current while its slot has that
+    /// replacement generation.
+    pub(crate) replacing: std::sync::Mutex<Option<crate::recovery::Replacing>>,
     pub(crate) scrub_counts: crate::recovery::ScrubCounts,
     /// The throttle of background work (recovery/mod.rs), shared with the running walks.
     pub(crate) throttle: Arc<std::sync::Mutex<crate::recovery::Throttle>>,
@@ -224,6 +228,8 @@ impl<D: BlockDev> Array<D> {
             recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
             rebuild: crate::recovery::Progress::new("rebuild", units, unit_bytes),
             scrub: crate::recovery::Progress::new("scrub", units, unit_bytes),
+            replace: crate::recovery::Progress::new("replace", units, geo.chunk),
+            replacing: std::sync::Mutex::new(None),
             scrub_counts: Default::default(),
             throttle: Default::default(),
             intent,

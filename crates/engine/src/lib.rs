@@ -36,6 +36,6 @@ pub use members::ErrorPolicy;
 pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
 pub use recovery::{
-    Priority, RebuildReport, ResyncReport, ScrubMode, ScrubReport, Throttle,
+    Priority, RebuildReport, ReplaceOutcome, ResyncReport, ScrubMode, ScrubReport, Throttle,
 };
 pub use volume::{Run, Volume};

@@ -238,9 +238,20 @@ pub const MAX_GENERATIONS: usize = 8;
 /// One device generation of a slot: the device (None: missing at assembly) and its health.
 type Generation<D> = std::sync::OnceLock<(Option<D>, Health)>;
 
+/// The (current, replacement) generations of a slot packed in one word, so an I/O sees a
+/// consistent pair even while a replacement is swapped in: bits 0..8 the current generation,
+/// bits 8..16 the replacement's plus one (0: none).
 struct Slot<D> {
     gens: Box<[Generation<D>]>,
     cur: std::sync::atomic::AtomicUsize,
+}
+
+fn unpack(w: usize) -> (usize, Option<usize>) {
+    (w & 0xff, (w >> 8).checked_sub(1))
+}
+
+fn pack(cur: usize, repl: Option<usize>) -> usize {
+    cur | repl.map_or(0, |r| (r + 1) << 8)
 }
 
 impl<D> Slot<D> {
@@ -255,8 +266,21 @@ impl<D> Slot<D> {
         }
     }
 
+    fn pair(&self) -> (usize, Option<usize>) {
+        unpack(self.cur.load(Ordering::Acquire))
+    }
+
+    /// The highest generation set (a new device goes above it; a dropped replacement's
+    /// cell stays set).
+    fn top(&self) -> usize {
+        self.gens
+            .iter()
+            .rposition(|g| g.get().is_some())
+            .unwrap_or(0)
+    }
+
     fn current(&self) -> &(Option<D>, Health) {
-        self.gens[self.cur.load(Ordering::Acquire)]
+        self.gens[self.pair().0]
             .get()
             .expect("the current generation is set before it is published")
     }
@@ -399,12 +423,12 @@ impl<D: BlockDev> Members<D> {
 
     /// Whether slot `i` can take another device this session.
     pub(crate) fn can_install(&self, i: usize) -> bool {
-        self.slots[i].cur.load(Ordering::Acquire) + 1 < MAX_GENERATIONS
+        self.slots[i].top() + 1 < MAX_GENERATIONS
     }
 
     /// The current device generation of slot `i` (changes when it is given a new device).
     pub fn generation(&self, i: usize) -> usize {
-        self.slots[i].cur.load(Ordering::Acquire)
+        self.slots[i].pair().0
     }
 
     /// Puts `dev` into slot `i` as its new device (the slot must be failed: no I/O goes to
@@ -412,15 +436,138 @@ impl<D: BlockDev> Members<D> {
     /// session already.
     pub(crate) fn install(&self, i: usize, dev: D) -> Result<(), D> {
         let slot = &self.slots[i];
-        let next = slot.cur.load(Ordering::Acquire) + 1;
-        if next >= MAX_GENERATIONS {
+        let next = slot.top() + 1;
+        if next >= MAX_GENERATIONS || slot.pair().1.is_some() {
             return Err(dev);
         }
         slot.gens[next]
             .set((Some(dev), Health::default()))
             .map_err(|(d, _)| d.expect("just given"))?;
-        slot.cur.store(next, Ordering::Release);
+        slot.cur.store(pack(next, None), Ordering::Release);
         Ok(())
+    }
+
+    /// Gives active member `i` a replacement device (`uraid replace`, md's
+    /// want_replacement): from now on every data and metadata write and every flush of the
+    /// slot also goes to it, reads do not. Err: no room for another generation, or the slot
+    /// has a replacement already.
+    pub(crate) fn set_replacement(&self, i: usize, dev: D) -> Result<(), D> {
+        let slot = &self.slots[i];
+        let (cur, repl) = slot.pair();
+        let next = slot.top() + 1;
+        if next >= MAX_GENERATIONS || repl.is_some() {
+            return Err(dev);
+        }
+        slot.gens[next]
+            .set((Some(dev), Health::default()))
+            .map_err(|(d, _)| d.expect("just given"))?;
+        slot.cur.store(pack(cur, Some(next)), Ordering::Release);
+        Ok(())
+    }
+
+    /// The highest device generation slot `i` has (a replacement just set is it).
+    pub(crate) fn generation_top(&self, i: usize) -> usize {
+        self.slots[i].top()
+    }
+
+    /// The replacement device of slot `i`, if it has one: its generation and name.
+    pub fn replacement(&self, i: usize) -> Option<(usize, &str)> {
+        let r = self.slots[i].pair().1?;
+        let name = self.slots[i].gens[r].get()?.0.as_ref()?.name();
+        Some((r, name))
+    }
+
+    /// Ends slot `i`'s replacement without using it (the replacement failed, or the
+    /// operator or the old member's failure ended it). No-op if `gen` is not its
+    /// replacement any more.
+    pub(crate) fn drop_replacement(&self, i: usize, gen: usize) {
+        let slot = &self.slots[i];
+        let w = slot.cur.load(Ordering::Acquire);
+        let (cur, repl) = unpack(w);
+        if repl == Some(gen) {
+            let _ =
+                slot.cur
+                    .compare_exchange(w, pack(cur, None), Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Makes slot `i`'s replacement its device, in one store: after the superblocks name it
+    /// (the replace finished), or while the slot is failed (the old member failed during
+    /// the replace; the caller records it rebuilding). False if it has none.
+    pub(crate) fn promote_replacement(&self, i: usize) -> bool {
+        let slot = &self.slots[i];
+        let w = slot.cur.load(Ordering::Acquire);
+        let (_, Some(repl)) = unpack(w) else {
+            return false;
+        };
+        slot.cur
+            .compare_exchange(w, pack(repl, None), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Writes to slot `i`'s replacement only (the replace walk's copy), at a data-area
+    /// offset. Err(None): the slot has no replacement `gen` any more.
+    pub(crate) async fn write_replacement(
+        &self,
+        i: usize,
+        gen: usize,
+        off: u64,
+        buf: IoBuf,
+    ) -> io::Result<()> {
+        if self.slots[i].pair().1 != Some(gen) {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "the replacement was dropped",
+            ));
+        }
+        self.write_gen(i, gen, self.data_offset + off, buf).await
+    }
+
+    /// Flushes slot `i`'s replacement generation `gen`.
+    pub(crate) async fn flush_gen(&self, i: usize, gen: usize) -> io::Result<()> {
+        let Some((Some(dev), h)) = self.slots[i].gens[gen].get() else {
+            return Err(io::Error::from_raw_os_error(libc::ENODEV));
+        };
+        let io = h.io.local();
+        let t0 = Some(Instant::now());
+        let r = self.timed(h, dev.flush(), Err).await;
+        account(&io.flush, 0, r.is_ok(), t0);
+        r
+    }
+
+    pub(crate) async fn write_gen(
+        &self,
+        i: usize,
+        gen: usize,
+        at: u64,
+        buf: IoBuf,
+    ) -> io::Result<()> {
+        let Some((Some(dev), h)) = self.slots[i].gens[gen].get() else {
+            return Err(io::Error::from_raw_os_error(libc::ENODEV));
+        };
+        let (io, len) = (h.io.local(), buf.len() as u64);
+        let t0 = io.sample();
+        let r = self
+            .timed(h, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
+            .await
+            .0;
+        account(&io.write, len, r.is_ok(), t0);
+        r
+    }
+
+    /// A write or flush of a replacement failed: the replacement ends (the slot keeps its
+    /// device; the replace reports it).
+    pub(crate) fn replacement_failed(&self, i: usize, gen: usize, e: &io::Error) {
+        if self.slots[i].pair().1 == Some(gen) {
+            tracing::error!(
+                "member {i}: its replacement ({}) failed: {e}; the replace is abandoned",
+                self.slots[i].gens[gen]
+                    .get()
+                    .and_then(|g| g.0.as_ref())
+                    .map_or("?", |d| d.name())
+            );
+            self.drop_replacement(i, gen);
+        }
     }
 
     /// Makes failed member `i` a member being rebuilt from unit 0 (after `install`).
@@ -448,7 +595,7 @@ impl<D: BlockDev> Members<D> {
     /// started with even if the slot gets a new device meanwhile).
     fn dev(&self, i: usize) -> io::Result<(&D, &Health, usize)> {
         let slot = &self.slots[i];
-        let g = slot.cur.load(Ordering::Acquire);
+        let g = slot.pair().0;
         let (d, h) = slot.gens[g]
             .get()
             .expect("the current generation is set before it is published");
@@ -493,26 +640,58 @@ impl<D: BlockDev> Members<D> {
         (r.map_err(|e| self.mark_stale(i, g, e)), b)
     }
 
-    /// Writes at a member offset (metadata).
+    /// Writes at a member offset (metadata), and to the slot's replacement if it has one
+    /// (a failure there only ends the replacement). The pair is loaded once: a write during
+    /// the swap reaches both devices.
     pub async fn write_raw(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
-        let (dev, h, g) = self.dev(i)?;
-        let (io, len) = (h.io.local(), buf.len() as u64);
-        let t0 = io.sample();
-        let r = self
-            .timed(h, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
-            .await
-            .0;
-        account(&io.write, len, r.is_ok(), t0);
-        r.map_err(|e| self.mark_stale(i, g, e))
+        let (c, repl) = self.slots[i].pair();
+        match repl {
+            None => self.write_at(i, c, at, buf).await,
+            Some(r) => {
+                let copy = crate::buf::copy_of(&buf);
+                let (a, b) =
+                    futures::join!(self.write_at(i, c, at, buf), self.write_gen(i, r, at, copy));
+                if let Err(e) = b {
+                    self.replacement_failed(i, r, &e);
+                }
+                a
+            }
+        }
     }
 
+    /// Writes to the slot's current device only (superblocks: a replacement gets its own
+    /// in the round that swaps it in).
+    pub(crate) async fn write_cur(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
+        self.write_at(i, self.generation(i), at, buf).await
+    }
+
+    /// Writes to generation `g` of slot `i`, its error marked stale if the slot has another
+    /// device by now.
+    async fn write_at(&self, i: usize, g: usize, at: u64, buf: IoBuf) -> io::Result<()> {
+        self.write_gen(i, g, at, buf)
+            .await
+            .map_err(|e| self.mark_stale(i, g, e))
+    }
+
+    /// Flushes slot `i`'s device, and its replacement if it has one (a failure there only
+    /// ends the replacement).
     pub async fn flush(&self, i: usize) -> io::Result<()> {
-        let (dev, h, g) = self.dev(i)?;
-        let io = h.io.local();
-        let t0 = Some(Instant::now());
-        let r = self.timed(h, dev.flush(), Err).await;
-        account(&io.flush, 0, r.is_ok(), t0);
-        r.map_err(|e| self.mark_stale(i, g, e))
+        let (c, repl) = self.slots[i].pair();
+        let cur = async {
+            self.flush_gen(i, c)
+                .await
+                .map_err(|e| self.mark_stale(i, c, e))
+        };
+        match repl {
+            None => cur.await,
+            Some(r) => {
+                let (a, b) = futures::join!(cur, self.flush_gen(i, r));
+                if let Err(e) = b {
+                    self.replacement_failed(i, r, &e);
+                }
+                a
+            }
+        }
     }
 
     /// Member `i`'s I/O totals so far (data and metadata I/O).

@@ -24,7 +24,15 @@ use uraid_core::MemberSet;
 
 pub(crate) struct Meta {
     pub(crate) sb: Superblock,
-    ids: Vec<MemberId>,
+    pub(crate) ids: Vec<MemberId>,
+    /// A replace being finished (recovery/replace.rs): the next round writes this slot's
+    /// superblock to its replacement (this generation) first, not to its current device;
+    /// with the slot's identity before the swap, restored if that write fails.
+    pub(crate) swap: Option<(usize, usize, MemberId)>,
+    /// That write failed (the slot is not failed for it: its device is fine).
+    pub(crate) swap_failed: bool,
+    /// That write succeeded: the superblocks name the replacement.
+    pub(crate) swap_done: bool,
 }
 
 /// Who a member is on disk: its device uuid, and which superblock slot holds its freshest
@@ -40,7 +48,7 @@ pub struct MemberId {
 }
 
 pub(crate) struct Metadata {
-    state: futures::lock::Mutex<Meta>,
+    pub(crate) state: futures::lock::Mutex<Meta>,
     /// Serialises the first write's preparation (`ensure_dirty`).
     first_write: futures::lock::Mutex<()>,
     /// The failed set the superblocks on disk record.
@@ -83,7 +91,13 @@ impl Metadata {
             name: sb.name.clone(),
             uuid: sb.array_uuid,
             ctime: sb.ctime,
-            state: futures::lock::Mutex::new(Meta { sb, ids }),
+            state: futures::lock::Mutex::new(Meta {
+                sb,
+                ids,
+                swap: None,
+                swap_failed: false,
+                swap_done: false,
+            }),
             first_write: futures::lock::Mutex::new(()),
             persisted: AtomicU64::new(persisted.bits()),
             removed: AtomicU64::new(removed.bits()),
@@ -189,6 +203,11 @@ impl<D: BlockDev> Array<D> {
         if self.meta.removed().contains(i) {
             return Err(format!("member {i} was removed already"));
         }
+        if self.members.replacement(i).is_some() {
+            return Err(format!(
+                "member {i} is being replaced: cancel the replace first (uraid replace --cancel)"
+            ));
+        }
         let was = if self.members.is_failed(i) {
             "failed"
         } else {
@@ -258,7 +277,13 @@ impl<D: BlockDev> Array<D> {
     async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
         let name = dev.name().to_string();
         let mut meta = self.meta.state.lock().await;
-        let Some(slot) = self.members.failed().iter().next() else {
+        // A slot whose old member failed during a replace is its replacement's.
+        let Some(slot) = self
+            .members
+            .failed()
+            .iter()
+            .find(|&i| self.members.replacement(i).is_none())
+        else {
             return Err("the array has no failed or missing member to replace".into());
         };
         if !self.members.can_install(slot) {
@@ -268,14 +293,7 @@ impl<D: BlockDev> Array<D> {
                 crate::members::MAX_GENERATIONS - 1
             ));
         }
-        // The slot's failure is on disk first (state failed, no checkpoint, its uuid), so
-        // a crash before the round below leaves it failed, never trusting the new device.
-        if !self.meta.persisted().contains(slot)
-            || meta.sb.states[slot] != MemberState::Failed
-            || meta.sb.rebuilt[slot] != 0
-        {
-            self.persist(&mut meta, true).await;
-        }
+        self.failure_on_disk(&mut meta, slot).await;
         let zeros = crate::buf::alloc(self.members.data_offset() as usize);
         let (r, _) = dev.write(0, zeros).await;
         r.and(dev.flush().await)
@@ -283,8 +301,36 @@ impl<D: BlockDev> Array<D> {
         if self.members.install(slot, dev).is_err() {
             return Err(format!("slot {slot}: no room for another device"));
         }
-        // Its first superblock comes from the round itself (not a catch-up copy of an
-        // older one): a torn round leaves it without any, i.e. missing.
+        tracing::warn!(
+            "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"
+        );
+        self.start_rebuilding_slot(meta, slot, uuid, &name).await?;
+        Ok(slot)
+    }
+
+    /// Before a failed slot gets a new device: its failure is on disk (state failed, no
+    /// checkpoint, its old uuid), so a crash before the round that names the new device
+    /// leaves it failed, never trusting the new one.
+    pub(crate) async fn failure_on_disk(&self, meta: &mut Meta, slot: usize) {
+        if !self.meta.persisted().contains(slot)
+            || meta.sb.states[slot] != MemberState::Failed
+            || meta.sb.rebuilt[slot] != 0
+        {
+            self.persist(meta, true).await;
+        }
+    }
+
+    /// Slot `slot` was just given its new device (its metadata area zeroed): it is recorded
+    /// rebuilding from unit 0 with device uuid `uuid` in one round (the device gets its
+    /// first superblock from that round, so a torn round leaves it without any: missing),
+    /// then every bitmap copy is made equal to memory. The caller rewrites the map pages.
+    pub(crate) async fn start_rebuilding_slot(
+        &self,
+        mut meta: futures::lock::MutexGuard<'_, Meta>,
+        slot: usize,
+        uuid: [u8; 16],
+        name: &str,
+    ) -> Result<(), String> {
         meta.ids[slot] = MemberId {
             uuid,
             sb_slot: 1,
@@ -293,9 +339,6 @@ impl<D: BlockDev> Array<D> {
         meta.sb.rebuilt[slot] = 0;
         self.meta.removed.fetch_and(!(1 << slot), Ordering::AcqRel);
         self.members.start_rebuilding(slot);
-        tracing::warn!(
-            "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"
-        );
         self.persist(&mut meta, true).await;
         drop(meta);
         if self.members.is_failed(slot) {
@@ -305,7 +348,7 @@ impl<D: BlockDev> Array<D> {
         }
         // Every member's bitmap copy (the new one's is zero) made equal to memory.
         self.bitmap_sync_all().await;
-        Ok(slot)
+        Ok(())
     }
 
     /// Whether a device could be added now: a failed slot with room for another device.
@@ -313,7 +356,7 @@ impl<D: BlockDev> Array<D> {
         self.members
             .failed()
             .iter()
-            .next()
+            .find(|&i| self.members.replacement(i).is_none())
             .is_some_and(|i| self.members.can_install(i))
     }
 
@@ -340,7 +383,7 @@ impl<D: BlockDev> Array<D> {
 
     /// Writes a superblock round if the failed set changed (or `force`), until one round
     /// completes without failing anyone new.
-    async fn persist(&self, meta: &mut Meta, force: bool) {
+    pub(crate) async fn persist(&self, meta: &mut Meta, force: bool) {
         let mut force = force;
         loop {
             let failed = self.members.failed();
@@ -378,7 +421,45 @@ impl<D: BlockDev> Array<D> {
                 }
             }
             let live = MemberSet::all(self.geo.members).minus(failed);
-            let writes = live.iter().map(|i| {
+            // A replacement being swapped in gets its superblock first, durably, before any
+            // other member's names it: a crash in between leaves a round one event behind
+            // on the others (taken), never a slot naming a device with no superblock. If
+            // that write fails, the slot names its old device again in this same round.
+            let mut swapped = None;
+            if let Some((s, gen, old)) = meta.swap.filter(|x| live.contains(x.0)) {
+                let mut sb = meta.sb.clone();
+                sb.index = s;
+                sb.device_uuid = meta.ids[s].uuid;
+                let slot = 1 - meta.ids[s].sb_slot;
+                let at = (slot * SB_SIZE) as u64;
+                let r = match self
+                    .members
+                    .write_gen(s, gen, at, buf::copy_of(&sb.encode()))
+                    .await
+                {
+                    Ok(()) => self.members.flush_gen(s, gen).await,
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) => {
+                        meta.ids[s].sb_slot = slot;
+                        meta.ids[s].events = meta.sb.events;
+                        meta.swap = None;
+                        meta.swap_done = true;
+                        swapped = Some(s);
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "member {s}: writing its replacement's superblock failed: {e}"
+                        );
+                        meta.swap_failed = true;
+                        meta.swap = None;
+                        meta.ids[s] = old;
+                        meta.sb.slot_uuids[s] = old.uuid;
+                    }
+                }
+            }
+            let writes = live.iter().filter(|&i| swapped != Some(i)).map(|i| {
                 let mut sb = meta.sb.clone();
                 sb.index = i;
                 sb.device_uuid = meta.ids[i].uuid;
@@ -386,7 +467,9 @@ impl<D: BlockDev> Array<D> {
                 let slot = 1 - meta.ids[i].sb_slot;
                 let at = (slot * SB_SIZE) as u64;
                 async move {
-                    let r = match self.members.write_raw(i, at, block).await {
+                    // Superblocks go to the current device only: never mirrored to a
+                    // replacement, which must not claim the slot before it has it.
+                    let r = match self.members.write_cur(i, at, block).await {
                         Ok(()) => self.members.flush(i).await,
                         Err(e) => Err(e),
                     };
@@ -441,7 +524,7 @@ impl<D: BlockDev> Array<D> {
             async move {
                 let r = match self
                     .members
-                    .write_raw(i, (slot * SB_SIZE) as u64, block)
+                    .write_cur(i, (slot * SB_SIZE) as u64, block)
                     .await
                 {
                     Ok(()) => self.members.flush(i).await,

@@ -82,6 +82,49 @@ impl<D: BlockDev> Volume<D> {
     /// zeroed) and flushes them. Its rebuild is the caller's to start (`Array::rebuild`).
     pub async fn add_member(self: &Arc<Self>, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
         let slot = self.array.add_member_online(dev, uuid).await?;
+        self.rewrite_map_pages().await.map_err(|e| {
+            format!("member {slot} added, but writing the allocation map failed: {e}")
+        })?;
+        Ok(slot)
+    }
+
+    /// Starts replacing active member `i` by `dev` while it serves (`uraid replace`,
+    /// recovery/replace.rs): the replacement gets every map page; then `replace_run`.
+    pub async fn replace_member(
+        self: &Arc<Self>,
+        i: usize,
+        dev: D,
+        uuid: [u8; 16],
+    ) -> Result<(), String> {
+        self.array.start_replace(i, dev, uuid).await?;
+        self.rewrite_map_pages()
+            .await
+            .map_err(|e| format!("replacing member {i}: writing the allocation map failed: {e}"))?;
+        if self.array.replace_state().is_none() {
+            return Err(format!(
+                "replacing member {i}: the replacement failed while its metadata was written"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs the replace started by `replace_member` to its end (`Array::replace_run`); when
+    /// the old member failed meanwhile and the replacement took its slot, its map pages are
+    /// rewritten (it is rebuilt like an added member: the caller starts the rebuild).
+    pub async fn replace_run(
+        self: &Arc<Self>,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<crate::ReplaceOutcome, ArrayError> {
+        let o = self.array.replace_run(stop).await?;
+        if let crate::ReplaceOutcome::Rebuilding { .. } = o {
+            self.rewrite_map_pages().await?;
+        }
+        Ok(o)
+    }
+
+    /// Writes every allocation-map page to every live member and flushes (a member that
+    /// got a new or replacement device has none of them).
+    async fn rewrite_map_pages(self: &Arc<Self>) -> Result<(), ArrayError> {
         let v = self.clone();
         let pages = move || async move {
             for p in 0..v.map.page_locks.len() {
@@ -90,15 +133,13 @@ impl<D: BlockDev> Volume<D> {
             v.array.flush_members().await;
             v.array.check_serving().map(|_| ())
         };
-        let r = match &self.array.rt {
+        match &self.array.rt {
             Some(rt) => rt
                 .spawn_on(0, pages)
                 .await
                 .unwrap_or(Err(ArrayError::Shutdown)),
             None => pages().await,
-        };
-        r.map_err(|e| format!("member {slot} added, but writing the allocation map failed: {e}"))?;
-        Ok(slot)
+        }
     }
 
     pub async fn close(&self) -> Result<(), ArrayError> {

@@ -150,10 +150,7 @@ fn no_false_mismatches_under_writes() {
         let s = async {
             let (mut found, mut scrubs) = (0, 0);
             while !done.get() {
-                let r = a
-                    .scrub_run(ScrubMode::Check, &stop)
-                    .await
-                    .unwrap();
+                let r = a.scrub_run(ScrubMode::Check, &stop).await.unwrap();
                 found += r.mismatches;
                 scrubs += 1;
             }

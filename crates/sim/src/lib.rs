@@ -206,6 +206,17 @@ impl MemDev {
         }
     }
 
+    /// Another handle on the same device (its bytes, faults and power clock): a test keeps
+    /// one on a device it gives to an array.
+    pub fn share(&self) -> MemDev {
+        MemDev {
+            name: self.name.clone(),
+            state: self.state.clone(),
+            faults: self.faults.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+
     /// A copy of the device's bytes as reads see them.
     pub fn snapshot(&self) -> Vec<u8> {
         self.state.lock().unwrap().data.clone()

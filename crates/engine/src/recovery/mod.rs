@@ -7,12 +7,15 @@
 //! `fan_out`.
 
 mod rebuild;
+mod replace;
 mod resync;
 mod scrub;
 
 pub use rebuild::RebuildReport;
-pub(crate) use resync::ResyncState;
+pub use replace::ReplaceOutcome;
+pub(crate) use replace::Replacing;
 pub use resync::ResyncReport;
+pub(crate) use resync::ResyncState;
 pub(crate) use scrub::ScrubCounts;
 pub use scrub::{ScrubMode, ScrubReport};
 

@@ -65,10 +65,7 @@ impl<D: BlockDev> Array<D> {
     /// Rebuilds every member that is being rebuilt, from its checkpoint, while the array
     /// serves (module docs); `stop` ends it early with the checkpoint persisted. Runs on
     /// any thread (the server gives it its own).
-    pub async fn rebuild(
-        self: &Arc<Self>,
-        stop: &AtomicBool,
-    ) -> Result<RebuildReport, ArrayError> {
+    pub async fn rebuild(self: &Arc<Self>, stop: &AtomicBool) -> Result<RebuildReport, ArrayError> {
         self.rebuild_with(stop, PERSIST_EVERY).await
     }
 

@@ -285,10 +285,7 @@ impl<D: BlockDev> Array<D> {
     /// Walks every stripe not yet synced, under its stripe lock, with the array's throttle;
     /// `stop` ends it early (the array stays "resync pending"). Runs on any
     /// thread (the server gives it its own). Progress in `recovery_progress()`.
-    pub async fn resync(
-        self: &Arc<Self>,
-        stop: &AtomicBool,
-    ) -> Result<ResyncReport, ArrayError> {
+    pub async fn resync(self: &Arc<Self>, stop: &AtomicBool) -> Result<ResyncReport, ArrayError> {
         let p = &self.recovery;
         let units = self.resync.due_units();
         let due = self.resync.due.clone();

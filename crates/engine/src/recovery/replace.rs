@@ -1,0 +1,440 @@
+//! Replace: a new device takes an active member's place while the member keeps serving
+//! (`uraid replace`, md's want_replacement). The data is copied from the member itself, so
+//! the array never loses redundancy on the way, unlike fail + add.
+//!
+//! Rules (ARCHITECTURE.md invariant 18):
+//! * From the start every write and flush of the slot goes to both devices (`Members`:
+//!   the slot's (current, replacement) generations are one word, so an I/O sees a
+//!   consistent pair); reads use the old device only. Superblocks go to the old device
+//!   only: the replacement claims nothing until the swap.
+//! * At the start the replacement's metadata area is zeroed and flushed, then every bitmap
+//!   and allocation-map page is rewritten (to every member, so to the replacement too).
+//! * The walk copies each unit's chunk of the slot under the unit's stripe lock: read from
+//!   the old device; a chunk it cannot read is reconstructed from the rest of the stripe
+//!   (the old device's read-error budget applies as for any read).
+//! * The swap: the replacement is flushed, then one superblock round names it in the slot
+//!   (its own superblock written to it in that round), then in one store it becomes the
+//!   slot's device and the old one is no longer written. A crash before the round finds
+//!   the old member complete (it got every write); a torn round leaves the slot either
+//!   with the old member or with the new one, which holds everything. The old device is
+//!   refused afterwards (its uuid is no longer the slot's).
+//! * Progress is not persisted: after a restart the old member is simply still the member
+//!   (the replacement has no superblock); the replace is started again.
+//! * The old member failing during the replace (an error, `uraid fail`) makes the
+//!   replacement the slot's new device, rebuilt from unit 0 like an added member (writes
+//!   while the slot was failed did not reach it). The replacement failing ends the replace;
+//!   the member stays.
+
+use crate::array::{Array, ArrayError};
+use crate::buf::{self, IoBuf};
+use crate::dev::BlockDev;
+use crate::recovery::BATCH;
+use crate::stripe::Attempt;
+use futures::future::join_all;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use uraid_core::geometry::Role;
+use uraid_core::MemberSet;
+
+/// How a replace ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplaceOutcome {
+    /// The new device is the slot's member; the old one is out.
+    Replaced { slot: usize },
+    /// Stopped (`stop`): the replacement was dropped, the member stays.
+    Cancelled { slot: usize },
+    /// The old member failed meanwhile: the new device is the slot's member now, being
+    /// rebuilt (the caller starts the rebuild and rewrites the map pages).
+    Rebuilding { slot: usize },
+}
+
+/// The replace under way: slot, the replacement's generation and its device uuid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Replacing {
+    pub slot: usize,
+    pub gen: usize,
+    pub uuid: [u8; 16],
+}
+
+impl<D: BlockDev> Array<D> {
+    /// The member being replaced, with its replacement's name and the units copied.
+    pub fn replace_state(&self) -> Option<(usize, String)> {
+        let r = (*self.replacing.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let (gen, name) = self.members.replacement(r.slot)?;
+        (gen == r.gen).then(|| (r.slot, name.to_string()))
+    }
+
+    /// Progress of the running (or last) replace.
+    pub fn replace_progress(&self) -> crate::recovery::ProgressView {
+        self.replace.view()
+    }
+
+    /// Starts replacing active member `i` by `dev` (module docs): checks, zeroes `dev`'s
+    /// metadata area, attaches it as the slot's replacement and rewrites the bitmap pages.
+    /// The caller rewrites the allocation-map pages (`Volume::replace_member`) and then
+    /// runs `replace_run`.
+    pub async fn start_replace(
+        self: &Arc<Self>,
+        i: usize,
+        dev: D,
+        uuid: [u8; 16],
+    ) -> Result<(), String> {
+        let g = self.geo;
+        if i >= g.members {
+            return Err(format!("no member {i}: the array has {}", g.members));
+        }
+        if g.fault_tolerance() == 0 {
+            return Err(format!(
+                "{} has no redundancy: a chunk the member cannot read could not be rebuilt \
+                 (copy the volume instead)",
+                g.level
+            ));
+        }
+        let need = self.members.data_offset() + g.member_data;
+        if dev.size() < need {
+            return Err(format!(
+                "{}: too small ({} bytes); a member needs at least {need}",
+                dev.name(),
+                dev.size()
+            ));
+        }
+        if self.meta_frozen() {
+            return Err("the array's metadata is read-only".into());
+        }
+        self.on_reactor(move |a| async move { a.start_replace_here(i, dev, uuid).await })
+            .await
+            .unwrap_or_else(|| Err("the server is stopping".into()))
+    }
+
+    async fn start_replace_here(&self, i: usize, dev: D, uuid: [u8; 16]) -> Result<(), String> {
+        let name = dev.name().to_string();
+        // Under the superblock lock: no add, fail round or other replace interleaves.
+        let meta = self.meta.state.lock().await;
+        if self.members.is_failed(i) {
+            return Err(format!(
+                "member {i} is failed or missing: add a device instead (uraid add)"
+            ));
+        }
+        if self.members.rebuilding().contains(i) {
+            return Err(format!(
+                "member {i} is being rebuilt: it does not hold all of its data yet"
+            ));
+        }
+        {
+            let r = self.replacing.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(r) = *r {
+                if self
+                    .members
+                    .replacement(r.slot)
+                    .is_some_and(|x| x.0 == r.gen)
+                {
+                    return Err(format!(
+                        "member {} is being replaced already: one replace at a time",
+                        r.slot
+                    ));
+                }
+            }
+        }
+        if !self.members.can_install(i) {
+            return Err(format!(
+                "slot {i} was given {} devices this session already; restart the server first",
+                crate::members::MAX_GENERATIONS - 1
+            ));
+        }
+        let zeros = buf::alloc(self.members.data_offset() as usize);
+        let (r, _) = dev.write(0, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
+        if self.members.set_replacement(i, dev).is_err() {
+            return Err(format!("slot {i}: no room for another device"));
+        }
+        let gen = self.members.generation_top(i);
+        *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Replacing { slot: i, gen, uuid });
+        drop(meta);
+        tracing::warn!(
+            "member {i} ({}): being replaced by {name} (copied while it serves)",
+            self.members.name(i).unwrap_or("?")
+        );
+        self.bitmap_sync_all().await;
+        if self.members.replacement(i).map(|r| r.0) != Some(gen) {
+            return Err(format!(
+                "{name}: writing its metadata failed; replace abandoned"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies the member being replaced onto its replacement and swaps it in (module docs);
+    /// `stop` cancels. Runs on any thread (the server gives it its own).
+    pub async fn replace_run(
+        self: &Arc<Self>,
+        stop: &AtomicBool,
+    ) -> Result<ReplaceOutcome, ArrayError> {
+        let Some(r) = *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return Err(ArrayError::Refused("no replace was started".into()));
+        };
+        let (i, gen) = (r.slot, r.gen);
+        let units = self.geo.units();
+        let (name, _, _) = self.identity();
+        let name = name.to_string();
+        let p = &self.replace;
+        p.total.store(units, Ordering::Release);
+        p.done.store(0, Ordering::Release);
+        p.start();
+        let t0 = Instant::now();
+        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
+        let mut pacer = self.pacer(p.unit_bytes);
+        let mut next = 0u64;
+        let end = |o: Result<ReplaceOutcome, ArrayError>| {
+            p.running.store(false, Ordering::Release);
+            o
+        };
+        while next < units {
+            if self.members.is_failed(i) {
+                return end(self.replacement_takes_over(r).await);
+            }
+            if self.members.replacement(i).map(|x| x.0) != Some(gen) {
+                return end(Err(ArrayError::Refused(format!(
+                    "member {i}'s replacement failed; the member stays"
+                ))));
+            }
+            if stop.load(Ordering::Acquire) {
+                self.members.drop_replacement(i, gen);
+                tracing::warn!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': replace of member {i} cancelled at unit {next} of {units}"
+                );
+                return end(Ok(ReplaceOutcome::Cancelled { slot: i }));
+            }
+            let cap = pacer.cap(self.client_ops());
+            let stop_at = (next + (BATCH * lanes).min(cap) as u64).min(units);
+            let batch: Vec<u64> = (next..stop_at).collect();
+            let outcomes = self
+                .fan_out(&batch, Err(ArrayError::Shutdown), move |a, b| async move {
+                    a.copy_batch(&b, i, gen).await
+                })
+                .await;
+            if let Some(e) = outcomes.into_iter().find_map(Result::err) {
+                if self.members.is_failed(i)
+                    || self.members.replacement(i).map(|x| x.0) != Some(gen)
+                {
+                    continue; // handled at the top
+                }
+                self.members.drop_replacement(i, gen);
+                tracing::error!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': replace of member {i} stopped: {e}; the member stays"
+                );
+                return end(Err(e));
+            }
+            next = stop_at;
+            p.done.store(next, Ordering::Release);
+            pacer.pace(batch.len(), self.client_ops(), stop);
+        }
+        let r2 = r;
+        let swapped = self
+            .on_reactor(move |a| async move { a.swap_in(r2).await })
+            .await
+            .unwrap_or(Err(ArrayError::Shutdown));
+        match swapped {
+            Ok(true) => {
+                tracing::warn!(
+                    target: "uraid_engine::recovery",
+                    "array '{name}': member {i} replaced in {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                );
+                end(Ok(ReplaceOutcome::Replaced { slot: i }))
+            }
+            Ok(false) => end(self.replacement_takes_over(r).await),
+            Err(e) => end(Err(e)),
+        }
+    }
+
+    /// Copies unit by unit, each under its stripe lock.
+    async fn copy_batch(&self, batch: &[u64], i: usize, gen: usize) -> Vec<Result<(), ArrayError>> {
+        join_all(batch.iter().map(|&unit| async move {
+            self.locks.lock(unit).await;
+            let r = self.copy_unit(unit, i, gen).await;
+            self.locks.unlock(unit, false);
+            r
+        }))
+        .await
+    }
+
+    /// Slot `i`'s chunk of `unit` onto its replacement: read from the member, or
+    /// reconstructed from the rest of the stripe where it cannot be read.
+    async fn copy_unit(&self, unit: u64, i: usize, gen: usize) -> Result<(), ArrayError> {
+        let g = self.geo;
+        let len = g.chunk;
+        let (at, copies) = if g.level.is_parity() {
+            (g.member_offset(unit, 0), Vec::new())
+        } else {
+            let copies = g.mirror_copies(unit);
+            match copies.iter().find(|c| c.0 == i) {
+                Some(&(_, base)) => (base, copies),
+                None => return Ok(()),
+            }
+        };
+        let mut excl = MemberSet::EMPTY;
+        let chunk: IoBuf = loop {
+            if self.members.is_failed(i) {
+                return Err(ArrayError::Refused(format!("member {i} failed")));
+            }
+            if !excl.contains(i) {
+                match self.read_members(&[(i, at, len)], &mut excl).await {
+                    Attempt::Done(mut v) => break v.pop().expect("one read"),
+                    Attempt::Retry => continue,
+                }
+            }
+            // The member could not read it: from the others.
+            let failed = self.check_serving()?;
+            if g.level.is_parity() {
+                let k = g.data_chunks();
+                match g.role(unit, i) {
+                    Role::Data(d) => match self.fetch_data(unit, 0, len, &[d], &mut excl).await? {
+                        Attempt::Done(mut v) => {
+                            break v.pop().flatten().expect("fetch_data returns every chunk")
+                        }
+                        Attempt::Retry => continue,
+                    },
+                    Role::Parity(j) => {
+                        let want: Vec<usize> = (0..k).collect();
+                        let data = match self.fetch_data(unit, 0, len, &want, &mut excl).await? {
+                            Attempt::Done(v) => v,
+                            Attempt::Retry => continue,
+                        };
+                        let mut parity: Vec<IoBuf> =
+                            (0..g.parity()).map(|_| buf::alloc(len as usize)).collect();
+                        {
+                            let srcs: Vec<&[u8]> = data
+                                .iter()
+                                .map(|b| &b.as_ref().expect("fetch_data returns every chunk")[..])
+                                .collect();
+                            let mut out: Vec<&mut [u8]> =
+                                parity.iter_mut().map(|b| &mut b[..]).collect();
+                            let codec = self.codec.as_ref().expect("parity level has a codec");
+                            codec.encode(&srcs, &mut out);
+                        }
+                        break parity.swap_remove(j);
+                    }
+                }
+            }
+            let Some(&(src, base)) = copies
+                .iter()
+                .find(|(m, _)| *m != i && !failed.contains(*m) && !excl.contains(*m))
+            else {
+                return Err(ArrayError::Unreadable { members: excl });
+            };
+            match self.read_members(&[(src, base, len)], &mut excl).await {
+                Attempt::Done(mut v) => break v.pop().expect("one read"),
+                Attempt::Retry => continue,
+            }
+        };
+        self.members
+            .write_replacement(i, gen, at, chunk)
+            .await
+            .map_err(|e| {
+                self.members.replacement_failed(i, gen, &e);
+                ArrayError::Refused(format!("member {i}'s replacement: {e}"))
+            })
+    }
+
+    /// The swap (module docs). Ok(false): the old member failed first.
+    async fn swap_in(&self, r: Replacing) -> Result<bool, ArrayError> {
+        let i = r.slot;
+        if let Err(e) = self.members.flush_gen(i, r.gen).await {
+            self.members.replacement_failed(i, r.gen, &e);
+            return Err(ArrayError::Refused(format!(
+                "member {i}'s replacement: flush: {e}; the member stays"
+            )));
+        }
+        let mut meta = self.meta.state.lock().await;
+        if self.members.is_failed(i) {
+            return Ok(false);
+        }
+        if self.members.replacement(i).map(|x| x.0) != Some(r.gen) {
+            return Err(ArrayError::Refused(format!(
+                "member {i}'s replacement failed; the member stays"
+            )));
+        }
+        let old = meta.ids[i];
+        meta.ids[i] = crate::MemberId {
+            uuid: r.uuid,
+            sb_slot: 1,
+            events: meta.sb.events,
+        };
+        meta.swap = Some((i, r.gen, old));
+        meta.swap_failed = false;
+        meta.swap_done = false;
+        self.persist(&mut meta, true).await;
+        let (done, failed_write) = (meta.swap_done, meta.swap_failed);
+        meta.swap = None;
+        if done {
+            // The superblocks name the new device (its own superblock first): it is the
+            // member now, and the old one is out. If the old one failed meanwhile, the slot
+            // is failed: the takeover rebuilds the new device like an added one.
+            self.members.promote_replacement(i);
+            return Ok(!self.members.is_failed(i));
+        }
+        if !failed_write {
+            // The old member failed before the round: the slot was not written; it names
+            // the old device again (the takeover names the new one in its own round).
+            meta.ids[i] = old;
+            meta.sb.slot_uuids[i] = old.uuid;
+            return Ok(false);
+        }
+        // Its superblock could not be written: the round named the old device again.
+        self.members.drop_replacement(i, r.gen);
+        Err(ArrayError::Refused(format!(
+            "member {i}'s replacement: its superblock could not be written; the member stays"
+        )))
+    }
+
+    /// The old member failed during the replace: the replacement becomes the slot's device,
+    /// rebuilt from unit 0 (the add protocol, `start_rebuilding_slot`).
+    async fn replacement_takes_over(
+        self: &Arc<Self>,
+        r: Replacing,
+    ) -> Result<ReplaceOutcome, ArrayError> {
+        let out = self
+            .on_reactor(move |a| async move {
+                let i = r.slot;
+                a.failure_barrier().await;
+                let mut meta = a.meta.state.lock().await;
+                let promoted = a.members.generation(i) == r.gen;
+                if !a.members.is_failed(i)
+                    || !(promoted || a.members.replacement(i).map(|x| x.0) == Some(r.gen))
+                {
+                    return Err(format!("member {i}: its replacement is gone"));
+                }
+                a.failure_on_disk(&mut meta, i).await;
+                // Its metadata pages are stale now (the slot missed writes while failed):
+                // zeroed again before it is named.
+                let zeros = buf::alloc(a.members.data_offset() as usize);
+                let z = match a.members.write_gen(i, r.gen, 0, zeros).await {
+                    Ok(()) => a.members.flush_gen(i, r.gen).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = z {
+                    a.members.drop_replacement(i, r.gen);
+                    return Err(format!("member {i}'s replacement: {e}"));
+                }
+                if !promoted {
+                    a.members.promote_replacement(i);
+                }
+                tracing::warn!(
+                    "member {i} failed during its replace: the replacement ({}) takes its slot \
+                     and is rebuilt from unit 0",
+                    a.members.name(i).unwrap_or("?")
+                );
+                a.start_rebuilding_slot(meta, i, r.uuid, "the replacement")
+                    .await
+            })
+            .await
+            .unwrap_or_else(|| Err("the server is stopping".into()));
+        out.map(|()| ReplaceOutcome::Rebuilding { slot: r.slot })
+            .map_err(ArrayError::Refused)
+    }
+}

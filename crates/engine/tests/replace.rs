@@ -1,0 +1,397 @@
+//! Replace of an active member while it serves (recovery/replace.rs), checked against the
+//! reference model:
+//! * under client reads and writes on every level with redundancy: every read during the
+//!   replace returns the model's bytes; afterwards the new device is the slot's member, the
+//!   old one is refused at assembly, and the array serves every byte with other members
+//!   taken away (the new member holds exactly what it should);
+//! * chunks the old member cannot read are reconstructed onto the new one;
+//! * the old member failing mid-replace makes the new device its slot's member, rebuilt;
+//!   the new one failing ends the replace with the member kept; cancel drops it;
+//! * power cuts anywhere in a replace under writes and flushes: the members left on the
+//!   media assemble (old or new device in the slot) and hold every flushed write.
+
+use futures::executor::block_on;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use uraid_core::{Level, MemberSet};
+use uraid_engine::{BlockDev, ReplaceOutcome, Volume};
+use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
+use uraid_sim::{mem_array, member_bytes, payload, MemDev, Model};
+
+const CHUNK: u64 = 4096;
+const ROWS: u64 = 48;
+const LEVELS: &[(Level, usize)] = &[
+    (Level::Raid1, 3),
+    (Level::Raid10, 4),
+    (Level::Raid5, 4),
+    (Level::Raid6, 6),
+    (Level::Raid7, 7),
+    (Level::Ec { parity: 4 }, 7),
+];
+
+fn range(rng: &mut Rng, size: u64) -> (u64, u64) {
+    let len = (1 + rng.below(24)) * 512;
+    let off = rng.below((size - len) / 512) * 512;
+    (off, len)
+}
+
+fn written(level: Level, members: usize, seed: u64) -> (Vec<Vec<u8>>, Model) {
+    let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
+    let mut model = Model::new(vol.size());
+    let mut rng = Rng::new(seed);
+    block_on(async {
+        for i in 0..60 {
+            let (off, len) = range(&mut rng, vol.size());
+            let data = payload(seed * 1000 + i, len as usize);
+            vol.write(off, data.clone()).await.unwrap();
+            model.write(off, &data);
+        }
+        vol.close().await.unwrap();
+    });
+    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    (images, model)
+}
+
+fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
+    block_on(vol.read(0, vol.size())).expect("read").to_vec()
+}
+
+fn uuid(seed: u8) -> [u8; 16] {
+    let mut u = [seed; 16];
+    u[6] = 0x40 | (seed & 0x0f);
+    u
+}
+
+/// A device for the replacement, its data area full of 0xEE (a read that used it before the
+/// copy reached there would show).
+fn new_dev(images: &[Vec<u8>]) -> MemDev {
+    MemDev::from_image(format!("mem{}", images.len()), vec![0xEE; images[0].len()])
+}
+
+/// Every byte reads back with up to `tolerance` other members than `keep` taken away.
+fn check_without_others(images: &[Vec<u8>], keep: usize, model: &Model, tolerance: usize) {
+    let n = images.len();
+    for lost in (0..n).filter(|&m| m != keep).take(4) {
+        let mut present = vec![true; n];
+        present[lost] = tolerance == 0;
+        if tolerance >= 2 {
+            present[(lost + 1) % n] = (lost + 1) % n == keep;
+        }
+        let vol = reassemble(images, &present).expect("reassembles");
+        assert!(
+            read_all(&vol) == model.bytes,
+            "wrong data without member {lost} after replacing {keep}"
+        );
+    }
+}
+
+fn replace_under_load(level: Level, members: usize, slot: usize, seed: u64) {
+    let (images, mut model) = written(level, members, seed);
+    let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
+    let a = vol.array().clone();
+    let old = a.member_dev(slot).unwrap().share();
+    let new = new_dev(&images);
+    let new_handle = new.share();
+    block_on(vol.replace_member(slot, new, uuid(7))).expect("replace starts");
+    assert_eq!(a.replace_state().map(|r| r.0), Some(slot));
+    for m in 0..members {
+        a.member_dev(m)
+            .unwrap()
+            .faults
+            .jitter
+            .store(true, Ordering::Relaxed);
+    }
+    let stop = AtomicBool::new(false);
+    let size = vol.size();
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let (outcome, model) = block_on(async {
+        let run = vol.replace_run(&stop);
+        let client = async {
+            for i in 0..80 {
+                let (off, len) = range(&mut rng, size);
+                if rng.below(2) == 0 {
+                    let data = payload(seed * 7777 + i, len as usize);
+                    vol.write(off, data.clone()).await.unwrap();
+                    model.write(off, &data);
+                } else {
+                    let got = vol.read(off, len).await.unwrap().to_vec();
+                    assert!(
+                        got == model.read(off, len),
+                        "{level} replacing {slot}: read {off}+{len} differs during the replace"
+                    );
+                }
+            }
+            model
+        };
+        futures::join!(run, client)
+    });
+    assert_eq!(
+        outcome.expect("replace finishes"),
+        ReplaceOutcome::Replaced { slot }
+    );
+    assert!(a.replace_state().is_none());
+    assert_eq!(a.member_dev(slot).unwrap().name(), new_handle.name());
+    assert!(a.failed().is_empty() && a.rebuild_state().is_empty());
+    assert!(
+        read_all(&vol) == model.bytes,
+        "{level}: wrong data after replace"
+    );
+    block_on(vol.close()).unwrap();
+    let mut after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    assert!(after[slot] == new_handle.snapshot());
+    check_without_others(&after, slot, &model, a.geometry().fault_tolerance());
+    // The old device is no longer the slot's: given in its place it is refused (and the
+    // array assembles degraded without it).
+    after[slot] = old.snapshot();
+    let vol = reassemble(&after, &vec![true; members]).expect("assembles without it");
+    assert!(
+        vol.array().is_failed(slot),
+        "{level}: the old device was taken"
+    );
+}
+
+#[test]
+fn replace_under_load_on_every_level() {
+    for (n, &(level, members)) in LEVELS.iter().enumerate() {
+        replace_under_load(level, members, 1, 11 + n as u64);
+        replace_under_load(level, members, members - 1, 31 + n as u64);
+    }
+}
+
+/// Chunks the old member cannot read are reconstructed from the rest of the stripe and
+/// written to the new device; the old member stays within its read-error budget.
+#[test]
+fn unreadable_chunks_of_the_old_member_are_reconstructed() {
+    for &(level, members) in &[(Level::Raid6, 6), (Level::Raid5, 4), (Level::Raid1, 3)] {
+        let (images, model) = written(level, members, 3);
+        let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
+        let a = vol.array().clone();
+        let data_offset = images[0].len() as u64 - a.geometry().member_data;
+        let old = a.member_dev(2).unwrap().share();
+        // Three chunks' worth of the old member's data area cannot be read.
+        for k in [1u64, 9, 20] {
+            let lo = data_offset + k * CHUNK;
+            old.faults.bad_range(lo, lo + CHUNK);
+        }
+        let new = new_dev(&images);
+        let handle = new.share();
+        block_on(vol.replace_member(2, new, uuid(9))).unwrap();
+        let stop = AtomicBool::new(false);
+        assert_eq!(
+            block_on(vol.replace_run(&stop)).unwrap(),
+            ReplaceOutcome::Replaced { slot: 2 }
+        );
+        assert!(!a.is_failed(2));
+        block_on(vol.close()).unwrap();
+        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        assert!(after[2] == handle.snapshot());
+        check_without_others(&after, 2, &model, a.geometry().fault_tolerance());
+    }
+}
+
+/// The old member dying mid-replace: the replacement takes its slot and is rebuilt (from
+/// unit 0: writes while the slot was failed did not reach it); the array ends whole.
+#[test]
+fn the_old_member_failing_hands_its_slot_to_the_replacement() {
+    for &(level, members) in &[(Level::Raid6, 6), (Level::Raid10, 4), (Level::Raid5, 4)] {
+        let (images, mut model) = written(level, members, 21);
+        let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
+        let a = vol.array().clone();
+        a.member_dev(3).unwrap().faults.kill_after(40);
+        let new = new_dev(&images);
+        let handle = new.share();
+        block_on(vol.replace_member(3, new, uuid(3))).unwrap();
+        let stop = AtomicBool::new(false);
+        let mut rng = Rng::new(99);
+        let size = vol.size();
+        let outcome = block_on(async {
+            let run = vol.replace_run(&stop);
+            let client = async {
+                for i in 0..40 {
+                    let (off, len) = range(&mut rng, size);
+                    let data = payload(500 + i, len as usize);
+                    vol.write(off, data.clone()).await.unwrap();
+                    model.write(off, &data);
+                }
+            };
+            futures::join!(run, client).0
+        });
+        assert_eq!(
+            outcome.expect("handed over"),
+            ReplaceOutcome::Rebuilding { slot: 3 }
+        );
+        assert_eq!(a.rebuild_state(), vec![(3, 0)]);
+        assert!(read_all(&vol) == model.bytes);
+        block_on(a.rebuild(&stop)).expect("rebuild");
+        assert!(a.failed().is_empty() && a.rebuild_state().is_empty());
+        block_on(vol.close()).unwrap();
+        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        assert!(after[3] == handle.snapshot());
+        check_without_others(&after, 3, &model, a.geometry().fault_tolerance());
+    }
+}
+
+/// The replacement dying ends the replace with the member kept and nothing failed;
+/// a cancelled replace is dropped the same way; the same slot can be replaced again.
+#[test]
+fn a_failing_or_cancelled_replacement_leaves_the_member() {
+    let (images, model) = written(Level::Raid6, 6, 8);
+    let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+    let a = vol.array().clone();
+    let new = new_dev(&images);
+    new.faults.kill_after(30);
+    block_on(vol.replace_member(0, new, uuid(1))).unwrap();
+    let stop = AtomicBool::new(false);
+    assert!(block_on(vol.replace_run(&stop)).is_err());
+    assert!(a.replace_state().is_none());
+    assert!(a.failed().is_empty());
+    assert!(read_all(&vol) == model.bytes);
+    // Refusals while one runs, and cancel.
+    block_on(vol.replace_member(0, new_dev(&images), uuid(2))).unwrap();
+    let e = block_on(vol.replace_member(1, new_dev(&images), uuid(4))).unwrap_err();
+    assert!(e.contains("one replace at a time"), "{e}");
+    stop.store(true, Ordering::Release);
+    assert_eq!(
+        block_on(vol.replace_run(&stop)).unwrap(),
+        ReplaceOutcome::Cancelled { slot: 0 }
+    );
+    assert!(a.replace_state().is_none());
+    let stop = AtomicBool::new(false);
+    block_on(vol.replace_member(0, new_dev(&images), uuid(5))).unwrap();
+    assert_eq!(
+        block_on(vol.replace_run(&stop)).unwrap(),
+        ReplaceOutcome::Replaced { slot: 0 }
+    );
+    assert!(read_all(&vol) == model.bytes);
+    let _ = MemberSet::EMPTY;
+    let _ = Arc::clone(&a);
+}
+
+/// Runs a replace of `slot` under writes (each followed by a FLUSH) on members with
+/// volatile caches until the power goes at member operation `cut` (0: never). Returns the
+/// media afterwards (members, then the replacement), the model of every write whose FLUSH
+/// returned, the range of the write in flight at the cut, and the operations counted.
+fn replace_until_cut(
+    images: &[Vec<u8>],
+    model: &Model,
+    slot: usize,
+    cut: u64,
+) -> (Option<Vec<Vec<u8>>>, Model, Option<(u64, u64)>, u64, bool) {
+    let clock = Clock::new(cut, cut);
+    let n = images.len();
+    // Every operation yields (and writes a varying number of extra times), so the client's
+    // writes and flushes interleave with every step of the replace.
+    let interleaved = |d: MemDev| {
+        d.faults.jitter.store(true, Ordering::Relaxed);
+        d.faults.yield_ops.store(true, Ordering::Relaxed);
+        d
+    };
+    let vol = reassemble_with(images, &vec![true; n], |i, img| {
+        interleaved(cached_dev(format!("mem{i}"), img, &clock))
+    })
+    .expect("reassembles");
+    let new = interleaved(cached_dev(
+        format!("mem{n}"),
+        vec![0xEE; images[0].len()],
+        &clock,
+    ));
+    let mut model = Model {
+        bytes: model.bytes.clone(),
+    };
+    let mut torn = None;
+    let mut replaced = false;
+    if block_on(vol.replace_member(slot, new, uuid(6))).is_ok() {
+        let stop = AtomicBool::new(false);
+        let mut rng = Rng::new(0xabc);
+        let size = vol.size();
+        let done = AtomicBool::new(false);
+        let (r, _) = block_on(async {
+            let run = async {
+                let r = vol.replace_run(&stop).await;
+                done.store(true, Ordering::Release);
+                r
+            };
+            let client = async {
+                // Writes until the replace has ended, and a few after.
+                let mut after = 0;
+                for i in 0..400 {
+                    if done.load(Ordering::Acquire) {
+                        after += 1;
+                        if after > 3 {
+                            break;
+                        }
+                    }
+                    let (off, len) = range(&mut rng, size);
+                    let data = payload(cut * 100 + i, len as usize);
+                    let ok =
+                        vol.write(off, data.clone()).await.is_ok() && vol.flush().await.is_ok();
+                    if !ok {
+                        torn = Some((off, len));
+                        break;
+                    }
+                    model.write(off, &data);
+                }
+            };
+            futures::join!(run, client)
+        });
+        replaced = r == Ok(ReplaceOutcome::Replaced { slot });
+    }
+    (clock.images(), model, torn, clock.ops(), replaced)
+}
+
+/// Power cuts at every member operation of whole replaces under flushed writes, on three
+/// levels: the media
+/// (old member, other members and the replacement all given) assemble, with the old device
+/// or the new one in the slot, and every flushed write reads back. A cut after the swap
+/// round finds the new device in the slot; before it, the old one.
+#[test]
+fn power_cuts_during_a_replace_lose_no_flushed_write() {
+    for &(level, members, slot) in &[
+        (Level::Raid6, 6, 2),
+        (Level::Raid5, 4, 0),
+        (Level::Raid10, 4, 3),
+    ] {
+        let (images, model) = written(level, members, 41);
+        let (_, _, _, total, replaced) = replace_until_cut(&images, &model, slot, 0);
+        assert!(replaced, "{level}: the uncut run replaces");
+        let (mut saw_old, mut saw_new) = (0, 0);
+        // Every member operation of the run is a cut point (a few hundred).
+        for cut in 1..total {
+            let (media, want, torn, _, _) = replace_until_cut(&images, &model, slot, cut);
+            let mut media = media.expect("the power went");
+            // Every device is given; assembly decides which one is the slot's member. Odd
+            // cuts put the replacement first (in the slot's place, the old member last), so
+            // a tie between the two would go the wrong way.
+            if cut % 2 == 1 {
+                media.swap(slot, members);
+            }
+            let vol = reassemble(&media, &vec![true; members + 1]).unwrap_or_else(|e| {
+                panic!("{level}: a cut at op {cut} of {total} does not assemble: {e}")
+            });
+            let a = vol.array().clone();
+            assert!(
+                a.failed().is_empty(),
+                "{level}: cut at {cut}: slot left without a member ({:?})",
+                a.failed()
+            );
+            let new_name = format!("mem{}", if cut % 2 == 1 { slot } else { members });
+            if a.member_dev(slot).unwrap().name() == new_name {
+                saw_new += 1;
+            } else {
+                saw_old += 1;
+            }
+            let got = read_all(&vol);
+            for (k, (g, w)) in got.iter().zip(want.bytes.iter()).enumerate() {
+                let in_torn = torn.is_some_and(|(o, l)| (k as u64) >= o && (k as u64) < o + l);
+                assert!(
+                    in_torn || g == w,
+                    "{level}: cut at op {cut} of {total}: byte {k} lost (torn write {torn:?})"
+                );
+            }
+        }
+        assert!(
+            saw_old >= 1 && saw_new >= 1,
+            "{level}: cuts found the old device {saw_old} times, the new {saw_new}"
+        );
+    }
+}
