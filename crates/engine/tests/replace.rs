@@ -267,16 +267,22 @@ fn a_failing_or_cancelled_replacement_leaves_the_member() {
     let _ = Arc::clone(&a);
 }
 
+/// What `replace_until_cut` leaves: the media (None: the power never went), the model of
+/// the flushed writes, the write in flight at the cut, the operations counted, and whether
+/// the replace finished.
+struct CutRun {
+    media: Option<Vec<Vec<u8>>>,
+    model: Model,
+    torn: Option<(u64, u64)>,
+    ops: u64,
+    replaced: bool,
+}
+
 /// Runs a replace of `slot` under writes (each followed by a FLUSH) on members with
 /// volatile caches until the power goes at member operation `cut` (0: never). Returns the
 /// media afterwards (members, then the replacement), the model of every write whose FLUSH
 /// returned, the range of the write in flight at the cut, and the operations counted.
-fn replace_until_cut(
-    images: &[Vec<u8>],
-    model: &Model,
-    slot: usize,
-    cut: u64,
-) -> (Option<Vec<Vec<u8>>>, Model, Option<(u64, u64)>, u64, bool) {
+fn replace_until_cut(images: &[Vec<u8>], model: &Model, slot: usize, cut: u64) -> CutRun {
     let clock = Clock::new(cut, cut);
     let n = images.len();
     // Every operation yields (and writes a varying number of extra times), so the client's
@@ -336,7 +342,13 @@ fn replace_until_cut(
         });
         replaced = r == Ok(ReplaceOutcome::Replaced { slot });
     }
-    (clock.images(), model, torn, clock.ops(), replaced)
+    CutRun {
+        media: clock.images(),
+        model,
+        torn,
+        ops: clock.ops(),
+        replaced,
+    }
 }
 
 /// Power cuts at every member operation of whole replaces under flushed writes, on three
@@ -352,13 +364,15 @@ fn power_cuts_during_a_replace_lose_no_flushed_write() {
         (Level::Raid10, 4, 3),
     ] {
         let (images, model) = written(level, members, 41);
-        let (_, _, _, total, replaced) = replace_until_cut(&images, &model, slot, 0);
-        assert!(replaced, "{level}: the uncut run replaces");
+        let full = replace_until_cut(&images, &model, slot, 0);
+        assert!(full.replaced, "{level}: the uncut run replaces");
+        let total = full.ops;
         let (mut saw_old, mut saw_new) = (0, 0);
         // Every member operation of the run is a cut point (a few hundred).
         for cut in 1..total {
-            let (media, want, torn, _, _) = replace_until_cut(&images, &model, slot, cut);
-            let mut media = media.expect("the power went");
+            let run = replace_until_cut(&images, &model, slot, cut);
+            let (want, torn) = (run.model, run.torn);
+            let mut media = run.media.expect("the power went");
             // Every device is given; assembly decides which one is the slot's member. Odd
             // cuts put the replacement first (in the slot's place, the old member last), so
             // a tie between the two would go the wrong way.
