@@ -606,6 +606,39 @@ fn command(state: &State, h: &Head) -> Response {
             };
             done(state.jobs.fail(member, force))
         }
+        "/replace" => {
+            let q = match query(&h.query, &["member", "path", "force"]) {
+                Ok(q) => q,
+                Err(r) => return r,
+            };
+            let member = match q
+                .iter()
+                .find(|x| x.0 == "member")
+                .map(|x| x.1.parse::<usize>())
+            {
+                Some(Ok(m)) => m,
+                _ => return Response::error(400, "member=N is required"),
+            };
+            let path = match q
+                .iter()
+                .find(|x| x.0 == "path")
+                .map(|x| uraid_core::http::percent_decode(x.1))
+            {
+                Some(Some(p)) if !p.is_empty() => PathBuf::from(p),
+                _ => return Response::error(400, "path=DEVICE (percent-encoded) is required"),
+            };
+            let force = match force_param(&q) {
+                Ok(f) => f,
+                Err(r) => return r,
+            };
+            done(state.jobs.replace(member, &path, force))
+        }
+        "/replace/cancel" => {
+            if !h.query.is_empty() {
+                return Response::error(400, "no parameters");
+            }
+            done(state.jobs.replace_cancel())
+        }
         "/remove" => {
             let q = match query(&h.query, &["member", "path", "force"]) {
                 Ok(q) => q,
@@ -707,6 +740,7 @@ fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
                     "POST /scrub/cancel", "POST /fail?member=N&force=0|1",
                     "POST /add?path=DEVICE&force=0|1",
                     "POST /remove?member=N&force=0|1", "POST /remove?path=SPARE",
+                    "POST /replace?member=N&path=DEVICE&force=0|1", "POST /replace/cancel",
                     "POST /throttle?budget=STRIPES&min=MB/S&max=MB/S&priority=low|normal|high"
                 ],
             }),
@@ -768,6 +802,7 @@ pub fn status(state: &State) -> Value {
                 "path": member_path(state, i),
                 "state": member_state(a, i),
                 "rebuilt_units": a.rebuild_state().iter().find(|r| r.0 == i).map(|r| r.1),
+                "replacement": a.replace_state().filter(|r| r.0 == i).map(|r| r.1),
                 "read": op_json(&io.read),
                 "write": op_json(&io.write),
                 "flush": op_json(&io.flush),
@@ -876,6 +911,8 @@ fn member_path(state: &State, i: usize) -> Option<String> {
 fn member_state(a: &uraid_engine::Array<FileDev>, i: usize) -> &'static str {
     if a.removed().contains(i) {
         "removed"
+    } else if a.replace_state().is_some_and(|r| r.0 == i) {
+        "replacing"
     } else if a.member_dev(i).is_none() {
         "missing"
     } else if a.is_failed(i) {
@@ -909,6 +946,9 @@ fn background(a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
     }
     if !a.rebuild_state().is_empty() {
         out.push(one(a.rebuild_progress()));
+    }
+    if a.replace_state().is_some() {
+        out.push(one(a.replace_progress()));
     }
     let (mode, r, v, paused) = a.scrub_state();
     if let (Some(mode), true) = (mode, v.running) {
@@ -1067,7 +1107,14 @@ pub fn metrics(state: &State) -> String {
     };
     for i in 0..g.members {
         let now = member_state(a, i);
-        for s in ["active", "failed", "missing", "rebuilding", "removed"] {
+        for s in [
+            "active",
+            "failed",
+            "missing",
+            "rebuilding",
+            "removed",
+            "replacing",
+        ] {
             let mut l = member_labels(i);
             l.push(("state", s.into()));
             p.sample("uraid_member_state", &l, u8::from(now == s));

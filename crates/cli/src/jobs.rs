@@ -22,6 +22,8 @@ pub struct Jobs {
     read_only: bool,
     scrub: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
     rebuild: Mutex<Option<JoinHandle<()>>>,
+    /// The running replace's thread and its stop flag.
+    replace: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
     rebuild_stop: Arc<AtomicBool>,
     /// Serialises `add` (one device at a time into the lowest failed slot).
     adding: Mutex<()>,
@@ -39,6 +41,7 @@ impl Jobs {
             read_only,
             scrub: Mutex::new(None),
             rebuild: Mutex::new(None),
+            replace: Mutex::new(None),
             rebuild_stop: Arc::new(AtomicBool::new(false)),
             adding: Mutex::new(()),
             spares: Mutex::new(Vec::new()),
@@ -236,10 +239,16 @@ impl Jobs {
             ));
         }
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_new_device(path, force)?;
+        self.add_checked(path)
+    }
+
+    /// Refuses (without `force`) a device holding a uraid superblock or journal, except a
+    /// former member of this array (failed, replaced or removed): it comes back as a new
+    /// member, its old data never used.
+    fn check_new_device(&self, path: &std::path::Path, force: bool) -> Result<(), Refusal> {
         if !force {
             if let Ok(sb) = uraid_engine::assemble::read_superblock(path) {
-                // A former member of this array (failed, replaced or removed) comes back
-                // as a new member, rebuilt from unit 0.
                 let a = self.volume.array();
                 let now = futures::executor::block_on(a.superblock());
                 let former = sb.array_uuid == now.array_uuid
@@ -247,7 +256,7 @@ impl Jobs {
                     && (a.is_failed(sb.index)
                         || now.slot_uuids.get(sb.index) != Some(&sb.device_uuid));
                 if former {
-                    return self.add_checked(path);
+                    return Ok(());
                 }
                 return Err((
                     409,
@@ -270,7 +279,73 @@ impl Jobs {
                 ));
             }
         }
-        self.add_checked(path)
+        Ok(())
+    }
+
+    /// Starts replacing member `i` by the device at `path` while it serves (md's
+    /// want_replacement): copied in the background on its own thread; if the member fails
+    /// meanwhile the device takes its slot and the rebuild starts.
+    pub fn replace(
+        self: &Arc<Self>,
+        i: usize,
+        path: &std::path::Path,
+        force: bool,
+    ) -> Result<String, Refusal> {
+        if self.read_only {
+            return Err((409, "the server is read-only: replacing writes".into()));
+        }
+        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.replace.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::Acquire) {
+            return Err((503, "the server is stopping".into()));
+        }
+        if slot.as_ref().is_some_and(|(_, t)| !t.is_finished()) {
+            return Err((
+                409,
+                "a replace is running: one at a time (cancel it, or wait for it)".into(),
+            ));
+        }
+        if let Some((_, t)) = slot.take() {
+            let _ = t.join();
+        }
+        self.check_new_device(path, force)?;
+        let dev = FileDev::open(path).map_err(|e| (409, format!("{}: {e}", path.display())))?;
+        let uuid = uraid_engine::assemble::new_device_uuid();
+        let vol = self.volume.clone();
+        futures::executor::block_on(vol.replace_member(i, dev, uuid)).map_err(|e| (409, e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, me) = (stop.clone(), self.clone());
+        let t = std::thread::Builder::new()
+            .name("uraid-replace".into())
+            .spawn(
+                move || match futures::executor::block_on(vol.replace_run(&st)) {
+                    Ok(uraid_engine::ReplaceOutcome::Rebuilding { .. }) => {
+                        me.ensure_rebuild();
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(target: "uraid_engine::recovery", "replace: {e}");
+                    }
+                },
+            )
+            .map_err(|e| (500, format!("starting the replace thread: {e}")))?;
+        *slot = Some((stop, t));
+        Ok(format!(
+            "replacing member {i} by {} (copied while it serves; uraid status shows progress)",
+            path.display()
+        ))
+    }
+
+    /// Cancels the running replace (the member stays; the new device is left unused).
+    pub fn replace_cancel(&self) -> Result<String, Refusal> {
+        let slot = self.replace.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.as_ref().filter(|(_, t)| !t.is_finished()) {
+            Some((stop, _)) => {
+                stop.store(true, Ordering::Release);
+                Ok("replace cancelled".into())
+            }
+            None => Err((409, "no replace is running".into())),
+        }
     }
 
     /// `add` once the device's contents were checked (caller holds the add lock).
@@ -409,6 +484,14 @@ impl Jobs {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(t) = watcher {
+            let _ = t.join();
+        }
+        let replace = {
+            let mut slot = self.replace.lock().unwrap_or_else(|e| e.into_inner());
+            slot.take()
+        };
+        if let Some((stop, t)) = replace {
+            stop.store(true, Ordering::Release);
             let _ = t.join();
         }
         let rebuild = self

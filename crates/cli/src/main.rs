@@ -126,6 +126,34 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
     },
+    /// Replace member INDEX by the device given --with while it keeps serving (mdadm --replace, md's
+    /// want_replacement): its data is copied onto DEVICE (chunks it cannot read are rebuilt
+    /// from the others), then DEVICE takes its slot and the old device is out; redundancy is
+    /// never reduced on the way. If the member fails meanwhile, DEVICE takes its slot and is
+    /// rebuilt. On a running server in the background (--wait waits; --cancel stops it);
+    /// on a stopped array here. Not resumed after a restart: run it again.
+    Replace {
+        /// Member index.
+        index: usize,
+        /// The new device.
+        #[arg(
+            long = "with",
+            value_name = "DEVICE",
+            required_unless_present = "cancel"
+        )]
+        device: Option<PathBuf>,
+        /// Overwrite a device holding a uraid superblock or journal.
+        #[arg(short, long)]
+        force: bool,
+        /// Wait until it has finished (running server).
+        #[arg(long)]
+        wait: bool,
+        /// Cancel the running replace of member INDEX (running server).
+        #[arg(long, conflicts_with_all = ["device", "wait", "force"])]
+        cancel: bool,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Remove member INDEX from the array (mdadm --remove), or the hot spare at a path: the
     /// slot is left with no device (the old one is refused from then on) until `uraid add`
     /// fills it; an active member is failed first (refused when the array could not lose
@@ -347,6 +375,114 @@ fn scrub_cmd(
                 );
                 break;
             }
+        }
+    }
+    Ok(())
+}
+
+fn replace_cmd(
+    i: usize,
+    device: Option<PathBuf>,
+    force: bool,
+    wait: bool,
+    cancel: bool,
+    t: &Target,
+) -> Result<()> {
+    let (members, embedded) = target_members(t)?;
+    let plan = assemble::plan(&members)?;
+    let sock = live_socket(&plan, t, embedded)?;
+    if cancel {
+        let Some(sock) = sock else {
+            bail!(
+                "no running server of array '{}' to cancel a replace on",
+                plan.sb.name
+            );
+        };
+        let st = control::get_json(&sock, "/status")?;
+        if st["slots"][i]["state"] != "replacing" {
+            bail!("member {i} is not being replaced");
+        }
+        let msg = control::post(&sock, "/replace/cancel")?;
+        println!("uraid: {msg} (server at {})", sock.display());
+        return Ok(());
+    }
+    let Some(dev) = device else {
+        bail!("uraid replace INDEX --with DEVICE MEMBERS...: the new device");
+    };
+    let Some(sock) = sock else {
+        return replace_offline(&plan, i, &dev, force);
+    };
+    let abs = std::fs::canonicalize(&dev).unwrap_or(dev.clone());
+    let msg = control::post(
+        &sock,
+        &format!(
+            "/replace?member={i}&path={}&force={}",
+            uraid_core::http::percent_encode(&abs.display().to_string()),
+            u8::from(force)
+        ),
+    )?;
+    println!("uraid: {msg} (server at {})", sock.display());
+    if wait {
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let v = control::get_json(&sock, "/status")?;
+            let slot = &v["slots"][i];
+            if slot["state"] != "replacing" {
+                println!(
+                    "uraid: member {i} is {} on {}",
+                    slot["state"].as_str().unwrap_or("?"),
+                    slot["path"].as_str().unwrap_or("?")
+                );
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Replace on a stopped array, in this process: assembled, copied, swapped, closed.
+fn replace_offline(plan: &Plan, i: usize, dev: &Path, force: bool) -> Result<()> {
+    plan.can_start()?;
+    assemble::check_replacement(plan, i, dev, force)?;
+    let rt = uraid_engine::Runtime::new(
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        256,
+        true,
+    )?;
+    let vol = assemble::open_volume(
+        plan,
+        Some(rt.handle()),
+        uraid_engine::ArrayOptions::default(),
+    )?;
+    let new =
+        uraid_engine::FileDev::open(dev).map_err(|e| anyhow::anyhow!("{}: {e}", dev.display()))?;
+    let uuid = assemble::new_device_uuid();
+    let started = futures::executor::block_on(vol.replace_member(i, new, uuid));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let r = match started {
+        Ok(()) => futures::executor::block_on(vol.replace_run(&stop))
+            .map_err(|e| anyhow::anyhow!("replace: {e}")),
+        Err(e) => Err(anyhow::anyhow!("replace: {e}")),
+    };
+    let v = vol.clone();
+    let closed = rt
+        .handle()
+        .block_on(0, move || async move { v.close().await });
+    let r = r?;
+    closed.map_err(|e| anyhow::anyhow!("closing the array: {e}"))?;
+    match r {
+        uraid_engine::ReplaceOutcome::Replaced { slot } => println!(
+            "uraid: member {slot} of array '{}' replaced by {}",
+            plan.sb.name,
+            dev.display()
+        ),
+        uraid_engine::ReplaceOutcome::Rebuilding { slot } => println!(
+            "uraid: member {slot} failed during the replace: {} took its slot and is rebuilt \
+             when the array is served",
+            dev.display()
+        ),
+        uraid_engine::ReplaceOutcome::Cancelled { slot } => {
+            bail!("replace of member {slot} was stopped")
         }
     }
     Ok(())
@@ -598,6 +734,14 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Replace {
+            index,
+            device,
+            force,
+            wait,
+            cancel,
+            target,
+        } => replace_cmd(index, device, force, wait, cancel, &target),
         Cmd::Remove {
             what,
             force,

@@ -1077,3 +1077,104 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
     assert!(e.contains("without redundancy; pass --force"), "{e}");
     qemu_io_check_offline(&dir, &m);
 }
+
+/// mdadm --replace, on a running server and on a stopped array: a member is copied onto a
+/// new device while it serves (status shows it replacing, with progress), a replace is
+/// cancelled and run again to the end, the new device then holds the member's data (read
+/// back with two other members taken away), the old device is refused; offline the same
+/// in the command itself.
+#[test]
+fn a_member_is_replaced_while_serving_and_offline() {
+    let dir = tmp("replace");
+    let m = create(&dir);
+    let s = |p: &PathBuf| p.display().to_string();
+    let new2 = dir.join("new2");
+    let new4 = dir.join("new4");
+    for p in [&new2, &new4] {
+        std::fs::File::create(p).unwrap().set_len(32 << 20).unwrap();
+    }
+    let with = |args: &[&str], ctl: &Path, members: &[PathBuf]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.push(format!("--control=unix:{}", ctl.display()));
+        v.extend(members.iter().map(s));
+        v
+    };
+    let run_uraid = |v: Vec<String>| uraid(&v.iter().map(String::as_str).collect::<Vec<_>>(), &dir);
+    // 10 MB/s of copying: the replace is caught running.
+    let srv = Srv::start_with(&dir, &m, &["--resync-max", "10"]);
+    qemu_io(&srv.uri(), &pattern_cmds(16, 7, "write"));
+    let out = ok(&run_uraid(with(
+        &["replace", "2", "--with", &s(&new2)],
+        &srv.ctl,
+        &m,
+    )));
+    assert!(out.contains("replacing member 2"), "{out}");
+    let j = status_json(&srv);
+    assert_eq!(j["slots"][2]["state"], "replacing", "{j}");
+    assert_eq!(j["slots"][2]["replacement"], s(&new2).as_str(), "{j}");
+    assert_eq!(j["background"][0]["op"], "replace", "{j}");
+    assert_eq!(j["degraded"], false, "{j}");
+    let e = one_line_error(&run_uraid(with(
+        &["replace", "3", "--with", &s(&new4)],
+        &srv.ctl,
+        &m,
+    )));
+    assert!(e.contains("one at a time"), "{e}");
+    ok(&run_uraid(with(
+        &["replace", "2", "--cancel"],
+        &srv.ctl,
+        &m,
+    )));
+    let t0 = Instant::now();
+    while status_json(&srv)["slots"][2]["state"] == "replacing" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "cancel took effect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Unthrottled, to the end, writing meanwhile.
+    ok(&run_uraid(with(&["throttle", "--max", "0"], &srv.ctl, &m)));
+    let out = ok(&run_uraid(with(
+        &["replace", "2", "--with", &s(&new2), "--wait"],
+        &srv.ctl,
+        &m,
+    )));
+    assert!(
+        out.contains(&format!("member 2 is active on {}", s(&new2))),
+        "{out}"
+    );
+    qemu_io(&srv.uri(), &pattern_cmds(4, 50, "write"));
+    let ev = curl(&["--unix-socket", &s(&srv.ctl), "http://uraid/events"]);
+    assert!(ev.contains("member 2 replaced"), "{ev}");
+    srv.stop();
+    let mut members = m.clone();
+    members[2] = new2.clone();
+    // The old device is refused; the array assembles whole with the new one.
+    let none = dir.join("none.sock");
+    let mut all = members.clone();
+    all.push(m[2].clone());
+    let j = uraid_json(
+        &with(&["status", "--json", "--offline"], &none, &all)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &dir,
+    );
+    assert!(
+        j["refused"].to_string().contains("replaced it with device"),
+        "{j}"
+    );
+    assert_eq!(j["slots"][2]["path"], s(&new2).as_str(), "{j}");
+    // Offline: member 4 by new4, in the command.
+    let out = ok(&run_uraid(with(
+        &["replace", "4", "--with", &s(&new4)],
+        &none,
+        &members,
+    )));
+    assert!(out.contains("member 4 of array 'vol' replaced by"), "{out}");
+    members[4] = new4.clone();
+    // Members 0 and 1 away: new2 and new4 are needed for every stripe.
+    let srv = Srv::start(&dir, &members[2..]);
+    let mut want = pattern_cmds(4, 50, "read");
+    want.extend(pattern_cmds(16, 7, "read").into_iter().skip(4));
+    qemu_io(&srv.uri(), &want);
+    srv.stop();
+}

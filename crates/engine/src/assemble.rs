@@ -813,6 +813,39 @@ fn check_new_device(plan: &Plan, path: &Path, force: bool) -> Result<(), Assembl
     Ok(())
 }
 
+/// What a replace of member `i` of a stopped array by `path` must meet: an active member
+/// (not failed, missing or rebuilding), and a device `add` would take.
+pub fn check_replacement(
+    plan: &Plan,
+    i: usize,
+    path: &Path,
+    force: bool,
+) -> Result<(), AssembleError> {
+    let g = plan.sb.geometry;
+    let refuse = |why: String| AssembleError::AddRefused {
+        path: path.display().to_string(),
+        why,
+    };
+    if i >= g.members {
+        return Err(refuse(format!(
+            "no member {i}: the array has {}",
+            g.members
+        )));
+    }
+    if g.fault_tolerance() == 0 {
+        return Err(refuse(format!(
+            "{} has no redundancy: a chunk the member cannot read could not be rebuilt",
+            g.level
+        )));
+    }
+    if plan.missing().contains(&i) {
+        return Err(refuse(format!(
+            "member {i} is failed, missing or being rebuilt: add a device instead (uraid add)"
+        )));
+    }
+    check_new_device(plan, path, force)
+}
+
 /// Adds `path` to a stopped array as a hot spare (`uraid add` when no member is failed or
 /// missing): it gets a copy of the array's superblock marked spare, with its own device
 /// uuid; given with the members to `serve`, it takes over the slot of the next member that

@@ -24,6 +24,10 @@ pub trait BlockDev: Send + Sync + 'static {
     fn write(&self, off: u64, buf: IoBuf) -> impl Future<Output = (io::Result<()>, IoBuf)>;
     /// Makes every completed write durable.
     fn flush(&self) -> impl Future<Output = io::Result<()>>;
+    /// The array is done with this device (a replaced, failed or dropped device of a slot
+    /// that has another one): let go of it (its exclusive claim) although the handle stays
+    /// alive for I/O still on its way, which from now on reaches nothing.
+    fn retire(&self) {}
 }
 
 /// A member that is a regular file or a block device, opened with O_DIRECT. I/O goes through
@@ -348,6 +352,31 @@ pub fn device_size(file: &File) -> io::Result<u64> {
 impl BlockDev for FileDev {
     fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Points the descriptor at /dev/null (dup2): the member file's open description is
+    /// closed, so its flock or O_EXCL claim ends and the device can be used again (added,
+    /// given to another array), while the descriptor number stays valid: an I/O still on
+    /// its way writes nowhere and reads nothing (a short read: an error), never another
+    /// file that reused the number.
+    fn retire(&self) {
+        let null = match OpenOptions::new().read(true).write(true).open("/dev/null") {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("{}: cannot let go of it: /dev/null: {e}", self.path);
+                return;
+            }
+        };
+        // SAFETY: dup2 between two descriptors this process owns (`null` lives until the end
+        // of this block, `self.file` as long as the FileDev); it takes no pointers.
+        let r = unsafe { libc::dup2(null.as_raw_fd(), self.file.as_raw_fd()) };
+        if r < 0 {
+            tracing::warn!(
+                "{}: cannot let go of it: {}",
+                self.path,
+                io::Error::last_os_error()
+            );
+        }
     }
 
     fn name(&self) -> &str {

@@ -443,8 +443,17 @@ impl<D: BlockDev> Members<D> {
         slot.gens[next]
             .set((Some(dev), Health::default()))
             .map_err(|(d, _)| d.expect("just given"))?;
-        slot.cur.store(pack(next, None), Ordering::Release);
+        let (old, _) = unpack(slot.cur.swap(pack(next, None), Ordering::AcqRel));
+        self.retire(i, old);
         Ok(())
+    }
+
+    /// Lets go of generation `g` of slot `i` (`BlockDev::retire`): the slot no longer uses
+    /// it.
+    fn retire(&self, i: usize, g: usize) {
+        if let Some((Some(d), _)) = self.slots[i].gens[g].get() {
+            d.retire();
+        }
     }
 
     /// Gives active member `i` a replacement device (`uraid replace`, md's
@@ -484,10 +493,13 @@ impl<D: BlockDev> Members<D> {
         let slot = &self.slots[i];
         let w = slot.cur.load(Ordering::Acquire);
         let (cur, repl) = unpack(w);
-        if repl == Some(gen) {
-            let _ =
-                slot.cur
-                    .compare_exchange(w, pack(cur, None), Ordering::AcqRel, Ordering::Acquire);
+        if repl == Some(gen)
+            && slot
+                .cur
+                .compare_exchange(w, pack(cur, None), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.retire(i, gen);
         }
     }
 
@@ -497,12 +509,17 @@ impl<D: BlockDev> Members<D> {
     pub(crate) fn promote_replacement(&self, i: usize) -> bool {
         let slot = &self.slots[i];
         let w = slot.cur.load(Ordering::Acquire);
-        let (_, Some(repl)) = unpack(w) else {
+        let (old, Some(repl)) = unpack(w) else {
             return false;
         };
-        slot.cur
+        let swapped = slot
+            .cur
             .compare_exchange(w, pack(repl, None), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if swapped {
+            self.retire(i, old);
+        }
+        swapped
     }
 
     /// Writes to slot `i`'s replacement only (the replace walk's copy), at a data-area
