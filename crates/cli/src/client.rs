@@ -74,7 +74,8 @@ fn us(v: &Value) -> String {
 }
 
 fn mark(state: &str) -> char {
-    if state == "active" {
+    // A member being replaced holds all of its data.
+    if state == "active" || state == "replacing" {
         'U'
     } else {
         '_'
@@ -89,7 +90,10 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
         .map(|s| mark(s["state"].as_str().unwrap_or("")))
         .collect();
     let members = v["members"].as_u64().unwrap_or(0);
-    let up = slots.iter().filter(|s| s["state"] == "active").count();
+    let up = slots
+        .iter()
+        .filter(|s| mark(s["state"].as_str().unwrap_or("")) == 'U')
+        .count();
     println!(
         "{} : {} {} members, chunk {}, volume {} [{up}/{members}] [{marks}]",
         v["name"].as_str().unwrap_or("?"),
@@ -155,6 +159,9 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
             "      [{:>2}] {st:<8} {path}",
             s["index"].as_u64().unwrap_or(0)
         );
+        if let Some(r) = s["replacement"].as_str() {
+            print!(" -> {r}");
+        }
         if detail {
             println!();
             for op in ["read", "write", "flush"] {
