@@ -52,6 +52,18 @@ impl AllocMap {
         }
     }
 
+    /// Whether granule `g` holds data or is being filled or trimmed now (a background walk
+    /// may skip a unit only when neither: a fill that claims it later writes whole stripes
+    /// to every member the array has at that time).
+    pub(crate) fn in_use(&self, g: u64) -> bool {
+        self.is_set_in_range(g)
+            || self
+                .filling
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&g)
+    }
+
     /// `is_set` for any granule number: false beyond the map.
     pub(crate) fn is_set_in_range(&self, g: u64) -> bool {
         g < self.count && self.is_set(g)

@@ -142,6 +142,8 @@ pub struct Array<D: BlockDev> {
     /// The replace started last (recovery/replace.rs); current while its slot has that
     /// replacement generation.
     pub(crate) replacing: std::sync::Mutex<Option<crate::recovery::Replacing>>,
+    /// Whether a unit may hold data (the volume's allocation map; unset: every unit).
+    allocation: std::sync::OnceLock<Box<dyn Fn(u64) -> bool + Send + Sync>>,
     pub(crate) scrub_counts: crate::recovery::ScrubCounts,
     /// The throttle of background work (recovery/mod.rs), shared with the running walks.
     pub(crate) throttle: Arc<std::sync::Mutex<crate::recovery::Throttle>>,
@@ -230,6 +232,7 @@ impl<D: BlockDev> Array<D> {
             scrub: crate::recovery::Progress::new("scrub", units, unit_bytes),
             replace: crate::recovery::Progress::new("replace", units, geo.chunk),
             replacing: std::sync::Mutex::new(None),
+            allocation: std::sync::OnceLock::new(),
             scrub_counts: Default::default(),
             throttle: Default::default(),
             intent,
@@ -241,6 +244,20 @@ impl<D: BlockDev> Array<D> {
         });
         spawn_watchdog(&a);
         a
+    }
+
+    /// Tells the array which units may hold data (`Volume::new`: from the allocation map).
+    pub(crate) fn set_allocation(&self, f: Box<dyn Fn(u64) -> bool + Send + Sync>) {
+        let _ = self.allocation.set(f);
+    }
+
+    /// Whether a background walk (rebuild, replace, scrub) can skip unit `unit`: no data
+    /// was ever written there or it was trimmed (the allocation map), nobody is filling it,
+    /// and it is not waiting for resync. Its chunks are then never read (a read of it
+    /// returns zeros from the map) and its first write fills whole stripes, so what any
+    /// member holds there does not matter.
+    pub(crate) fn skippable(&self, unit: u64) -> bool {
+        self.allocation.get().is_some_and(|f| !f(unit)) && !self.resync.unsynced(unit)
     }
 
     pub fn geometry(&self) -> &Geometry {

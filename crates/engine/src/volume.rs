@@ -33,7 +33,7 @@ pub struct Run {
 
 pub struct Volume<D: BlockDev> {
     array: Arc<Array<D>>,
-    map: AllocMap,
+    map: Arc<AllocMap>,
     /// Every map page written from memory this session (`sync_map`).
     map_synced: std::sync::atomic::AtomicBool,
     map_sync: futures::lock::Mutex<()>,
@@ -43,7 +43,10 @@ impl<D: BlockDev> Volume<D> {
     /// `map`: the allocation map as loaded (`assemble::load_map`; bit g of word g/64); None
     /// treats every granule as allocated (the safe assumption when nothing is known).
     pub fn new(array: Arc<Array<D>>, map: Option<Vec<u64>>) -> Arc<Self> {
-        let map = AllocMap::new(array.geometry(), map);
+        let map = Arc::new(AllocMap::new(array.geometry(), map));
+        // Background walks (rebuild, replace, scrub) skip units no granule data is in.
+        let (m, sdb) = (map.clone(), array.geometry().stripe_data_bytes());
+        array.set_allocation(Box::new(move |unit| m.in_use(unit * sdb / m.granule)));
         Arc::new(Volume {
             array,
             map,

@@ -349,3 +349,74 @@ fn a_replacement_that_fails_is_recorded_failed_again() {
         "a fresh assembly sees it failed"
     );
 }
+
+/// Only units that hold data are rebuilt (the allocation map): on a volume written in its
+/// first half, with a granule trimmed, the rebuild skips the rest — the new member's bytes
+/// there stay as they were — and still every byte reads back, a write into the skipped part
+/// afterwards lands on every member (a fill writes whole stripes), a scrub finds nothing
+/// wrong (it skips the same units), and with other members taken away every byte reads back.
+#[test]
+fn rebuild_skips_units_that_hold_no_data() {
+    for &(level, members) in &[(Level::Raid6, 6), (Level::Raid10, 4), (Level::Raid1, 3)] {
+        let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
+        let size = vol.size();
+        let mut model = Model::new(size);
+        let half = payload(4242, (size / 2) as usize);
+        block_on(async {
+            vol.write(0, half.clone()).await.unwrap();
+            // One granule of the written half trimmed again.
+            vol.trim(vol.granule(), vol.granule()).await.unwrap();
+            vol.close().await.unwrap();
+        });
+        model.write(0, &half);
+        let zeros = vec![0u8; vol.granule() as usize];
+        model.write(vol.granule(), &zeros);
+        let mut images: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        let slot = 1;
+        add_member_images(&mut images, slot, 0xEE);
+        let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
+        let a = vol.array().clone();
+        let stop = AtomicBool::new(false);
+        let r = block_on(a.rebuild(&stop)).expect("rebuild");
+        let units = a.geometry().units();
+        assert_eq!(r.units, units);
+        assert!(
+            r.skipped >= units / 2 && r.skipped < units,
+            "{level}: skipped {} of {units}",
+            r.skipped
+        );
+        assert!(a.rebuild_state().is_empty());
+        // The last unit was never written: its chunk on the new member is the fill still.
+        let g = *a.geometry();
+        let data_offset = images[0].len() as u64 - g.member_data;
+        let last = g.unit_member_offset(units - 1);
+        let new_bytes = member_bytes(&vol, slot);
+        let at = (data_offset + last) as usize;
+        if g.level.is_parity() || g.mirror_copies(units - 1).iter().any(|c| c.0 == slot) {
+            assert!(
+                new_bytes[at..at + CHUNK as usize]
+                    .iter()
+                    .all(|&b| b == 0xEE),
+                "{level}: the unwritten last unit was not skipped"
+            );
+        }
+        assert!(
+            read_all(&vol) == model.bytes,
+            "{level}: wrong data after the rebuild"
+        );
+        // A write into the skipped part fills whole stripes on every member.
+        let late = payload(77, 3072);
+        let off = size - 10_240;
+        block_on(vol.write(off, late.clone())).unwrap();
+        model.write(off, &late);
+        let s = block_on(a.scrub_run(uraid_engine::ScrubMode::Check, &stop)).unwrap();
+        assert_eq!(
+            s.mismatches, 0,
+            "{level}: scrub after an allocated-only rebuild"
+        );
+        assert!(s.units < units, "{level}: scrub skips the same units");
+        block_on(vol.close()).unwrap();
+        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        check_without_others(&after, &[slot], &model, a.geometry().fault_tolerance());
+    }
+}

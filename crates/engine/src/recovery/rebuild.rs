@@ -18,6 +18,9 @@
 //!   another member failing leaves the walk going while the level's tolerance allows; a
 //!   unit that cannot be reconstructed (read errors past the tolerance) stops the rebuild
 //!   with an error, the member left rebuilding from the last checkpoint.
+//! * Units no data was written to (or trimmed: the allocation map) are skipped
+//!   (`Array::skippable`): reads there return zeros without touching the members, and the
+//!   first write there fills whole stripes on every member, the new one included.
 //! * Throttle: the array's `Throttle` (recovery/mod.rs), shared with resync and scrub.
 
 use crate::array::{Array, ArrayError};
@@ -41,8 +44,10 @@ const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
 /// What a rebuild did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RebuildReport {
-    /// Units rebuilt by this call.
+    /// Units rebuilt by this call (skipped ones included).
     pub units: u64,
+    /// Of those, units skipped: nothing allocated there (recovery docs).
+    pub skipped: u64,
     /// Members that hold every unit now (recorded active).
     pub finished: MemberSet,
 }
@@ -180,7 +185,9 @@ impl<D: BlockDev> Array<D> {
                         v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
                     );
                 }
-                pacer.pace(batch.len(), self.client_ops(), stop);
+                let worked = batch.iter().filter(|&&u| !self.skippable(u)).count();
+                report.skipped += (batch.len() - worked) as u64;
+                pacer.pace(worked, self.client_ops(), stop);
             }
             // Every unit is on the members that reached the end: durable first, then active.
             let done_gens: Vec<(usize, usize)> = self
@@ -264,6 +271,9 @@ impl<D: BlockDev> Array<D> {
     /// Rebuilds the units of `batch` concurrently, each under its stripe lock.
     async fn rebuild_batch(&self, batch: &[u64]) -> Vec<Result<(), ArrayError>> {
         join_all(batch.iter().map(|&unit| async move {
+            if self.skippable(unit) {
+                return Ok(());
+            }
             self.locks.lock(unit).await;
             let r = self.regenerate(unit, MemberSet::EMPTY).await;
             self.locks.unlock(unit, false);

@@ -18,6 +18,7 @@
 //!   the old member complete (it got every write); a torn round leaves the slot either
 //!   with the old member or with the new one, which holds everything. The old device is
 //!   refused afterwards (its uuid is no longer the slot's).
+//! * Units with nothing allocated are skipped, as the rebuild does.
 //! * Progress is not persisted: after a restart the old member is simply still the member
 //!   (the replacement has no superblock); the replace is started again.
 //! * The old member failing during the replace (an error, `uraid fail`) makes the
@@ -231,7 +232,8 @@ impl<D: BlockDev> Array<D> {
             }
             next = stop_at;
             p.done.store(next, Ordering::Release);
-            pacer.pace(batch.len(), self.client_ops(), stop);
+            let worked = batch.iter().filter(|&&u| !self.skippable(u)).count();
+            pacer.pace(worked, self.client_ops(), stop);
         }
         let r2 = r;
         let swapped = self
@@ -255,6 +257,9 @@ impl<D: BlockDev> Array<D> {
     /// Copies unit by unit, each under its stripe lock.
     async fn copy_batch(&self, batch: &[u64], i: usize, gen: usize) -> Vec<Result<(), ArrayError>> {
         join_all(batch.iter().map(|&unit| async move {
+            if self.skippable(unit) {
+                return Ok(());
+            }
             self.locks.lock(unit).await;
             let r = self.copy_unit(unit, i, gen).await;
             self.locks.unlock(unit, false);

@@ -49,7 +49,7 @@ impl ScrubMode {
 /// What a scrub found (also live in `scrub_counts` while it runs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ScrubReport {
-    /// Units verified.
+    /// Units verified (units with nothing allocated are skipped).
     pub units: u64,
     /// 4 KiB columns whose redundancy disagreed.
     pub mismatches: u64,
@@ -113,6 +113,8 @@ struct UnitResult {
     located: u64,
     repaired: u64,
     unreadable: bool,
+    /// Not verified: nothing allocated there.
+    skipped: bool,
 }
 
 impl<D: BlockDev> Array<D> {
@@ -218,7 +220,9 @@ impl<D: BlockDev> Array<D> {
             for r in outcomes {
                 match r {
                     Ok(u) => {
-                        counts.units.fetch_add(1, Ordering::AcqRel);
+                        counts
+                            .units
+                            .fetch_add(u64::from(!u.skipped), Ordering::AcqRel);
                         counts.mismatches.fetch_add(u.mismatches, Ordering::AcqRel);
                         counts.located.fetch_add(u.located, Ordering::AcqRel);
                         counts.repaired.fetch_add(u.repaired, Ordering::AcqRel);
@@ -245,7 +249,8 @@ impl<D: BlockDev> Array<D> {
             p.done.store(next, Ordering::Release);
             p.repaired
                 .store(counts.repaired.load(Ordering::Acquire), Ordering::Release);
-            pacer.pace(batch.len(), self.client_ops(), stop);
+            let worked = batch.iter().filter(|&&u| !self.skippable(u)).count();
+            pacer.pace(worked, self.client_ops(), stop);
         }
         p.running.store(false, Ordering::Release);
         let r = counts.report();
@@ -272,6 +277,12 @@ impl<D: BlockDev> Array<D> {
         mode: ScrubMode,
     ) -> Vec<Result<UnitResult, ArrayError>> {
         join_all(batch.iter().map(|&unit| async move {
+            if self.skippable(unit) {
+                return Ok(UnitResult {
+                    skipped: true,
+                    ..Default::default()
+                });
+            }
             self.locks.lock(unit).await;
             let r = self.scrub_unit(unit, mode).await;
             self.locks.unlock(unit, false);
