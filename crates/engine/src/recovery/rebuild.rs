@@ -307,9 +307,19 @@ impl<D: BlockDev> Array<D> {
                     Attempt::Done(v) => v,
                     Attempt::Retry => continue,
                 };
-                let mut parity: Vec<IoBuf> =
-                    (0..g.parity()).map(|_| buf::alloc(len as usize)).collect();
-                {
+                let unsynced = self.resync.unsynced(unit);
+                // Parity is encoded only when a target holds parity here or the unit is
+                // resynced too (most units of a rebuilt data member need just the decode).
+                let need_parity = unsynced
+                    || targets
+                        .iter()
+                        .any(|t| matches!(g.role(unit, t), Role::Parity(_)));
+                let mut parity: Vec<IoBuf> = if need_parity {
+                    (0..g.parity()).map(|_| buf::alloc(len as usize)).collect()
+                } else {
+                    Vec::new()
+                };
+                if need_parity {
                     let srcs: Vec<&[u8]> = data
                         .iter()
                         .map(|b| &b.as_ref().expect("fetch_data returns every chunk")[..])
@@ -320,7 +330,7 @@ impl<D: BlockDev> Array<D> {
                 }
                 let at = g.member_offset(unit, 0);
                 let mut extra = Vec::new();
-                if self.resync.unsynced(unit) {
+                if unsynced {
                     if targets
                         .iter()
                         .any(|t| matches!(g.role(unit, t), Role::Data(_)))
