@@ -15,16 +15,20 @@ run:
   load     a new member added, `uraid serve` with the default throttle (an in-flight budget
            of one stripe while clients are active, then a pause of half its time): the same fio while the
            rebuild runs, and how far the rebuild got meanwhile (counted from fio's start);
+  load-low the same with `--priority low` (the budget's pause twice each round's time);
   load-md  the same with `--background-budget 0` (md's `--resync-min 50` instead);
   scrub    `uraid scrub --wait` on the healthy array served, idle: member bytes read per
            second (the server's "scrub ... finished" event).
-Runs repeat; medians.
+Runs repeat; medians. The client rows carry fio's p99 completion latency too. Then, once:
+  half     the array created again and half its volume written (fio, nbd, 1M sequential),
+           member 3 replaced as above and the idle rebuild timed (`--runs` times): the
+           rebuild skips what holds no data (the allocation map), against `idle` above.
 
     scripts/bench_rebuild.py [--runs 3] [--size 1G] [--load-seconds 8] [--out -]
 """
 import argparse, json, os, shutil, statistics, sys, time
 
-from bench_resync import Serve, events, fio_nbd, size_bytes, status
+from bench_resync import Serve, events, size_bytes, status
 from pts import run, write_report
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -44,6 +48,15 @@ def raw_rebuild_io(survivors, new, span):
     t0 = time.monotonic()
     run(cmd)
     return time.monotonic() - t0
+
+
+def fio_nbd(uri, seconds):
+    """fio's nbd engine, 4k random reads QD32: (IOPS, p99 completion latency in µs)."""
+    out = run(["fio", "--name=c", "--ioengine=nbd", f"--uri={uri}", "--rw=randread", "--bs=4k",
+               "--iodepth=32", "--size=2000m", "--norandommap", "--randrepeat=0",
+               f"--runtime={seconds}", "--time_based", "--output-format=json"])
+    j = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    return j["iops"], j["clat_ns"]["percentile"]["99.000000"] / 1000
 
 
 def finished_in(ctl, what, timeout=600):
@@ -89,8 +102,9 @@ def main():
     units = member_data // CHUNK
     span = f"{(member_data >> 20) - 1}m"
     scratch = os.path.join(a.dir, "scratch")
-    res = {k: [] for k in ("raw_s", "idle_s", "degraded", "load", "load_units", "load_md",
-                           "load_md_units", "scrub_s")}
+    res = {k: [] for k in ("raw_s", "idle_s", "degraded", "degraded_p99", "load", "load_p99",
+                           "load_units", "load_low", "load_low_p99", "load_low_units",
+                           "load_md", "load_md_p99", "load_md_units", "scrub_s")}
     gen = 0
     for r in range(a.runs):
         survivors = [m for i, m in enumerate(members) if i != SLOT]
@@ -107,11 +121,14 @@ def main():
         # Degraded, no rebuild: the client's reads.
         run([URAID, "fail", str(SLOT), *members])
         s = Serve(a.dir, members)
-        res["degraded"].append(fio_nbd(s.uri, "randread", a.load_seconds))
+        iops, p99 = fio_nbd(s.uri, a.load_seconds)
+        res["degraded"].append(iops)
+        res["degraded_p99"].append(p99)
         s.stop()
         # A new member, rebuilding under the same client: the default throttle, then md's.
-        for key, extra in (("load", []), ("load_md", ["--background-budget", "0"])):
-            if key == "load_md":
+        for key, extra in (("load", []), ("load_low", ["--priority", "low"]),
+                           ("load_md", ["--background-budget", "0"])):
+            if key != "load":
                 run([URAID, "fail", str(SLOT), *members])
             gen += 1
             new = os.path.join(a.dir, f"new{gen}")
@@ -123,7 +140,9 @@ def main():
             rb0 = [b for b in status(s.ctl)["background"] if b["op"] == "rebuild"]
             d0 = rb0[0]["done"] if rb0 else 0
             t0 = time.monotonic()
-            res[key].append(fio_nbd(s.uri, "randread", a.load_seconds))
+            iops, p99 = fio_nbd(s.uri, a.load_seconds)
+            res[key].append(iops)
+            res[key + "_p99"].append(p99)
             t1 = time.monotonic()
             rb = [b for b in status(s.ctl)["background"] if b["op"] == "rebuild"]
             done = rb[0]["done"] if rb else units
@@ -140,6 +159,30 @@ def main():
             if m.startswith("new") and p not in members:
                 os.unlink(p)
         print(f"run {r}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in res.items()), file=sys.stderr)
+    # Half full: the array created again, half of its volume written, rebuilt idle.
+    for m in os.listdir(a.dir):
+        p = os.path.join(a.dir, m)
+        if m.startswith("new"):
+            os.unlink(p)
+    members = [os.path.join(a.dir, f"m{i}") for i in range(MEMBERS)]
+    run([URAID, "create", "--level", "6", "--size", a.size, "-N", "res", "--force"] + members)
+    s = Serve(a.dir, members)
+    half = status(s.ctl)["volume_size"] // 2
+    run(["fio", "--name=h", "--ioengine=nbd", f"--uri={s.uri}", "--rw=write", "--bs=1m",
+         "--iodepth=8", f"--size={half}", "--output-format=json"])
+    s.stop()
+    res["half_s"] = []
+    for r in range(a.runs):
+        gen += 1
+        members = replace(members, os.path.join(a.dir, f"new{gen}"), size)
+        s = Serve(a.dir, members)
+        res["half_s"].append(finished_in(s.ctl, "rebuild"))
+        s.stop()
+        for m in os.listdir(a.dir):
+            p = os.path.join(a.dir, m)
+            if m.startswith("new") and p not in members:
+                os.unlink(p)
+        print(f"half run {r}: {res['half_s'][-1]:.4g} s", file=sys.stderr)
     shutil.rmtree(a.dir, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in res.items()}
     idle_units = units / med["idle_s"]
@@ -156,16 +199,30 @@ def main():
         f"QD8 each) | {med['raw_s']:.2f} s | |",
         f"| rebuild, idle | {med['idle_s']:.2f} s ({gb(rebuilt)} written to the new member) | "
         f"{med['raw_s'] / med['idle_s']:.2f} of fio's rate (goal 0.8) |",
-        f"| client 4k randread QD32, degraded (no rebuild) | {med['degraded']:,.0f} IOPS | |",
-        f"| client 4k randread QD32, during the rebuild (default: budget of 1 stripe) | "
-        f"{med['load']:,.0f} IOPS | {med['load'] / med['degraded']:.2f} of degraded (goal 0.7) |",
+        f"| client 4k randread QD32, degraded (no rebuild) | {med['degraded']:,.0f} IOPS, "
+        f"p99 {med['degraded_p99']:,.0f} µs | |",
+        f"| client 4k randread QD32, during the rebuild (default: budget of 1 stripe, priority "
+        f"normal) | {med['load']:,.0f} IOPS, p99 {med['load_p99']:,.0f} µs | "
+        f"{med['load'] / med['degraded']:.2f} of degraded (goal 0.7); p99 "
+        f"{med['load_p99'] / med['degraded_p99']:.2f}× |",
         f"| rebuild progress meanwhile | {med['load_units']:,.0f} stripes/s | "
         f"{med['load_units'] / idle_units:.2f} of its idle rate (goal 0.1) |",
+        f"| client 4k randread QD32, during the rebuild (`--priority low`) | "
+        f"{med['load_low']:,.0f} IOPS, p99 {med['load_low_p99']:,.0f} µs | "
+        f"{med['load_low'] / med['degraded']:.2f} of degraded; p99 "
+        f"{med['load_low_p99'] / med['degraded_p99']:.2f}× |",
+        f"| rebuild progress meanwhile | {med['load_low_units']:,.0f} stripes/s | "
+        f"{med['load_low_units'] / idle_units:.2f} of its idle rate |",
         f"| client 4k randread QD32, during the rebuild (`--background-budget 0`: md's "
-        f"`--resync-min 50`) | {med['load_md']:,.0f} IOPS | {med['load_md'] / med['degraded']:.2f} of degraded |",
+        f"`--resync-min 50`) | {med['load_md']:,.0f} IOPS, p99 {med['load_md_p99']:,.0f} µs | "
+        f"{med['load_md'] / med['degraded']:.2f} of degraded; p99 "
+        f"{med['load_md_p99'] / med['degraded_p99']:.2f}× |",
         f"| rebuild progress meanwhile | {med['load_md_units']:,.0f} stripes/s | "
         f"{med['load_md_units'] / idle_units:.2f} of its idle rate |",
         f"| scrub (check), idle: member bytes read per second | {gb(scrub_read)} | |",
+        f"| rebuild, idle, array with half its volume written (created again; the rest never "
+        f"written) | {med['half_s']:.2f} s | {med['half_s'] / med['idle_s']:.2f} of the full "
+        f"array's time |",
     ]
     write_report(a.out, "\n".join(out) + "\n")
 

@@ -314,21 +314,21 @@ impl Jobs {
         let vol = self.volume.clone();
         futures::executor::block_on(vol.replace_member(i, dev, uuid)).map_err(|e| (409, e))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (st, me) = (stop.clone(), self.clone());
+        let (st, me, v2) = (stop.clone(), self.clone(), vol.clone());
         let t = std::thread::Builder::new()
             .name("uraid-replace".into())
-            .spawn(
-                move || match futures::executor::block_on(vol.replace_run(&st)) {
-                    Ok(uraid_engine::ReplaceOutcome::Rebuilding { .. }) => {
-                        me.ensure_rebuild();
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!(target: "uraid_engine::recovery", "replace: {e}");
-                    }
-                },
-            )
-            .map_err(|e| (500, format!("starting the replace thread: {e}")))?;
+            .spawn(move || {
+                let r = futures::executor::block_on(vol.replace_run(&st));
+                if let Err(e) = &r {
+                    tracing::error!(target: "uraid_engine::recovery", "replace: {e}");
+                }
+                // Also after an error: the replacement may have taken a failed slot.
+                me.ensure_rebuild();
+            })
+            .map_err(|e| {
+                v2.array().abandon_replace();
+                (500, format!("starting the replace thread: {e}"))
+            })?;
         *slot = Some((stop, t));
         Ok(format!(
             "replacing member {i} by {} (copied while it serves; uraid status shows progress)",

@@ -864,22 +864,6 @@ fn qemu_io_check_offline(dir: &Path, m: &[PathBuf]) {
     srv.stop();
 }
 
-/// Runs a fio job over NBD with crc32c verification (verify_fatal: a wrong block fails it).
-fn fio_job(dir: &Path, name: &str, uri: &str, extra: &str) {
-    let job = dir.join(format!("{name}.fio"));
-    std::fs::write(
-        &job,
-        format!(
-            "[{name}]\nioengine=nbd\nuri={uri}\nbs=16k\nsize=100%\nverify=crc32c\n\
-             verify_fatal=1\niodepth=8\nrandseed=42\n{extra}\n"
-        ),
-    )
-    .unwrap();
-    let o = Command::new("fio").arg(&job).output().expect("fio");
-    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "fio {name}: {out}");
-}
-
 /// The issue's scenario: RAID6 with two hot spares (`uraid add` on the stopped array), fio
 /// writing with crc32c verification; two members are failed mid-run (`uraid fail`), each
 /// spare takes over a slot and is rebuilt while fio goes on; fio's verify passes, the array

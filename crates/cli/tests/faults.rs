@@ -867,3 +867,86 @@ fn power_cut_with_a_journal_then_degraded_at_once() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `uraid status --json` of a running server through its control socket in `dir`.
+fn live_status(dir: &Path, members: &[PathBuf]) -> serde_json::Value {
+    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["status", "--json", "--control", "unix:ctl.sock"])
+        .args(members)
+        .current_dir(dir));
+    serde_json::from_slice(&o.stdout).expect("status JSON")
+}
+
+/// The scenario with a device that really fails: RAID6 of six with member 2 behind
+/// nbdkit's error filter and a hot spare; fio writes with crc32c verification, and mid-run
+/// every read and write of member 2 starts failing with EIO (nbdkit's `error-file`, no test
+/// code in uraid). The array fails it, the spare takes its slot and is rebuilt while fio goes
+/// on; fio verifies every block; the array ends fully redundant; and with two other members
+/// taken away afterwards fio verifies every block again, so the spare holds the right data.
+#[test]
+fn raid6_member_returning_eio_under_fio_verify_is_rebuilt_onto_a_spare() {
+    let dir = tmp("eio-spare");
+    const SIZE: u64 = 32 << 20;
+    let faulty = FaultyMember::start(&dir.join("faulty"), SIZE, "0ms");
+    let mut members: Vec<PathBuf> = (0..6).map(|i| dir.join(format!("m{i}"))).collect();
+    members[2] = faulty.path().to_path_buf();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["create", "--level", "6", "-N", "f", "--size", "32M"])
+        .args(&members)
+        .current_dir(&dir));
+    let spare = dir.join("spare");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(SIZE)
+        .unwrap();
+    let out = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .arg("add")
+        .arg(&spare)
+        .args(&members)
+        .current_dir(&dir));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hot spare"));
+    let mut all = members.clone();
+    all.push(spare.clone());
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+    let s = Srv::start_with(&dir, &sock, &log, &all, &["--resync-min", "20"]);
+    let writer = {
+        let (dir, uri) = (dir.clone(), uri.clone());
+        std::thread::spawn(move || fio_job(&dir, "w", &uri, "rw=randwrite\ndo_verify=1"))
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    faulty.fail_writes(true);
+    faulty.fail_reads(true);
+    writer.join().expect("fio verified every block");
+    assert!(
+        faulty.nbdkit_log().contains("injecting EIO"),
+        "nbdkit injected errors"
+    );
+    let ok = wait_for(Duration::from_secs(60), || {
+        let j = live_status(&dir, &members);
+        j["slots"]
+            .as_array()
+            .is_some_and(|v| v.iter().all(|x| x["state"] == "active"))
+            && j["background"].as_array().is_some_and(|v| v.is_empty())
+            && j["slots"][2]["path"] == spare.display().to_string().as_str()
+    });
+    assert!(
+        ok,
+        "never back to full redundancy on the spare: {}\n{}",
+        live_status(&dir, &members),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(serve_log.contains("member 2"), "{serve_log}");
+    s.stop();
+    faulty.fail_writes(false);
+    faulty.fail_reads(false);
+    // Members 0 and 1 away (and the failed device): every stripe needs the spare.
+    let mut rest: Vec<PathBuf> = members[3..].to_vec();
+    rest.push(spare.clone());
+    let s = Srv::start(&dir, &sock, &dir.join("verify.log"), &rest);
+    fio_job(&dir, "w", &uri, "rw=randwrite\nverify_only=1");
+    s.stop();
+    drop(faulty);
+}

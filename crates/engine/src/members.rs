@@ -246,8 +246,12 @@ struct Slot<D> {
     cur: std::sync::atomic::AtomicUsize,
 }
 
+/// Bit 16 of the pair word: the replacement is being swapped in (its superblock may name
+/// it on disk already), so it can no longer be dropped: a failure of it fails the slot.
+const SWAPPING: usize = 1 << 16;
+
 fn unpack(w: usize) -> (usize, Option<usize>) {
-    (w & 0xff, (w >> 8).checked_sub(1))
+    (w & 0xff, ((w >> 8) & 0xff).checked_sub(1))
 }
 
 fn pack(cur: usize, repl: Option<usize>) -> usize {
@@ -450,7 +454,7 @@ impl<D: BlockDev> Members<D> {
 
     /// Lets go of generation `g` of slot `i` (`BlockDev::retire`): the slot no longer uses
     /// it.
-    fn retire(&self, i: usize, g: usize) {
+    pub(crate) fn retire(&self, i: usize, g: usize) {
         if let Some((Some(d), _)) = self.slots[i].gens[g].get() {
             d.retire();
         }
@@ -487,20 +491,41 @@ impl<D: BlockDev> Members<D> {
     }
 
     /// Ends slot `i`'s replacement without using it (the replacement failed, or the
-    /// operator or the old member's failure ended it). No-op if `gen` is not its
-    /// replacement any more.
-    pub(crate) fn drop_replacement(&self, i: usize, gen: usize) {
+    /// operator or the old member's failure ended it). False (nothing done) if `gen` is not
+    /// its replacement any more, or it is being swapped in (`begin_swap`).
+    pub(crate) fn drop_replacement(&self, i: usize, gen: usize) -> bool {
         let slot = &self.slots[i];
         let w = slot.cur.load(Ordering::Acquire);
         let (cur, repl) = unpack(w);
-        if repl == Some(gen)
+        let dropped = w & SWAPPING == 0
+            && repl == Some(gen)
             && slot
                 .cur
                 .compare_exchange(w, pack(cur, None), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
+                .is_ok();
+        if dropped {
             self.retire(i, gen);
         }
+        dropped
+    }
+
+    /// Marks slot `i`'s replacement `gen` as being swapped in: from now on it cannot be
+    /// dropped (a failure of it fails the slot). False if it is not the slot's replacement
+    /// any more.
+    pub(crate) fn begin_swap(&self, i: usize, gen: usize) -> bool {
+        let slot = &self.slots[i];
+        let w = slot.cur.load(Ordering::Acquire);
+        unpack(w).1 == Some(gen)
+            && slot
+                .cur
+                .compare_exchange(w, w | SWAPPING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// The swap of slot `i`'s replacement did not happen (its superblock could not be
+    /// written): it can be dropped again.
+    pub(crate) fn end_swap(&self, i: usize) {
+        self.slots[i].cur.fetch_and(!SWAPPING, Ordering::AcqRel);
     }
 
     /// Makes slot `i`'s replacement its device, in one store: after the superblocks name it
@@ -575,15 +600,43 @@ impl<D: BlockDev> Members<D> {
     /// A write or flush of a replacement failed: the replacement ends (the slot keeps its
     /// device; the replace reports it).
     pub(crate) fn replacement_failed(&self, i: usize, gen: usize, e: &io::Error) {
-        if self.slots[i].pair().1 == Some(gen) {
+        if self.slots[i].pair().1 != Some(gen) {
+            return;
+        }
+        let name = self.slots[i].gens[gen]
+            .get()
+            .and_then(|g| g.0.as_ref())
+            .map_or("?", |d| d.name());
+        if self.drop_replacement(i, gen) {
             tracing::error!(
-                "member {i}: its replacement ({}) failed: {e}; the replace is abandoned",
-                self.slots[i].gens[gen]
-                    .get()
-                    .and_then(|g| g.0.as_ref())
-                    .map_or("?", |d| d.name())
+                "member {i}: its replacement ({name}) failed: {e}; the replace is abandoned"
             );
-            self.drop_replacement(i, gen);
+        } else if self.slots[i].pair().1 == Some(gen) && self.mark_failed(i) {
+            // Being swapped in: the superblocks may name it already. The slot fails (the
+            // caller's failure barrier records it before the I/O is acknowledged).
+            tracing::error!(
+                "member {i}: its replacement ({name}) failed while being swapped in: {e}; \
+                 marking the slot faulty"
+            );
+        }
+    }
+
+    /// A replacement I/O half `b` of a mirrored write or flush issued with replacement `r`:
+    /// if `r` has become the slot's device meanwhile, its error is the slot's.
+    fn replacement_result(
+        &self,
+        i: usize,
+        r: usize,
+        a: io::Result<()>,
+        b: io::Result<()>,
+    ) -> io::Result<()> {
+        match b {
+            Err(e) if self.generation(i) == r => Err(e),
+            Err(e) => {
+                self.replacement_failed(i, r, &e);
+                a
+            }
+            Ok(()) => a,
         }
     }
 
@@ -668,10 +721,7 @@ impl<D: BlockDev> Members<D> {
                 let copy = crate::buf::copy_of(&buf);
                 let (a, b) =
                     futures::join!(self.write_at(i, c, at, buf), self.write_gen(i, r, at, copy));
-                if let Err(e) = b {
-                    self.replacement_failed(i, r, &e);
-                }
-                a
+                self.replacement_result(i, r, a, b)
             }
         }
     }
@@ -703,10 +753,7 @@ impl<D: BlockDev> Members<D> {
             None => cur.await,
             Some(r) => {
                 let (a, b) = futures::join!(cur, self.flush_gen(i, r));
-                if let Err(e) = b {
-                    self.replacement_failed(i, r, &e);
-                }
-                a
+                self.replacement_result(i, r, a, b)
             }
         }
     }

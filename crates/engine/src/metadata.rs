@@ -25,13 +25,14 @@ use uraid_core::MemberSet;
 pub(crate) struct Meta {
     pub(crate) sb: Superblock,
     pub(crate) ids: Vec<MemberId>,
-    /// A replace being finished (recovery/replace.rs): the next round writes this slot's
-    /// superblock to its replacement (this generation) first, not to its current device;
-    /// with the slot's identity before the swap, restored if that write fails.
-    pub(crate) swap: Option<(usize, usize, MemberId)>,
-    /// That write failed (the slot is not failed for it: its device is fine).
+    /// A replace being finished (recovery/replace.rs): slot, replacement generation, its
+    /// device uuid. The next round names it in the slot and writes the slot's superblock to
+    /// it first; every further pass of that round (one that failed another member) writes
+    /// the slot's superblock to it again, never to the old device.
+    pub(crate) swap: Option<(usize, usize, [u8; 16])>,
+    /// Its superblock could not be written: the round named the old device again.
     pub(crate) swap_failed: bool,
-    /// That write succeeded: the superblocks name the replacement.
+    /// Its superblock was written: the superblocks name the replacement.
     pub(crate) swap_done: bool,
 }
 
@@ -224,10 +225,17 @@ impl<D: BlockDev> Array<D> {
             if a.meta.removed().contains(i) {
                 return Err(format!("member {i} was removed already"));
             }
+            if a.members.replacement(i).is_some() {
+                return Err(format!(
+                    "member {i} failed, but a replace started meanwhile takes its slot"
+                ));
+            }
             let name = a.members.name(i).unwrap_or("?").to_string();
             meta.ids[i].uuid = uraid_core::format::REMOVED_SLOT;
             a.meta.removed.fetch_or(1 << i, Ordering::AcqRel);
             a.persist(&mut meta, true).await;
+            // The server lets go of the device (it can be added again, or used elsewhere).
+            a.members.retire(i, a.members.generation(i));
             tracing::warn!("member {i} ({name}) removed from the array");
             Ok(format!("member {i} ({name}, {was}) removed"))
         })
@@ -276,6 +284,11 @@ impl<D: BlockDev> Array<D> {
 
     async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
         let name = dev.name().to_string();
+        // Before the superblock lock (a hanging new device must not hold it).
+        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
+        let (r, _) = dev.write(0, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
         let mut meta = self.meta.state.lock().await;
         // A slot whose old member failed during a replace is its replacement's.
         let Some(slot) = self
@@ -294,10 +307,6 @@ impl<D: BlockDev> Array<D> {
             ));
         }
         self.failure_on_disk(&mut meta, slot).await;
-        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
-        let (r, _) = dev.write(0, zeros).await;
-        r.and(dev.flush().await)
-            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
         if self.members.install(slot, dev).is_err() {
             return Err(format!("slot {slot}: no room for another device"));
         }
@@ -399,6 +408,25 @@ impl<D: BlockDev> Array<D> {
             self.catch_up(meta, failed).await;
             meta.sb.events += 1;
             meta.sb.utime = now();
+            // A replacement being swapped in takes the slot's identity in this round (only
+            // if the slot is live: a failed one keeps its old uuid, and the takeover names
+            // the replacement in its own round). From here it cannot be dropped.
+            let mut swap_old = None;
+            let mut newly_swap = false;
+            if let Some((s, gen, uuid)) = meta.swap {
+                if !meta.swap_done && !meta.swap_failed && !failed.contains(s) {
+                    if self.members.begin_swap(s, gen) {
+                        swap_old = Some(meta.ids[s]);
+                        meta.ids[s] = MemberId {
+                            uuid,
+                            sb_slot: 1,
+                            events: meta.sb.events,
+                        };
+                    } else {
+                        meta.swap_failed = true;
+                    }
+                }
+            }
             // Against the same snapshot of the failed set: a rebuilding member that fails
             // meanwhile is written as rebuilding (its next round records it failed), never
             // as active.
@@ -424,38 +452,52 @@ impl<D: BlockDev> Array<D> {
             // A replacement being swapped in gets its superblock first, durably, before any
             // other member's names it: a crash in between leaves a round one event behind
             // on the others (taken), never a slot naming a device with no superblock. If
-            // that write fails, the slot names its old device again in this same round.
+            // that write fails, the slot names its old device again in this same round, one
+            // event later than the replacement could hold (so it can never tie with it).
             let mut swapped = None;
-            if let Some((s, gen, old)) = meta.swap.filter(|x| live.contains(x.0)) {
-                let mut sb = meta.sb.clone();
-                sb.index = s;
-                sb.device_uuid = meta.ids[s].uuid;
-                let slot = 1 - meta.ids[s].sb_slot;
-                let at = (slot * SB_SIZE) as u64;
-                let r = match self
-                    .members
-                    .write_gen(s, gen, at, buf::copy_of(&sb.encode()))
-                    .await
-                {
-                    Ok(()) => self.members.flush_gen(s, gen).await,
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(()) => {
-                        meta.ids[s].sb_slot = slot;
-                        meta.ids[s].events = meta.sb.events;
-                        meta.swap = None;
-                        meta.swap_done = true;
-                        swapped = Some(s);
-                    }
-                    Err(e) => {
-                        tracing::error!(
-                            "member {s}: writing its replacement's superblock failed: {e}"
-                        );
-                        meta.swap_failed = true;
-                        meta.swap = None;
-                        meta.ids[s] = old;
-                        meta.sb.slot_uuids[s] = old.uuid;
+            if let Some((s, gen, _)) = meta.swap.filter(|_| meta.swap_done || swap_old.is_some()) {
+                if live.contains(s) {
+                    let mut sb = meta.sb.clone();
+                    sb.index = s;
+                    sb.device_uuid = meta.ids[s].uuid;
+                    let slot = 1 - meta.ids[s].sb_slot;
+                    let at = (slot * SB_SIZE) as u64;
+                    let r = match self
+                        .members
+                        .write_gen(s, gen, at, buf::copy_of(&sb.encode()))
+                        .await
+                    {
+                        Ok(()) => self.members.flush_gen(s, gen).await,
+                        Err(e) => Err(e),
+                    };
+                    match (r, swap_old) {
+                        (Ok(()), _) => {
+                            meta.ids[s].sb_slot = slot;
+                            meta.ids[s].events = meta.sb.events;
+                            meta.swap_done = true;
+                            swapped = Some(s);
+                        }
+                        (Err(e), Some(old)) => {
+                            tracing::error!(
+                                "member {s}: writing its replacement's superblock failed: {e}"
+                            );
+                            meta.swap_failed = true;
+                            meta.ids[s] = old;
+                            meta.sb.slot_uuids[s] = old.uuid;
+                            meta.sb.events += 1;
+                            self.members.end_swap(s);
+                            // The old device is written below like every member.
+                        }
+                        (Err(e), None) => {
+                            // Named on disk by an earlier pass: it is the slot's device.
+                            tracing::error!(
+                                "member {s}: superblock update of its replacement failed: \
+                                 {e}; marking it faulty"
+                            );
+                            self.members.mark_failed(s);
+                            newly_swap = true;
+                            swapped = Some(s);
+                        }
                     }
                 }
             }
@@ -476,7 +518,7 @@ impl<D: BlockDev> Array<D> {
                     (i, slot, r)
                 }
             });
-            let mut newly = false;
+            let mut newly = newly_swap;
             for (i, slot, r) in join_all(writes).await {
                 match r {
                     Ok(()) => {
@@ -507,10 +549,13 @@ impl<D: BlockDev> Array<D> {
     /// otherwise a crash tearing that round would leave them two events behind and refused.
     /// A member that cannot be written is failed (the round that follows records it).
     async fn catch_up(&self, meta: &mut Meta, failed: MemberSet) {
+        // A replacement being swapped in is written by the round itself (to its own
+        // device, never the old one).
+        let swapping = meta.swap.map(|x| x.0);
         let behind: Vec<usize> = MemberSet::all(self.geo.members)
             .minus(failed)
             .iter()
-            .filter(|&i| meta.ids[i].events < meta.sb.events)
+            .filter(|&i| meta.ids[i].events < meta.sb.events && swapping != Some(i))
             .collect();
         if behind.is_empty() {
             return;

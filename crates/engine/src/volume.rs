@@ -100,9 +100,12 @@ impl<D: BlockDev> Volume<D> {
         uuid: [u8; 16],
     ) -> Result<(), String> {
         self.array.start_replace(i, dev, uuid).await?;
-        self.rewrite_map_pages()
-            .await
-            .map_err(|e| format!("replacing member {i}: writing the allocation map failed: {e}"))?;
+        if let Err(e) = self.rewrite_map_pages().await {
+            self.array.abandon_replace();
+            return Err(format!(
+                "replacing member {i}: writing the allocation map failed: {e}"
+            ));
+        }
         if self.array.replace_state().is_none() {
             return Err(format!(
                 "replacing member {i}: the replacement failed while its metadata was written"

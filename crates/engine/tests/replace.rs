@@ -409,3 +409,102 @@ fn power_cuts_during_a_replace_lose_no_flushed_write() {
         );
     }
 }
+
+/// Another member, or the replacement itself, dying at each of its last operations of a
+/// replace (so also inside the swap round, whose superblock writes may go round twice): the
+/// array keeps serving, and afterwards — writes made after the replace included — the
+/// devices assemble (old and new given, in both orders) with every byte in place: the old
+/// device is never named with the new one's identity, and a replacement that failed is
+/// never taken for a member that missed writes.
+#[test]
+fn a_device_dying_during_the_swap_leaves_the_right_member_named() {
+    let (images, model) = written(Level::Raid6, 6, 13);
+    let (slot, other) = (1, 4);
+    // Operations of each device over a whole replace.
+    let count = |which: usize| {
+        let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+        let new = new_dev(&images);
+        let h = new.share();
+        let o = vol.array().member_dev(other).unwrap().share();
+        block_on(vol.replace_member(slot, new, uuid(3))).unwrap();
+        let stop = AtomicBool::new(false);
+        block_on(vol.replace_run(&stop)).unwrap();
+        let d = if which == 0 { &o } else { &h };
+        d.faults.ops.load(Ordering::SeqCst)
+    };
+    for which in 0..2 {
+        let total = count(which);
+        for k in total.saturating_sub(14)..=total + 1 {
+            let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+            let a = vol.array().clone();
+            let originals: Vec<MemDev> = (0..6).map(|m| a.member_dev(m).unwrap().share()).collect();
+            let new = new_dev(&images);
+            let handle = new.share();
+            let dying = if which == 0 {
+                &originals[other]
+            } else {
+                &handle
+            };
+            let before = dying.faults.ops.load(Ordering::SeqCst);
+            dying.faults.kill_after((k - before.min(k)) as i64 + 1);
+            if block_on(vol.replace_member(slot, new, uuid(4))).is_err() {
+                continue;
+            }
+            let stop = AtomicBool::new(false);
+            let _ = block_on(vol.replace_run(&stop));
+            let swapped = a.member_dev(slot).map(|d| d.name()) == Some(handle.name());
+            // As a power cut right after the replace would leave the media, and again after
+            // a write that only the slot's device of the end holds.
+            let check = |stage: &str, want: &Model| {
+                let mut media: Vec<Vec<u8>> = originals.iter().map(|d| d.snapshot()).collect();
+                media.push(handle.snapshot());
+                for order in 0..2 {
+                    let mut m = media.clone();
+                    if order == 1 {
+                        m.swap(slot, 6);
+                    }
+                    let what = format!(
+                        "device {which} dying at op {k} of {total}, {stage}, order {order}"
+                    );
+                    let v = reassemble(&m, &[true; 7])
+                        .unwrap_or_else(|e| panic!("{what}: does not assemble: {e}"));
+                    // The slot's device at the end is the one named (or the slot is left
+                    // out); never the other.
+                    let new_name = format!("mem{}", if order == 1 { slot } else { 6 });
+                    if let Some(n) = v.array().member_dev(slot).map(|d| d.name().to_string()) {
+                        assert_eq!(
+                            n == new_name,
+                            swapped,
+                            "{what}: slot {slot} assembled from {n}"
+                        );
+                    }
+                    // Every block that reads (a degraded dirty stripe may be refused) is right.
+                    let mut off = 0;
+                    while off < v.size() {
+                        if let Ok(b) = block_on(v.read(off, CHUNK)) {
+                            assert!(
+                                b.to_vec() == want.read(off, CHUNK),
+                                "{what}: wrong data at {off}"
+                            );
+                        }
+                        off += CHUNK;
+                    }
+                }
+            };
+            check("right after the replace", &model);
+            let _ = block_on(a.rebuild(&stop));
+            let mut want = Model {
+                bytes: model.bytes.clone(),
+            };
+            let late = payload(900 + k, 64 << 10);
+            block_on(vol.write(8192, late.clone())).expect("serves after the replace");
+            want.write(8192, &late);
+            assert!(
+                read_all(&vol) == want.bytes,
+                "k {k}: wrong data while serving"
+            );
+            block_on(vol.flush()).expect("flush");
+            check("after a later write", &want);
+        }
+    }
+}

@@ -82,3 +82,19 @@ pub fn examine_clean(member: &Path) -> bool {
         .as_bool()
         .expect("examine reports the clean flag")
 }
+
+/// Runs a fio job over NBD with crc32c verification (verify_fatal: a wrong block fails it).
+pub fn fio_job(dir: &Path, name: &str, uri: &str, extra: &str) {
+    let job = dir.join(format!("{name}.fio"));
+    std::fs::write(
+        &job,
+        format!(
+            "[{name}]\nioengine=nbd\nuri={uri}\nbs=16k\nsize=100%\nverify=crc32c\n\
+             verify_fatal=1\niodepth=8\nrandseed=42\n{extra}\n"
+        ),
+    )
+    .unwrap();
+    let o = Command::new("fio").arg(&job).output().expect("fio");
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "fio {name}: {out}");
+}

@@ -36,7 +36,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use uraid_core::geometry::Role;
-use uraid_core::MemberSet;
 
 /// How a replace ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +63,16 @@ impl<D: BlockDev> Array<D> {
         let r = (*self.replacing.lock().unwrap_or_else(|e| e.into_inner()))?;
         let (gen, name) = self.members.replacement(r.slot)?;
         (gen == r.gen).then(|| (r.slot, name.to_string()))
+    }
+
+    /// Drops the replace started last if its replacement is still attached (an error
+    /// before its walk could run): the member stays.
+    pub fn abandon_replace(&self) {
+        if let Some(r) = *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) {
+            if self.members.drop_replacement(r.slot, r.gen) {
+                tracing::warn!("member {}: replace abandoned; the member stays", r.slot);
+            }
+        }
     }
 
     /// Progress of the running (or last) replace.
@@ -110,6 +119,11 @@ impl<D: BlockDev> Array<D> {
 
     async fn start_replace_here(&self, i: usize, dev: D, uuid: [u8; 16]) -> Result<(), String> {
         let name = dev.name().to_string();
+        // Before the superblock lock (a hanging new device must not hold it).
+        let zeros = buf::alloc(self.members.data_offset() as usize);
+        let (r, _) = dev.write(0, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
         // Under the superblock lock: no add, fail round or other replace interleaves.
         let meta = self.meta.state.lock().await;
         if self.members.is_failed(i) {
@@ -143,10 +157,6 @@ impl<D: BlockDev> Array<D> {
                 crate::members::MAX_GENERATIONS - 1
             ));
         }
-        let zeros = buf::alloc(self.members.data_offset() as usize);
-        let (r, _) = dev.write(0, zeros).await;
-        r.and(dev.flush().await)
-            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
         if self.members.set_replacement(i, dev).is_err() {
             return Err(format!("slot {i}: no room for another device"));
         }
@@ -282,7 +292,9 @@ impl<D: BlockDev> Array<D> {
                 None => return Ok(()),
             }
         };
-        let mut excl = MemberSet::EMPTY;
+        // Members being rebuilt that do not hold this unit yet are never a source.
+        let stale = self.members.stale_at(unit);
+        let mut excl = stale.minus(self.members.failed());
         let chunk: IoBuf = loop {
             if self.members.is_failed(i) {
                 return Err(ArrayError::Refused(format!("member {i} failed")));
@@ -293,8 +305,12 @@ impl<D: BlockDev> Array<D> {
                     Attempt::Retry => continue,
                 }
             }
-            // The member could not read it: from the others.
+            // The member could not read it: from the others, unless the unit awaits resync
+            // (its parity or copies may not match its data: nothing to decode from).
             let failed = self.check_serving()?;
+            if self.resync.unsynced(unit) {
+                return Err(ArrayError::Unreadable { members: excl });
+            }
             if g.level.is_parity() {
                 let k = g.data_chunks();
                 match g.role(unit, i) {
@@ -326,10 +342,9 @@ impl<D: BlockDev> Array<D> {
                     }
                 }
             }
-            let Some(&(src, base)) = copies
-                .iter()
-                .find(|(m, _)| *m != i && !failed.contains(*m) && !excl.contains(*m))
-            else {
+            let Some(&(src, base)) = copies.iter().find(|(m, _)| {
+                *m != i && !failed.contains(*m) && !excl.contains(*m) && !stale.contains(*m)
+            }) else {
                 return Err(ArrayError::Unreadable { members: excl });
             };
             match self.read_members(&[(src, base, len)], &mut excl).await {
@@ -364,13 +379,7 @@ impl<D: BlockDev> Array<D> {
                 "member {i}'s replacement failed; the member stays"
             )));
         }
-        let old = meta.ids[i];
-        meta.ids[i] = crate::MemberId {
-            uuid: r.uuid,
-            sb_slot: 1,
-            events: meta.sb.events,
-        };
-        meta.swap = Some((i, r.gen, old));
+        meta.swap = Some((i, r.gen, r.uuid));
         meta.swap_failed = false;
         meta.swap_done = false;
         self.persist(&mut meta, true).await;
@@ -378,16 +387,15 @@ impl<D: BlockDev> Array<D> {
         meta.swap = None;
         if done {
             // The superblocks name the new device (its own superblock first): it is the
-            // member now, and the old one is out. If the old one failed meanwhile, the slot
-            // is failed: the takeover rebuilds the new device like an added one.
+            // member now, and the old one is out (retired). It could not be dropped since
+            // the round began (a failure of it failed the slot instead); if the slot failed
+            // meanwhile, the takeover rebuilds the new device like an added one.
             self.members.promote_replacement(i);
             return Ok(!self.members.is_failed(i));
         }
         if !failed_write {
-            // The old member failed before the round: the slot was not written; it names
-            // the old device again (the takeover names the new one in its own round).
-            meta.ids[i] = old;
-            meta.sb.slot_uuids[i] = old.uuid;
+            // The old member failed before the round: the slot kept its old identity (the
+            // takeover names the new one in its own round).
             return Ok(false);
         }
         // Its superblock could not be written: the round named the old device again.
