@@ -12,11 +12,10 @@ run:
            `uraid serve`: time from start to the server's "rebuild ... finished" event;
   degraded member 3 failed, no replacement: fio (nbd engine, one connection) 4k random reads
            QD32 for --load-seconds;
-  load     a new member added, `uraid serve` with the default throttle (an in-flight budget
-           of one stripe while clients are active, then a pause of half its time): the same fio while the
-           rebuild runs, and how far the rebuild got meanwhile (counted from fio's start);
-  load-low the same with `--priority low` (the budget's pause twice each round's time);
-  load-md  the same with `--background-budget 0` (md's `--resync-min 50` instead);
+  load-*   a new member added, `uraid serve` with one of the throttles in LOADS (an in-flight
+           budget of 1 or 2 stripes while clients are active with the pause of a priority,
+           or md's `--resync-min 50`): the same fio while the rebuild runs, and how far the
+           rebuild got meanwhile (counted from fio's start);
   scrub    `uraid scrub --wait` on the healthy array served, idle: member bytes read per
            second (the server's "scrub ... finished" event).
 Runs repeat; medians. The client rows carry fio's p99 completion latency too. Then, once:
@@ -34,6 +33,15 @@ from pts import run, write_report
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 URAID = os.path.join(ROOT, "target", "release", "uraid")
 CHUNK = 64 << 10
+# The throttles compared under client load: key, `uraid serve` flags, label.
+LOADS = [
+    ("load_b1", ["--background-budget", "1"],
+     "`--background-budget 1`, priority normal: the default"),
+    ("load_b2", ["--background-budget", "2"], "`--background-budget 2`, priority normal"),
+    ("load_low", ["--background-budget", "2", "--priority", "low"],
+     "`--background-budget 2 --priority low`"),
+    ("load_md", ["--background-budget", "0"], "`--background-budget 0`: md's `--resync-min 50`"),
+]
 MEMBERS = 10
 SLOT = 3
 
@@ -83,6 +91,14 @@ def replace(members, new, size):
     return out
 
 
+def drop_unused_new(d, members):
+    """Deletes the new member files of earlier rounds that are no longer members."""
+    for m in os.listdir(d):
+        p = os.path.join(d, m)
+        if m.startswith("new") and p not in members:
+            os.unlink(p)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
@@ -102,9 +118,10 @@ def main():
     units = member_data // CHUNK
     span = f"{(member_data >> 20) - 1}m"
     scratch = os.path.join(a.dir, "scratch")
-    res = {k: [] for k in ("raw_s", "idle_s", "degraded", "degraded_p99", "load", "load_p99",
-                           "load_units", "load_low", "load_low_p99", "load_low_units",
-                           "load_md", "load_md_p99", "load_md_units", "scrub_s")}
+    res = {k: [] for k in ("raw_s", "idle_s", "degraded", "degraded_p99", "scrub_s")}
+    for key, _, _ in LOADS:
+        for suffix in ("", "_p99", "_units"):
+            res[key + suffix] = []
     gen = 0
     for r in range(a.runs):
         survivors = [m for i, m in enumerate(members) if i != SLOT]
@@ -126,9 +143,8 @@ def main():
         res["degraded_p99"].append(p99)
         s.stop()
         # A new member, rebuilding under the same client: the default throttle, then md's.
-        for key, extra in (("load", []), ("load_low", ["--priority", "low"]),
-                           ("load_md", ["--background-budget", "0"])):
-            if key != "load":
+        for n, (key, extra, _) in enumerate(LOADS):
+            if n > 0:
                 run([URAID, "fail", str(SLOT), *members])
             gen += 1
             new = os.path.join(a.dir, f"new{gen}")
@@ -154,16 +170,10 @@ def main():
         run([URAID, "scrub", "--wait", f"--control=unix:{s.ctl}", *members])
         res["scrub_s"].append(finished_in(s.ctl, "scrub (check)"))
         s.stop()
-        for m in os.listdir(a.dir):
-            p = os.path.join(a.dir, m)
-            if m.startswith("new") and p not in members:
-                os.unlink(p)
+        drop_unused_new(a.dir, members)
         print(f"run {r}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in res.items()), file=sys.stderr)
     # Half full: the array created again, half of its volume written, rebuilt idle.
-    for m in os.listdir(a.dir):
-        p = os.path.join(a.dir, m)
-        if m.startswith("new"):
-            os.unlink(p)
+    drop_unused_new(a.dir, [])
     members = [os.path.join(a.dir, f"m{i}") for i in range(MEMBERS)]
     run([URAID, "create", "--level", "6", "--size", a.size, "-N", "res", "--force"] + members)
     s = Serve(a.dir, members)
@@ -178,10 +188,7 @@ def main():
         s = Serve(a.dir, members)
         res["half_s"].append(finished_in(s.ctl, "rebuild"))
         s.stop()
-        for m in os.listdir(a.dir):
-            p = os.path.join(a.dir, m)
-            if m.startswith("new") and p not in members:
-                os.unlink(p)
+        drop_unused_new(a.dir, members)
         print(f"half run {r}: {res['half_s'][-1]:.4g} s", file=sys.stderr)
     shutil.rmtree(a.dir, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in res.items()}
@@ -201,24 +208,19 @@ def main():
         f"{med['raw_s'] / med['idle_s']:.2f} of fio's rate (goal 0.8) |",
         f"| client 4k randread QD32, degraded (no rebuild) | {med['degraded']:,.0f} IOPS, "
         f"p99 {med['degraded_p99']:,.0f} µs | |",
-        f"| client 4k randread QD32, during the rebuild (default: budget of 1 stripe, priority "
-        f"normal) | {med['load']:,.0f} IOPS, p99 {med['load_p99']:,.0f} µs | "
-        f"{med['load'] / med['degraded']:.2f} of degraded (goal 0.7); p99 "
-        f"{med['load_p99'] / med['degraded_p99']:.2f}× |",
-        f"| rebuild progress meanwhile | {med['load_units']:,.0f} stripes/s | "
-        f"{med['load_units'] / idle_units:.2f} of its idle rate (goal 0.1) |",
-        f"| client 4k randread QD32, during the rebuild (`--priority low`) | "
-        f"{med['load_low']:,.0f} IOPS, p99 {med['load_low_p99']:,.0f} µs | "
-        f"{med['load_low'] / med['degraded']:.2f} of degraded; p99 "
-        f"{med['load_low_p99'] / med['degraded_p99']:.2f}× |",
-        f"| rebuild progress meanwhile | {med['load_low_units']:,.0f} stripes/s | "
-        f"{med['load_low_units'] / idle_units:.2f} of its idle rate |",
-        f"| client 4k randread QD32, during the rebuild (`--background-budget 0`: md's "
-        f"`--resync-min 50`) | {med['load_md']:,.0f} IOPS, p99 {med['load_md_p99']:,.0f} µs | "
-        f"{med['load_md'] / med['degraded']:.2f} of degraded; p99 "
-        f"{med['load_md_p99'] / med['degraded_p99']:.2f}× |",
-        f"| rebuild progress meanwhile | {med['load_md_units']:,.0f} stripes/s | "
-        f"{med['load_md_units'] / idle_units:.2f} of its idle rate |",
+    ] + [
+        row
+        for key, _, label in LOADS
+        for row in (
+            f"| client 4k randread QD32, during the rebuild ({label}) | {med[key]:,.0f} IOPS, "
+            f"p99 {med[key + '_p99']:,.0f} µs | {med[key] / med['degraded']:.2f} of degraded"
+            f"{' (goal 0.7)' if 'default' in label else ''}; p99 "
+            f"{med[key + '_p99'] / med['degraded_p99']:.2f}× |",
+            f"| rebuild progress meanwhile | {med[key + '_units']:,.0f} stripes/s | "
+            f"{med[key + '_units'] / idle_units:.2f} of its idle rate"
+            f"{' (goal 0.1)' if 'default' in label else ''} |",
+        )
+    ] + [
         f"| scrub (check), idle: member bytes read per second | {gb(scrub_read)} | |",
         f"| rebuild, idle, array with half its volume written (created again; the rest never "
         f"written) | {med['half_s']:.2f} s | {med['half_s'] / med['idle_s']:.2f} of the full "

@@ -468,6 +468,33 @@ fn query<'a>(q: &'a str, known: &[&str]) -> Result<Vec<(&'a str, &'a str)>, Resp
     uraid_core::http::query_pairs(q, known).map_err(|e| Response::error(400, &e))
 }
 
+/// The `member=N` parameter of a command (required).
+fn member_param(q: &[(&str, &str)]) -> Result<usize, Response> {
+    match q
+        .iter()
+        .find(|x| x.0 == "member")
+        .map(|x| x.1.parse::<usize>())
+    {
+        Some(Ok(m)) => Ok(m),
+        _ => Err(Response::error(400, "member=N is required")),
+    }
+}
+
+/// The `path=DEVICE` parameter of a command (required, percent-encoded).
+fn path_param(q: &[(&str, &str)]) -> Result<PathBuf, Response> {
+    match q
+        .iter()
+        .find(|x| x.0 == "path")
+        .map(|x| uraid_core::http::percent_decode(x.1))
+    {
+        Some(Some(p)) if !p.is_empty() => Ok(PathBuf::from(p)),
+        _ => Err(Response::error(
+            400,
+            "path=DEVICE (percent-encoded) is required",
+        )),
+    }
+}
+
 /// The `force` parameter of a command: absent or 0, or 1.
 fn force_param(q: &[(&str, &str)]) -> Result<bool, Response> {
     match q.iter().find(|x| x.0 == "force").map(|x| x.1) {
@@ -573,13 +600,9 @@ fn command(state: &State, h: &Head) -> Response {
                 Ok(q) => q,
                 Err(r) => return r,
             };
-            let path = match q
-                .iter()
-                .find(|x| x.0 == "path")
-                .map(|x| uraid_core::http::percent_decode(x.1))
-            {
-                Some(Some(p)) if !p.is_empty() => PathBuf::from(p),
-                _ => return Response::error(400, "path=DEVICE (percent-encoded) is required"),
+            let path = match path_param(&q) {
+                Ok(p) => p,
+                Err(r) => return r,
             };
             let force = match force_param(&q) {
                 Ok(f) => f,
@@ -592,13 +615,9 @@ fn command(state: &State, h: &Head) -> Response {
                 Ok(q) => q,
                 Err(r) => return r,
             };
-            let member = match q
-                .iter()
-                .find(|x| x.0 == "member")
-                .map(|x| x.1.parse::<usize>())
-            {
-                Some(Ok(m)) => m,
-                _ => return Response::error(400, "member=N is required"),
+            let member = match member_param(&q) {
+                Ok(m) => m,
+                Err(r) => return r,
             };
             let force = match force_param(&q) {
                 Ok(f) => f,
@@ -611,21 +630,13 @@ fn command(state: &State, h: &Head) -> Response {
                 Ok(q) => q,
                 Err(r) => return r,
             };
-            let member = match q
-                .iter()
-                .find(|x| x.0 == "member")
-                .map(|x| x.1.parse::<usize>())
-            {
-                Some(Ok(m)) => m,
-                _ => return Response::error(400, "member=N is required"),
+            let member = match member_param(&q) {
+                Ok(m) => m,
+                Err(r) => return r,
             };
-            let path = match q
-                .iter()
-                .find(|x| x.0 == "path")
-                .map(|x| uraid_core::http::percent_decode(x.1))
-            {
-                Some(Some(p)) if !p.is_empty() => PathBuf::from(p),
-                _ => return Response::error(400, "path=DEVICE (percent-encoded) is required"),
+            let path = match path_param(&q) {
+                Ok(p) => p,
+                Err(r) => return r,
             };
             let force = match force_param(&q) {
                 Ok(f) => f,

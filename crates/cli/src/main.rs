@@ -380,6 +380,13 @@ fn scrub_cmd(
     Ok(())
 }
 
+/// A device path for a control-socket command: absolute (the server's working directory is
+/// not ours) and percent-encoded.
+fn path_query(dev: &Path) -> String {
+    let abs = std::fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
+    uraid_core::http::percent_encode(&abs.display().to_string())
+}
+
 fn replace_cmd(
     i: usize,
     device: Option<PathBuf>,
@@ -412,12 +419,11 @@ fn replace_cmd(
     let Some(sock) = sock else {
         return replace_offline(&plan, i, &dev, force);
     };
-    let abs = std::fs::canonicalize(&dev).unwrap_or(dev.clone());
     let msg = control::post(
         &sock,
         &format!(
             "/replace?member={i}&path={}&force={}",
-            uraid_core::http::percent_encode(&abs.display().to_string()),
+            path_query(&dev),
             u8::from(force)
         ),
     )?;
@@ -440,10 +446,13 @@ fn replace_cmd(
     Ok(())
 }
 
-/// Replace on a stopped array, in this process: assembled, copied, swapped, closed.
-fn replace_offline(plan: &Plan, i: usize, dev: &Path, force: bool) -> Result<()> {
-    plan.can_start()?;
-    assemble::check_replacement(plan, i, dev, force)?;
+/// Assembles a stopped array in this process (offline scrub and replace), with reactors.
+fn open_here(
+    plan: &Plan,
+) -> Result<(
+    uraid_engine::Runtime,
+    std::sync::Arc<uraid_engine::Volume<uraid_engine::FileDev>>,
+)> {
     let rt = uraid_engine::Runtime::new(
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         256,
@@ -454,6 +463,14 @@ fn replace_offline(plan: &Plan, i: usize, dev: &Path, force: bool) -> Result<()>
         Some(rt.handle()),
         uraid_engine::ArrayOptions::default(),
     )?;
+    Ok((rt, vol))
+}
+
+/// Replace on a stopped array, in this process: assembled, copied, swapped, closed.
+fn replace_offline(plan: &Plan, i: usize, dev: &Path, force: bool) -> Result<()> {
+    plan.can_start()?;
+    assemble::check_replacement(plan, i, dev, force)?;
+    let (rt, vol) = open_here(plan)?;
     let new =
         uraid_engine::FileDev::open(dev).map_err(|e| anyhow::anyhow!("{}: {e}", dev.display()))?;
     let uuid = assemble::new_device_uuid();
@@ -499,16 +516,7 @@ fn scrub_offline(plan: &Plan, mode: uraid_engine::ScrubMode) -> Result<()> {
             plan.sb.name
         );
     }
-    let rt = uraid_engine::Runtime::new(
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
-        256,
-        true,
-    )?;
-    let vol = assemble::open_volume(
-        plan,
-        Some(rt.handle()),
-        uraid_engine::ArrayOptions::default(),
-    )?;
+    let (rt, vol) = open_here(plan)?;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let r = futures::executor::block_on(vol.array().scrub_run(mode, &stop));
     let v = vol.clone();
@@ -652,14 +660,9 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             let (members, embedded) = target_members(&t)?;
             let plan = assemble::plan(&members)?;
             if let Some(sock) = live_socket(&plan, &t, embedded)? {
-                let abs = std::fs::canonicalize(&dev).unwrap_or(dev.clone());
                 let msg = control::post(
                     &sock,
-                    &format!(
-                        "/add?path={}&force={}",
-                        uraid_core::http::percent_encode(&abs.display().to_string()),
-                        u8::from(force)
-                    ),
+                    &format!("/add?path={}&force={}", path_query(&dev), u8::from(force)),
                 )?;
                 println!("uraid: {msg} (server at {})", sock.display());
                 return Ok(());
@@ -754,15 +757,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                 Some(sock) => {
                     let q = match index {
                         Some(i) => format!("member={i}"),
-                        None => format!(
-                            "path={}",
-                            uraid_core::http::percent_encode(
-                                &std::fs::canonicalize(&what)
-                                    .unwrap_or_else(|_| PathBuf::from(&what))
-                                    .display()
-                                    .to_string()
-                            )
-                        ),
+                        None => format!("path={}", path_query(Path::new(&what))),
                     };
                     let msg =
                         control::post(&sock, &format!("/remove?{q}&force={}", u8::from(force)))?;

@@ -887,18 +887,24 @@ pub fn spare_superblock(sb: &Superblock, uuid: [u8; 16]) -> Superblock {
     s
 }
 
+/// Refuses a member index the array does not have.
+fn check_index(plan: &Plan, i: usize) -> Result<(), AssembleError> {
+    let n = plan.sb.geometry.members;
+    if i >= n {
+        return Err(AssembleError::Refused(format!(
+            "no member {i}: the array has {n}"
+        )));
+    }
+    Ok(())
+}
+
 /// Marks member `i` of a stopped array failed in the superblocks (`uraid fail`, mdadm
 /// --fail). Refused: an unknown, missing or already failed member, one the array cannot
 /// lose, and without `force` one that would leave no redundancy.
 pub fn fail_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, AssembleError> {
     let g = plan.sb.geometry;
     let refuse = AssembleError::Refused;
-    if i >= g.members {
-        return Err(refuse(format!(
-            "no member {i}: the array has {}",
-            g.members
-        )));
-    }
+    check_index(plan, i)?;
     let missing = plan.missing();
     if missing.contains(&i) && !plan.sb.is_rebuilding(i) {
         return Err(refuse(format!("member {i} is already failed or missing")));
@@ -919,12 +925,7 @@ pub fn fail_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, Ass
 pub fn remove_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, AssembleError> {
     let g = plan.sb.geometry;
     let refuse = AssembleError::Refused;
-    if i >= g.members {
-        return Err(refuse(format!(
-            "no member {i}: the array has {}",
-            g.members
-        )));
-    }
+    check_index(plan, i)?;
     if plan.sb.is_removed(i) {
         return Err(refuse(format!("member {i} was removed already")));
     }

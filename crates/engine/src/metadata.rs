@@ -260,14 +260,7 @@ impl<D: BlockDev> Array<D> {
         uuid: [u8; 16],
     ) -> Result<usize, String> {
         let g = self.geo;
-        let need = self.members.data_offset() + g.member_data;
-        if dev.size() < need {
-            return Err(format!(
-                "{}: too small ({} bytes); a member needs at least {need}",
-                dev.name(),
-                dev.size()
-            ));
-        }
+        self.check_new_size(&dev)?;
         if g.fault_tolerance() == 0 {
             return Err(format!(
                 "{} has no redundancy to rebuild a member from",
@@ -285,10 +278,7 @@ impl<D: BlockDev> Array<D> {
     async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
         let name = dev.name().to_string();
         // Before the superblock lock (a hanging new device must not hold it).
-        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
-        let (r, _) = dev.write(0, zeros).await;
-        r.and(dev.flush().await)
-            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
+        self.clear_metadata_area(&dev).await?;
         let mut meta = self.meta.state.lock().await;
         // A slot whose old member failed during a replace is its replacement's.
         let Some(slot) = self
@@ -315,6 +305,28 @@ impl<D: BlockDev> Array<D> {
         );
         self.start_rebuilding_slot(meta, slot, uuid, &name).await?;
         Ok(slot)
+    }
+
+    /// Refuses a new device smaller than a member.
+    pub(crate) fn check_new_size(&self, dev: &D) -> Result<(), String> {
+        let need = self.members.data_offset() + self.geo.member_data;
+        if dev.size() < need {
+            return Err(format!(
+                "{}: too small ({} bytes); a member needs at least {need}",
+                dev.name(),
+                dev.size()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Zeroes and flushes a new device's bytes before the data area: no stale superblock,
+    /// bitmap or map sector with a valid checksum can survive on it.
+    pub(crate) async fn clear_metadata_area(&self, dev: &D) -> Result<(), String> {
+        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
+        let (r, _) = dev.write(0, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{}: clearing its metadata area: {e}", dev.name()))
     }
 
     /// Before a failed slot gets a new device: its failure is on disk (state failed, no

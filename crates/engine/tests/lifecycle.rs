@@ -15,7 +15,7 @@ use std::sync::Arc;
 use uraid_core::Level;
 use uraid_engine::{ReplaceOutcome, Volume};
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
-use uraid_sim::{mem_array, member_bytes, payload, MemDev, Model};
+use uraid_sim::{payload, random_range, written_images, MemDev, Model};
 
 const CHUNK: u64 = 4096;
 const ROWS: u64 = 32;
@@ -27,27 +27,8 @@ const LEVELS: &[(Level, usize)] = &[
     (Level::Ec { parity: 3 }, 6),
 ];
 
-fn range(rng: &mut Rng, size: u64) -> (u64, u64) {
-    let len = (1 + rng.below(16)) * 512;
-    let off = rng.below((size - len) / 512) * 512;
-    (off, len)
-}
-
 fn written(level: Level, members: usize, seed: u64) -> (Vec<Vec<u8>>, Model) {
-    let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
-    let mut model = Model::new(vol.size());
-    let mut rng = Rng::new(seed);
-    block_on(async {
-        for i in 0..40 {
-            let (off, len) = range(&mut rng, vol.size());
-            let data = payload(seed * 1000 + i, len as usize);
-            vol.write(off, data.clone()).await.unwrap();
-            model.write(off, &data);
-        }
-        vol.close().await.unwrap();
-    });
-    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
-    (images, model)
+    written_images(level, members, CHUNK, ROWS, 40, seed)
 }
 
 /// What the client knows: the latest bytes (reads while serving) and the bytes a FLUSH
@@ -81,7 +62,7 @@ async fn client(
         }
         match rng.below(5) {
             0 | 1 => {
-                let (off, len) = range(rng, size);
+                let (off, len) = random_range(rng, size, 16);
                 let data = payload(tag * 1000 + i, len as usize);
                 if vol.write(off, data.clone()).await.is_ok() {
                     t.latest.write(off, &data);
@@ -96,7 +77,7 @@ async fn client(
                 }
             }
             2 | 3 => {
-                let (off, len) = range(rng, size);
+                let (off, len) = random_range(rng, size, 16);
                 if let Ok(b) = vol.read(off, len).await {
                     if overlaps(&t.unknown, off, len) {
                         continue;

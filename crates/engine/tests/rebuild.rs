@@ -11,9 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use uraid_core::{Level, MemberSet};
-use uraid_engine::Volume;
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
-use uraid_sim::{add_member_images, mem_array, member_bytes, payload, MemDev, Model};
+use uraid_sim::{
+    add_member_images, mem_array, member_bytes, payload, random_range, read_all, written_images,
+    MemDev, Model,
+};
 
 const CHUNK: u64 = 4096;
 const ROWS: u64 = 48;
@@ -27,33 +29,8 @@ const LEVELS: &[(Level, usize)] = &[
     (Level::Ec { parity: 4 }, 7),
 ];
 
-/// A random sector-aligned range of up to 12 KiB inside `size`.
-fn range(rng: &mut Rng, size: u64) -> (u64, u64) {
-    let len = (1 + rng.below(24)) * 512;
-    let off = rng.below((size - len) / 512) * 512;
-    (off, len)
-}
-
-/// A volume written at random and stopped cleanly: its member images and the model.
 fn written(level: Level, members: usize, seed: u64) -> (Vec<Vec<u8>>, Model) {
-    let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
-    let mut model = Model::new(vol.size());
-    let mut rng = Rng::new(seed);
-    block_on(async {
-        for i in 0..60 {
-            let (off, len) = range(&mut rng, vol.size());
-            let data = payload(seed * 1000 + i, len as usize);
-            vol.write(off, data.clone()).await.unwrap();
-            model.write(off, &data);
-        }
-        vol.close().await.unwrap();
-    });
-    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
-    (images, model)
-}
-
-fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
-    block_on(vol.read(0, vol.size())).expect("read").to_vec()
+    written_images(level, members, CHUNK, ROWS, 60, seed)
 }
 
 /// Every byte reads back with each set of `lost` other members (as many as the level
@@ -108,7 +85,7 @@ fn rebuild_under_load(level: Level, members: usize, slots: &[usize], seed: u64) 
         let rebuild = a.rebuild(&stop);
         let client = async {
             for i in 0..80 {
-                let (off, len) = range(&mut rng, size);
+                let (off, len) = random_range(&mut rng, size, 24);
                 if rng.below(2) == 0 {
                     let data = payload(seed * 7777 + i, len as usize);
                     vol.write(off, data.clone()).await.unwrap();
@@ -288,7 +265,7 @@ fn a_member_failed_and_replaced_while_serving() {
             let rebuild = a.rebuild(&stop);
             let client = async {
                 for i in 0..60 {
-                    let (off, len) = range(&mut rng, size);
+                    let (off, len) = random_range(&mut rng, size, 24);
                     if i % 2 == 0 {
                         let data = payload(5000 + i, len as usize);
                         vol.write(off, data.clone()).await.unwrap();

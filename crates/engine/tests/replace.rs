@@ -14,9 +14,9 @@ use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use uraid_core::{Level, MemberSet};
-use uraid_engine::{BlockDev, ReplaceOutcome, Volume};
+use uraid_engine::{BlockDev, ReplaceOutcome};
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
-use uraid_sim::{mem_array, member_bytes, payload, MemDev, Model};
+use uraid_sim::{member_bytes, payload, random_range, read_all, written_images, MemDev, Model};
 
 const CHUNK: u64 = 4096;
 const ROWS: u64 = 48;
@@ -29,31 +29,8 @@ const LEVELS: &[(Level, usize)] = &[
     (Level::Ec { parity: 4 }, 7),
 ];
 
-fn range(rng: &mut Rng, size: u64) -> (u64, u64) {
-    let len = (1 + rng.below(24)) * 512;
-    let off = rng.below((size - len) / 512) * 512;
-    (off, len)
-}
-
 fn written(level: Level, members: usize, seed: u64) -> (Vec<Vec<u8>>, Model) {
-    let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
-    let mut model = Model::new(vol.size());
-    let mut rng = Rng::new(seed);
-    block_on(async {
-        for i in 0..60 {
-            let (off, len) = range(&mut rng, vol.size());
-            let data = payload(seed * 1000 + i, len as usize);
-            vol.write(off, data.clone()).await.unwrap();
-            model.write(off, &data);
-        }
-        vol.close().await.unwrap();
-    });
-    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
-    (images, model)
-}
-
-fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
-    block_on(vol.read(0, vol.size())).expect("read").to_vec()
+    written_images(level, members, CHUNK, ROWS, 60, seed)
 }
 
 fn uuid(seed: u8) -> [u8; 16] {
@@ -108,7 +85,7 @@ fn replace_under_load(level: Level, members: usize, slot: usize, seed: u64) {
         let run = vol.replace_run(&stop);
         let client = async {
             for i in 0..80 {
-                let (off, len) = range(&mut rng, size);
+                let (off, len) = random_range(&mut rng, size, 24);
                 if rng.below(2) == 0 {
                     let data = payload(seed * 7777 + i, len as usize);
                     vol.write(off, data.clone()).await.unwrap();
@@ -208,7 +185,7 @@ fn the_old_member_failing_hands_its_slot_to_the_replacement() {
             let run = vol.replace_run(&stop);
             let client = async {
                 for i in 0..40 {
-                    let (off, len) = range(&mut rng, size);
+                    let (off, len) = random_range(&mut rng, size, 24);
                     let data = payload(500 + i, len as usize);
                     vol.write(off, data.clone()).await.unwrap();
                     model.write(off, &data);
@@ -327,7 +304,7 @@ fn replace_until_cut(images: &[Vec<u8>], model: &Model, slot: usize, cut: u64) -
                             break;
                         }
                     }
-                    let (off, len) = range(&mut rng, size);
+                    let (off, len) = random_range(&mut rng, size, 24);
                     let data = payload(cut * 100 + i, len as usize);
                     let ok =
                         vol.write(off, data.clone()).await.is_ok() && vol.flush().await.is_ok();

@@ -587,6 +587,47 @@ impl Model {
     }
 }
 
+/// A random sector-aligned range of 1 to `max_sectors` sectors inside a volume of `size`
+/// bytes.
+pub fn random_range(rng: &mut crash::Rng, size: u64, max_sectors: u64) -> (u64, u64) {
+    let len = (1 + rng.below(max_sectors)) * 512;
+    let off = rng.below((size - len) / 512) * 512;
+    (off, len)
+}
+
+/// A volume written at `writes` random ranges (up to 24 sectors each) and stopped cleanly:
+/// its member images and the model.
+pub fn written_images(
+    level: Level,
+    members: usize,
+    chunk: u64,
+    rows: u64,
+    writes: u64,
+    seed: u64,
+) -> (Vec<Vec<u8>>, Model) {
+    let (vol, _) = mem_array(level, members, chunk, rows * chunk, None);
+    let mut model = Model::new(vol.size());
+    let mut rng = crash::Rng::new(seed);
+    futures::executor::block_on(async {
+        for i in 0..writes {
+            let (off, len) = random_range(&mut rng, vol.size(), 24);
+            let data = payload(seed * 1000 + i, len as usize);
+            vol.write(off, data.clone()).await.expect("write");
+            model.write(off, &data);
+        }
+        vol.close().await.expect("close");
+    });
+    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    (images, model)
+}
+
+/// The whole volume, read in one request.
+pub fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
+    futures::executor::block_on(vol.read(0, vol.size()))
+        .expect("read")
+        .to_vec()
+}
+
 /// Deterministic pseudo-random payload for a write.
 pub fn payload(seed: u64, len: usize) -> WriteBuf {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -214,8 +214,8 @@ impl<D: BlockDev> Array<D> {
         Pacer::new(self.throttle.clone(), unit_bytes, self.client_ops())
     }
 
-    /// Runs `work` over `units`: with reactors, a slice of `BATCH` units on each at once
-    /// (io_uring: every member busy, member timeouts apply); without, here. One result per
+    /// Runs `work` over `units`: with reactors, slices of at most `BATCH` units spread over
+    /// them (io_uring: every member busy, member timeouts apply); without, here. One result per
     /// unit, in order; `gone` for the units of a slice whose reactor stopped.
     pub(crate) async fn fan_out<T, F, Fut>(
         self: &Arc<Self>,
@@ -230,7 +230,10 @@ impl<D: BlockDev> Array<D> {
     {
         match &self.rt {
             Some(rt) => {
-                let slices = units.chunks(BATCH).enumerate().map(|(i, slice)| {
+                // Spread over the reactors: a small round (the in-flight budget while
+                // clients are active) puts one unit on each rather than all on one.
+                let per = units.len().div_ceil(rt.reactors()).clamp(1, BATCH);
+                let slices = units.chunks(per).enumerate().map(|(i, slice)| {
                     let (a, b, w) = (self.clone(), slice.to_vec(), work.clone());
                     let n = b.len();
                     let rx = rt.spawn_on(i % rt.reactors(), move || w(a, b));

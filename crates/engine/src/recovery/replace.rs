@@ -101,14 +101,7 @@ impl<D: BlockDev> Array<D> {
                 g.level
             ));
         }
-        let need = self.members.data_offset() + g.member_data;
-        if dev.size() < need {
-            return Err(format!(
-                "{}: too small ({} bytes); a member needs at least {need}",
-                dev.name(),
-                dev.size()
-            ));
-        }
+        self.check_new_size(&dev)?;
         if self.meta_frozen() {
             return Err("the array's metadata is read-only".into());
         }
@@ -120,10 +113,7 @@ impl<D: BlockDev> Array<D> {
     async fn start_replace_here(&self, i: usize, dev: D, uuid: [u8; 16]) -> Result<(), String> {
         let name = dev.name().to_string();
         // Before the superblock lock (a hanging new device must not hold it).
-        let zeros = buf::alloc(self.members.data_offset() as usize);
-        let (r, _) = dev.write(0, zeros).await;
-        r.and(dev.flush().await)
-            .map_err(|e| format!("{name}: clearing its metadata area: {e}"))?;
+        self.clear_metadata_area(&dev).await?;
         // Under the superblock lock: no add, fail round or other replace interleaves.
         let meta = self.meta.state.lock().await;
         if self.members.is_failed(i) {
