@@ -297,6 +297,8 @@ pub struct Members<D: BlockDev> {
     /// the units below their checkpoint (`rebuilt`). A failed member is never rebuilding.
     rebuilding: AtomicU64,
     rebuilt: Vec<AtomicU64>,
+    /// Slots whose replacement failed while being swapped in.
+    repl_failed: AtomicU64,
     data_offset: u64,
     policy: ErrorPolicy,
 }
@@ -332,6 +334,7 @@ impl<D: BlockDev> Members<D> {
                 .map(|r| AtomicU64::new(r.unwrap_or(0)))
                 .collect(),
             slots: devs.into_iter().map(Slot::new).collect(),
+            repl_failed: AtomicU64::new(0),
             data_offset,
             policy,
         }
@@ -611,14 +614,26 @@ impl<D: BlockDev> Members<D> {
             tracing::error!(
                 "member {i}: its replacement ({name}) failed: {e}; the replace is abandoned"
             );
-        } else if self.slots[i].pair().1 == Some(gen) && self.mark_failed(i) {
-            // Being swapped in: the superblocks may name it already. The slot fails (the
-            // caller's failure barrier records it before the I/O is acknowledged).
+        } else if self.slots[i].pair().1 == Some(gen)
+            && self.repl_failed.fetch_or(1 << i, Ordering::AcqRel) & (1 << i) == 0
+        {
+            // Being swapped in: whether the superblocks name it is decided by the swap
+            // round. The failure is noted for it; the caller's failure barrier holds the
+            // I/O until that round is over (`Array::failure_barrier`).
             tracing::error!(
-                "member {i}: its replacement ({name}) failed while being swapped in: {e}; \
-                 marking the slot faulty"
+                "member {i}: its replacement ({name}) failed while being swapped in: {e}"
             );
         }
+    }
+
+    /// Slots whose replacement failed while being swapped in (`replacement_failed`).
+    pub(crate) fn replacement_failures(&self) -> MemberSet {
+        MemberSet::from_bits(self.repl_failed.load(Ordering::Acquire))
+    }
+
+    /// The swap round of slot `i` is over: its replacement failure note is consumed.
+    pub(crate) fn take_replacement_failure(&self, i: usize) -> bool {
+        self.repl_failed.fetch_and(!(1 << i), Ordering::AcqRel) & (1 << i) != 0
     }
 
     /// A replacement I/O half `b` of a mirrored write or flush issued with replacement `r`:

@@ -277,7 +277,12 @@ impl<D: BlockDev> Array<D> {
 
     async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
         let name = dev.name().to_string();
-        // Before the superblock lock (a hanging new device must not hold it).
+        // A refused add writes nothing to the device; the metadata area is cleared before
+        // the superblock lock (a hanging new device must not hold it), and the slot chosen
+        // under it.
+        if !self.can_take_member() {
+            return Err("the array has no failed or missing member to replace".into());
+        }
         self.clear_metadata_area(&dev).await?;
         let mut meta = self.meta.state.lock().await;
         // A slot whose old member failed during a replace is its replacement's.
@@ -391,7 +396,20 @@ impl<D: BlockDev> Array<D> {
     pub(crate) async fn failure_barrier(&self) {
         let f = self.members.failed();
         if f.minus(self.meta.persisted()).is_empty() {
-            return;
+            if self.members.replacement_failures().is_empty() {
+                return;
+            }
+            // A replacement failed while being swapped in: its swap round (which holds the
+            // superblock lock) decides whether that failed the slot; wait for it.
+            Box::pin(async { drop(self.meta.state.lock().await) }).await;
+            if self
+                .members
+                .failed()
+                .minus(self.meta.persisted())
+                .is_empty()
+            {
+                return;
+            }
         }
         // Boxed: the superblock round is a large future that every write would otherwise
         // carry (and move) for nothing.
@@ -424,9 +442,9 @@ impl<D: BlockDev> Array<D> {
             // if the slot is live: a failed one keeps its old uuid, and the takeover names
             // the replacement in its own round). From here it cannot be dropped.
             let mut swap_old = None;
-            let mut newly_swap = false;
+            let mut again = false;
             if let Some((s, gen, uuid)) = meta.swap {
-                if !meta.swap_done && !meta.swap_failed && !failed.contains(s) {
+                if !meta.swap_failed && !failed.contains(s) {
                     if self.members.begin_swap(s, gen) {
                         swap_old = Some(meta.ids[s]);
                         meta.ids[s] = MemberId {
@@ -467,49 +485,44 @@ impl<D: BlockDev> Array<D> {
             // that write fails, the slot names its old device again in this same round, one
             // event later than the replacement could hold (so it can never tie with it).
             let mut swapped = None;
-            if let Some((s, gen, _)) = meta.swap.filter(|_| meta.swap_done || swap_old.is_some()) {
-                if live.contains(s) {
-                    let mut sb = meta.sb.clone();
-                    sb.index = s;
-                    sb.device_uuid = meta.ids[s].uuid;
-                    let slot = 1 - meta.ids[s].sb_slot;
-                    let at = (slot * SB_SIZE) as u64;
-                    let r = match self
-                        .members
-                        .write_gen(s, gen, at, buf::copy_of(&sb.encode()))
-                        .await
-                    {
-                        Ok(()) => self.members.flush_gen(s, gen).await,
-                        Err(e) => Err(e),
-                    };
-                    match (r, swap_old) {
-                        (Ok(()), _) => {
-                            meta.ids[s].sb_slot = slot;
-                            meta.ids[s].events = meta.sb.events;
-                            meta.swap_done = true;
-                            swapped = Some(s);
-                        }
-                        (Err(e), Some(old)) => {
-                            tracing::error!(
-                                "member {s}: writing its replacement's superblock failed: {e}"
-                            );
-                            meta.swap_failed = true;
-                            meta.ids[s] = old;
-                            meta.sb.slot_uuids[s] = old.uuid;
-                            meta.sb.events += 1;
-                            self.members.end_swap(s);
-                            // The old device is written below like every member.
-                        }
-                        (Err(e), None) => {
-                            // Named on disk by an earlier pass: it is the slot's device.
-                            tracing::error!(
-                                "member {s}: superblock update of its replacement failed: \
-                                 {e}; marking it faulty"
-                            );
-                            self.members.mark_failed(s);
-                            newly_swap = true;
-                            swapped = Some(s);
-                        }
+            if let (Some((s, gen, _)), Some(old)) = (meta.swap, swap_old) {
+                let mut sb = meta.sb.clone();
+                sb.index = s;
+                sb.device_uuid = meta.ids[s].uuid;
+                let slot = 1 - meta.ids[s].sb_slot;
+                let at = (slot * SB_SIZE) as u64;
+                let r = match self
+                    .members
+                    .write_gen(s, gen, at, buf::copy_of(&sb.encode()))
+                    .await
+                {
+                    Ok(()) => self.members.flush_gen(s, gen).await,
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) => {
+                        // Named on disk (first): it is the slot's device from now on, in
+                        // one store; the old one is retired and never written again.
+                        meta.ids[s].sb_slot = slot;
+                        meta.ids[s].events = meta.sb.events;
+                        meta.swap = None;
+                        meta.swap_done = true;
+                        self.members.promote_replacement(s);
+                        swapped = Some(s);
+                    }
+                    Err(e) => {
+                        // The slot keeps the old device: this pass names it again, and a
+                        // second pass moves the others one event past anything the
+                        // replacement may hold (a write that landed before its flush
+                        // failed), so the two never tie at assembly. Events move by one
+                        // per pass, never two.
+                        tracing::error!(
+                            "member {s}: writing its replacement's superblock failed: {e}"
+                        );
+                        meta.swap_failed = true;
+                        meta.ids[s] = old;
+                        meta.sb.slot_uuids[s] = old.uuid;
+                        again = true;
                     }
                 }
             }
@@ -530,7 +543,7 @@ impl<D: BlockDev> Array<D> {
                     (i, slot, r)
                 }
             });
-            let mut newly = newly_swap;
+            let mut newly = false;
             for (i, slot, r) in join_all(writes).await {
                 match r {
                     Ok(()) => {
@@ -550,6 +563,10 @@ impl<D: BlockDev> Array<D> {
             // on disk; its next failure must be written again).
             self.meta.persisted.store(failed.bits(), Ordering::Release);
             self.meta.events.store(meta.sb.events, Ordering::Release);
+            if again {
+                force = true;
+                continue;
+            }
             if !newly {
                 return;
             }
@@ -561,13 +578,10 @@ impl<D: BlockDev> Array<D> {
     /// otherwise a crash tearing that round would leave them two events behind and refused.
     /// A member that cannot be written is failed (the round that follows records it).
     async fn catch_up(&self, meta: &mut Meta, failed: MemberSet) {
-        // A replacement being swapped in is written by the round itself (to its own
-        // device, never the old one).
-        let swapping = meta.swap.map(|x| x.0);
         let behind: Vec<usize> = MemberSet::all(self.geo.members)
             .minus(failed)
             .iter()
-            .filter(|&i| meta.ids[i].events < meta.sb.events && swapping != Some(i))
+            .filter(|&i| meta.ids[i].events < meta.sb.events)
             .collect();
         if behind.is_empty() {
             return;

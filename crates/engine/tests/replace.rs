@@ -430,6 +430,11 @@ fn a_device_dying_during_the_swap_leaves_the_right_member_named() {
             let stop = AtomicBool::new(false);
             let _ = block_on(vol.replace_run(&stop));
             let swapped = a.member_dev(slot).map(|d| d.name()) == Some(handle.name());
+            // A replacement that dies before it was swapped in never costs the member.
+            assert!(
+                which == 0 || swapped || !a.is_failed(slot),
+                "replacement dying at op {k} of {total}: the healthy member {slot} was failed"
+            );
             // As a power cut right after the replace would leave the media, and again after
             // a write that only the slot's device of the end holds.
             let check = |stage: &str, want: &Model| {

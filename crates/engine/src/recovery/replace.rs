@@ -110,43 +110,49 @@ impl<D: BlockDev> Array<D> {
             .unwrap_or_else(|| Err("the server is stopping".into()))
     }
 
-    async fn start_replace_here(&self, i: usize, dev: D, uuid: [u8; 16]) -> Result<(), String> {
-        let name = dev.name().to_string();
-        // Before the superblock lock (a hanging new device must not hold it).
-        self.clear_metadata_area(&dev).await?;
-        // Under the superblock lock: no add, fail round or other replace interleaves.
-        let meta = self.meta.state.lock().await;
+    /// Why member `i` cannot be replaced now, if it cannot.
+    fn replace_refusal(&self, i: usize) -> Option<String> {
         if self.members.is_failed(i) {
-            return Err(format!(
+            return Some(format!(
                 "member {i} is failed or missing: add a device instead (uraid add)"
             ));
         }
         if self.members.rebuilding().contains(i) {
-            return Err(format!(
+            return Some(format!(
                 "member {i} is being rebuilt: it does not hold all of its data yet"
             ));
         }
-        {
-            let r = self.replacing.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(r) = *r {
-                if self
-                    .members
-                    .replacement(r.slot)
-                    .is_some_and(|x| x.0 == r.gen)
-                {
-                    return Err(format!(
-                        "member {} is being replaced already: one replace at a time",
-                        r.slot
-                    ));
-                }
+        if let Some(r) = *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) {
+            if self
+                .members
+                .replacement(r.slot)
+                .is_some_and(|x| x.0 == r.gen)
+            {
+                return Some(format!(
+                    "member {} is being replaced already: one replace at a time",
+                    r.slot
+                ));
             }
         }
         if !self.members.can_install(i) {
-            return Err(format!(
+            return Some(format!(
                 "slot {i} was given {} devices this session already; restart the server first",
                 crate::members::MAX_GENERATIONS - 1
             ));
         }
+        None
+    }
+
+    async fn start_replace_here(&self, i: usize, dev: D, uuid: [u8; 16]) -> Result<(), String> {
+        let name = dev.name().to_string();
+        // Checked first (a refused replace writes nothing to the device), then the device's
+        // metadata area cleared before the superblock lock (a hanging new device must not
+        // hold it), then checked again under the lock: no add, fail round or other replace
+        // interleaves.
+        self.replace_refusal(i).map_or(Ok(()), Err)?;
+        self.clear_metadata_area(&dev).await?;
+        let meta = self.meta.state.lock().await;
+        self.replace_refusal(i).map_or(Ok(()), Err)?;
         if self.members.set_replacement(i, dev).is_err() {
             return Err(format!("slot {i}: no room for another device"));
         }
@@ -240,18 +246,14 @@ impl<D: BlockDev> Array<D> {
             .on_reactor(move |a| async move { a.swap_in(r2).await })
             .await
             .unwrap_or(Err(ArrayError::Shutdown));
-        match swapped {
-            Ok(true) => {
-                tracing::warn!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': member {i} replaced in {:.1} s",
-                    t0.elapsed().as_secs_f64()
-                );
-                end(Ok(ReplaceOutcome::Replaced { slot: i }))
-            }
-            Ok(false) => end(self.replacement_takes_over(r).await),
-            Err(e) => end(Err(e)),
+        if let Ok(ReplaceOutcome::Replaced { .. }) = swapped {
+            tracing::warn!(
+                target: "uraid_engine::recovery",
+                "array '{name}': member {i} replaced in {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
         }
+        end(swapped)
     }
 
     /// Copies unit by unit, each under its stripe lock.
@@ -351,8 +353,9 @@ impl<D: BlockDev> Array<D> {
             })
     }
 
-    /// The swap (module docs). Ok(false): the old member failed first.
-    async fn swap_in(&self, r: Replacing) -> Result<bool, ArrayError> {
+    /// The swap (module docs), under the superblock lock from the moment it starts to the
+    /// moment its outcome is recorded (no add, spare, remove or fail round interleaves).
+    async fn swap_in(&self, r: Replacing) -> Result<ReplaceOutcome, ArrayError> {
         let i = r.slot;
         if let Err(e) = self.members.flush_gen(i, r.gen).await {
             self.members.replacement_failed(i, r.gen, &e);
@@ -362,7 +365,7 @@ impl<D: BlockDev> Array<D> {
         }
         let mut meta = self.meta.state.lock().await;
         if self.members.is_failed(i) {
-            return Ok(false);
+            return self.takeover_locked(meta, r).await;
         }
         if self.members.replacement(i).map(|x| x.0) != Some(r.gen) {
             return Err(ArrayError::Refused(format!(
@@ -375,20 +378,33 @@ impl<D: BlockDev> Array<D> {
         self.persist(&mut meta, true).await;
         let (done, failed_write) = (meta.swap_done, meta.swap_failed);
         meta.swap = None;
+        // A replacement failure during the round was held for this decision (I/O that
+        // saw it waits in its failure barrier for this lock).
+        let repl_failed = self.members.take_replacement_failure(i);
         if done {
-            // The superblocks name the new device (its own superblock first): it is the
-            // member now, and the old one is out (retired). It could not be dropped since
-            // the round began (a failure of it failed the slot instead); if the slot failed
-            // meanwhile, the takeover rebuilds the new device like an added one.
-            self.members.promote_replacement(i);
-            return Ok(!self.members.is_failed(i));
+            // Named on disk and promoted in the round: the old device is out.
+            if repl_failed && self.members.mark_failed(i) {
+                // It failed a write during the round: it is the slot's device now, so the
+                // slot fails (recorded before the waiting I/O is acknowledged).
+                self.persist(&mut meta, false).await;
+                return Err(ArrayError::Refused(format!(
+                    "member {i}'s replacement failed while being swapped in; the slot is failed"
+                )));
+            }
+            if self.members.is_failed(i) {
+                // The old device failed before the promotion: writes meanwhile skipped the
+                // slot, so the new device is rebuilt.
+                return self.takeover_locked(meta, r).await;
+            }
+            return Ok(ReplaceOutcome::Replaced { slot: i });
         }
+        self.members.end_swap(i);
         if !failed_write {
-            // The old member failed before the round: the slot kept its old identity (the
-            // takeover names the new one in its own round).
-            return Ok(false);
+            // The slot failed before the round: it kept its old identity.
+            return self.takeover_locked(meta, r).await;
         }
-        // Its superblock could not be written: the round named the old device again.
+        // Its superblock could not be written: the round named the old device again (one
+        // event past the replacement's); what failed on it is on the old one.
         self.members.drop_replacement(i, r.gen);
         Err(ArrayError::Refused(format!(
             "member {i}'s replacement: its superblock could not be written; the member stays"
@@ -401,43 +417,55 @@ impl<D: BlockDev> Array<D> {
         self: &Arc<Self>,
         r: Replacing,
     ) -> Result<ReplaceOutcome, ArrayError> {
-        let out = self
-            .on_reactor(move |a| async move {
-                let i = r.slot;
-                a.failure_barrier().await;
-                let mut meta = a.meta.state.lock().await;
-                let promoted = a.members.generation(i) == r.gen;
-                if !a.members.is_failed(i)
-                    || !(promoted || a.members.replacement(i).map(|x| x.0) == Some(r.gen))
-                {
-                    return Err(format!("member {i}: its replacement is gone"));
-                }
-                a.failure_on_disk(&mut meta, i).await;
-                // Its metadata pages are stale now (the slot missed writes while failed):
-                // zeroed again before it is named.
-                let zeros = buf::alloc(a.members.data_offset() as usize);
-                let z = match a.members.write_gen(i, r.gen, 0, zeros).await {
-                    Ok(()) => a.members.flush_gen(i, r.gen).await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = z {
-                    a.members.drop_replacement(i, r.gen);
-                    return Err(format!("member {i}'s replacement: {e}"));
-                }
-                if !promoted {
-                    a.members.promote_replacement(i);
-                }
-                tracing::warn!(
-                    "member {i} failed during its replace: the replacement ({}) takes its slot \
-                     and is rebuilt from unit 0",
-                    a.members.name(i).unwrap_or("?")
-                );
-                a.start_rebuilding_slot(meta, i, r.uuid, "the replacement")
-                    .await
-            })
+        self.on_reactor(move |a| async move {
+            a.failure_barrier().await;
+            let meta = a.meta.state.lock().await;
+            a.takeover_locked(meta, r).await
+        })
+        .await
+        .unwrap_or(Err(ArrayError::Shutdown))
+    }
+
+    /// `replacement_takes_over` with the superblock lock held.
+    async fn takeover_locked(
+        &self,
+        mut meta: futures::lock::MutexGuard<'_, crate::metadata::Meta>,
+        r: Replacing,
+    ) -> Result<ReplaceOutcome, ArrayError> {
+        let i = r.slot;
+        let promoted = self.members.generation(i) == r.gen;
+        if !self.members.is_failed(i)
+            || !(promoted || self.members.replacement(i).map(|x| x.0) == Some(r.gen))
+        {
+            return Err(ArrayError::Refused(format!(
+                "member {i}: its replacement is gone"
+            )));
+        }
+        self.failure_on_disk(&mut meta, i).await;
+        // Its metadata pages are stale now (the slot missed writes while failed): zeroed
+        // again before it is named.
+        let zeros = buf::alloc(self.members.data_offset() as usize);
+        let z = match self.members.write_gen(i, r.gen, 0, zeros).await {
+            Ok(()) => self.members.flush_gen(i, r.gen).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = z {
+            self.members.drop_replacement(i, r.gen);
+            return Err(ArrayError::Refused(format!(
+                "member {i}'s replacement: {e}"
+            )));
+        }
+        if !promoted {
+            self.members.promote_replacement(i);
+        }
+        tracing::warn!(
+            "member {i} failed during its replace: the replacement ({}) takes its slot and is \
+             rebuilt from unit 0",
+            self.members.name(i).unwrap_or("?")
+        );
+        self.start_rebuilding_slot(meta, i, r.uuid, "the replacement")
             .await
-            .unwrap_or_else(|| Err("the server is stopping".into()));
-        out.map(|()| ReplaceOutcome::Rebuilding { slot: r.slot })
+            .map(|()| ReplaceOutcome::Rebuilding { slot: i })
             .map_err(ArrayError::Refused)
     }
 }
