@@ -29,6 +29,8 @@ WORKLOADS = [
     ("1M seq write QD8", ["--pattern", "seq", "--bs", "1M", "--qd", "8", "--read-pct", "0"], "mbps"),
     ("4k randread QD32, 1 member out", ["--pattern", "rand", "--bs", "4K", "--qd", "32", "--read-pct", "100",
                                         "--fail", "1"], "iops"),
+    ("4k randread QD32, 2 members out", ["--pattern", "rand", "--bs", "4K", "--qd", "32",
+                                         "--read-pct", "100", "--fail", "1", "--fail", "2"], "iops"),
 ]
 
 ARRAYS = [("raid6 8+2", "6", 10), ("raid0 x4", "0", 4), ("raid10 x4", "10", 4)]

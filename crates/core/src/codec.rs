@@ -20,7 +20,7 @@
 //! `reference` holds a scalar implementation of the same math that tests compare against.
 
 use crate::gf;
-use uraid_isal::Tables;
+pub use uraid_isal::Tables;
 
 /// Largest parity count supported (`--level ec --parity M`).
 pub const MAX_PARITY: usize = 8;
@@ -163,6 +163,30 @@ impl Codec {
         wanted: &[usize],
         out: &mut [&mut [u8]],
     ) -> Result<(), CodecError> {
+        self.decode_using(avail, shards, wanted, out, |a, w| {
+            self.decode_tables(a, w).map(Box::new)
+        })
+    }
+
+    /// The ISA-L tables that recover `wanted` from the first k survivors of `avail` (a k x k
+    /// inversion and table expansion: microseconds). They depend only on (k, m), the
+    /// survivors used and `wanted`, so a caller may keep them per erasure pattern and hand
+    /// them to `decode_using`.
+    pub fn decode_tables(&self, avail: &[usize], wanted: &[usize]) -> Result<Tables, CodecError> {
+        let rows = decode_matrix(&self.matrix, self.k, avail, wanted)?;
+        Ok(Tables::new(self.k, wanted.len(), &rows))
+    }
+
+    /// `decode`, taking the decode tables (when the XOR path does not apply) from
+    /// `tables(avail, wanted)`: `decode_tables`' result, fresh or kept.
+    pub fn decode_using<T: std::ops::Deref<Target = Tables>>(
+        &self,
+        avail: &[usize],
+        shards: &[&[u8]],
+        wanted: &[usize],
+        out: &mut [&mut [u8]],
+        tables: impl FnOnce(&[usize], &[usize]) -> Result<T, CodecError>,
+    ) -> Result<(), CodecError> {
         assert_eq!(avail.len(), shards.len());
         assert_eq!(wanted.len(), out.len());
         if wanted.is_empty() {
@@ -182,8 +206,13 @@ impl Codec {
                 return Ok(());
             }
         }
-        let rows = decode_matrix(&self.matrix, self.k, avail, wanted)?;
-        let t = Tables::new(self.k, wanted.len(), &rows);
+        if avail.len() < self.k {
+            return Err(CodecError::TooFewShards {
+                have: avail.len(),
+                need: self.k,
+            });
+        }
+        let t = tables(avail, wanted)?;
         t.encode(&shards[..self.k], out);
         Ok(())
     }
@@ -422,6 +451,44 @@ mod tests {
                         &want[..],
                         "k={k} m={m} lost={lost}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Tables built once per erasure pattern and reused (what the engine keeps per
+    /// reactor) decode other data with that pattern exactly as fresh ones and the reference.
+    #[test]
+    fn kept_decode_tables_equal_fresh_ones() {
+        for &(k, m) in &[(8usize, 2usize), (4, 4), (5, 3)] {
+            let codec = Codec::new(k, m).unwrap();
+            for lost in combinations(k + m, m) {
+                let avail: Vec<usize> = (0..k + m).filter(|s| !lost.contains(s)).collect();
+                let wanted: Vec<usize> = lost.iter().copied().filter(|&s| s < k).collect();
+                if wanted.is_empty() {
+                    continue;
+                }
+                let kept = codec.decode_tables(&avail, &wanted).unwrap();
+                for seed in 0..3u64 {
+                    let data = shards(k, 64, seed * 31 + k as u64);
+                    let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+                    let parity = reference::encode(k, m, &refs);
+                    let all: Vec<&[u8]> = refs
+                        .iter()
+                        .copied()
+                        .chain(parity.iter().map(|p| &p[..]))
+                        .collect();
+                    let srcs: Vec<&[u8]> = avail.iter().map(|&s| all[s]).collect();
+                    let mut out: Vec<Vec<u8>> = wanted.iter().map(|_| vec![0u8; 64]).collect();
+                    let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|o| &mut o[..]).collect();
+                    codec
+                        .decode_using(&avail, &srcs, &wanted, &mut outs, |_, _| {
+                            Ok::<_, CodecError>(&kept)
+                        })
+                        .unwrap();
+                    for (w, o) in wanted.iter().zip(&out) {
+                        assert_eq!(o, &data[*w], "k {k} m {m} lost {lost:?} seed {seed}");
+                    }
                 }
             }
         }

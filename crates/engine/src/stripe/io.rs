@@ -128,7 +128,9 @@ impl<D: BlockDev> Array<D> {
             let mut dsts: Vec<&mut [u8]> = rec.iter_mut().map(|b| &mut b[..]).collect();
             let codec = self.codec.as_ref().expect("parity level has a codec");
             codec
-                .decode(&avail, &srcs, &missing, &mut dsts)
+                .decode_using(&avail, &srcs, &missing, &mut dsts, |a, w| {
+                    cached_decode_tables(codec, a, w)
+                })
                 .expect("k live shards decode");
         }
         // Place decoded chunks, and survivors that happened to be wanted.
@@ -159,4 +161,47 @@ impl<D: BlockDev> Array<D> {
         }
         Ok(Attempt::Done(out))
     }
+}
+
+/// Decode tables built this thread (a reactor), per erasure pattern: (k, m, the k survivors
+/// used, the shards wanted). The tables depend on nothing else (the coding matrix follows
+/// from k and m), so every array of that shape shares them. Bounded: cleared when full.
+type TableKey = (usize, usize, u64, u64);
+
+thread_local! {
+    static DECODE_TABLES: std::cell::RefCell<std::collections::HashMap<TableKey, std::rc::Rc<uraid_core::codec::Tables>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// At most this many patterns are kept per thread (a 10-wide code with 2 lost has 45).
+const DECODE_TABLES_MAX: usize = 1024;
+
+/// `Codec::decode_tables`, kept per erasure pattern on this thread: a two-failure read no
+/// longer inverts a matrix and expands ISA-L tables per request. Survivors and wanted
+/// shards out of ascending order (never produced here) bypass the cache.
+fn cached_decode_tables(
+    codec: &uraid_core::Codec,
+    avail: &[usize],
+    wanted: &[usize],
+) -> Result<std::rc::Rc<uraid_core::codec::Tables>, uraid_core::codec::CodecError> {
+    let k = codec.data_shards();
+    let used = &avail[..k.min(avail.len())];
+    let ascending = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]) && v.iter().all(|&s| s < 64);
+    if used.len() < k || !ascending(used) || !ascending(wanted) {
+        return codec.decode_tables(avail, wanted).map(std::rc::Rc::new);
+    }
+    let mask = |v: &[usize]| v.iter().fold(0u64, |m, &s| m | 1 << s);
+    let key = (k, codec.parity_shards(), mask(used), mask(wanted));
+    DECODE_TABLES.with(|c| {
+        if let Some(t) = c.borrow().get(&key) {
+            return Ok(t.clone());
+        }
+        let t = std::rc::Rc::new(codec.decode_tables(avail, wanted)?);
+        let mut c = c.borrow_mut();
+        if c.len() >= DECODE_TABLES_MAX {
+            c.clear();
+        }
+        c.insert(key, t.clone());
+        Ok(t)
+    })
 }
