@@ -717,13 +717,8 @@ pub fn add_member(
     File::open(&src)
         .and_then(|f| f.read_exact_at(&mut meta, meta_at))
         .map_err(io_err(&src))?;
-    let uuid = *uuid::Uuid::new_v4().as_bytes();
-    let _claim = open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(slot))?;
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io_err(path))?;
+    let uuid = new_device_uuid();
+    let f = claim_for_writing(path, slot)?;
     // No stale superblock may survive in either slot while the others are rewritten.
     f.write_all_at(&vec![0u8; SB_SIZE * SB_SLOTS], 0)
         .map_err(io_err(path))?;
@@ -862,13 +857,7 @@ pub fn add_spare(plan: &Plan, path: &Path, force: bool) -> Result<Superblock, As
         });
     }
     check_new_device(plan, path, force)?;
-    let _claim =
-        open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(usize::MAX))?;
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io_err(path))?;
+    let f = claim_for_writing(path, usize::MAX)?;
     let sb = spare_superblock(&plan.sb, new_device_uuid());
     for s in 0..SB_SLOTS {
         f.write_all_at(&sb.encode(), (s * SB_SIZE) as u64)
@@ -955,15 +944,16 @@ pub fn remove_spare(plan: &Plan, path: &Path) -> Result<(), AssembleError> {
     erase_superblocks(path)
 }
 
+/// Opens a device that is to become (or stop being) part of the array for writing, claimed
+/// exclusively (the claim lasts as long as the file). `slot`: for the message
+/// (`usize::MAX`: not a member slot).
+fn claim_for_writing(path: &Path, slot: usize) -> Result<File, AssembleError> {
+    open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(slot))
+}
+
 /// Zeroes both superblock slots of `path` and syncs (a removed spare).
 pub fn erase_superblocks(path: &Path) -> Result<(), AssembleError> {
-    let _claim =
-        open_exclusive(path, Access::ReadWrite, false).map_err(member_open_err(usize::MAX))?;
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io_err(path))?;
+    let f = claim_for_writing(path, usize::MAX)?;
     f.write_all_at(&vec![0u8; SB_SIZE * SB_SLOTS], 0)
         .map_err(io_err(path))?;
     f.sync_all().map_err(io_err(path))

@@ -227,15 +227,15 @@ impl Default for Health {
     }
 }
 
-/// Devices a slot can be given in one session (the assembled one and replacements added
-/// while serving). Replaced devices stay open until the array is dropped: I/O still on its
-/// way to them keeps its references valid without any counting on the I/O path.
+/// Devices a slot can be given in one session (the assembled one, devices added, spares and
+/// replacements). A device the slot no longer uses is retired (`BlockDev::retire`) but its
+/// handle stays allocated until the array is dropped: I/O still on its way to it keeps its
+/// references valid without any counting on the I/O path.
 pub const MAX_GENERATIONS: usize = 8;
 
-/// One member slot: its device generations and the current one. Each generation has its own
+/// One device generation of a slot: the device (None: missing at assembly) and its own
 /// health (timeouts, error budget, counters), so a hung replaced device can never abort the
 /// I/O of its successor.
-/// One device generation of a slot: the device (None: missing at assembly) and its health.
 type Generation<D> = std::sync::OnceLock<(Option<D>, Health)>;
 
 /// The (current, replacement) generations of a slot packed in one word, so an I/O sees a
@@ -247,7 +247,8 @@ struct Slot<D> {
 }
 
 /// Bit 16 of the pair word: the replacement is being swapped in (its superblock may name
-/// it on disk already), so it can no longer be dropped: a failure of it fails the slot.
+/// it on disk already), so it can no longer be dropped: a failure of it is held for the swap
+/// round's decision (`replacement_failed`).
 const SWAPPING: usize = 1 << 16;
 
 fn unpack(w: usize) -> (usize, Option<usize>) {
@@ -443,13 +444,7 @@ impl<D: BlockDev> Members<D> {
     /// session already.
     pub(crate) fn install(&self, i: usize, dev: D) -> Result<(), D> {
         let slot = &self.slots[i];
-        let next = slot.top() + 1;
-        if next >= MAX_GENERATIONS || slot.pair().1.is_some() {
-            return Err(dev);
-        }
-        slot.gens[next]
-            .set((Some(dev), Health::default()))
-            .map_err(|(d, _)| d.expect("just given"))?;
+        let next = self.new_generation(i, dev)?;
         let (old, _) = unpack(slot.cur.swap(pack(next, None), Ordering::AcqRel));
         self.retire(i, old);
         Ok(())
@@ -469,16 +464,24 @@ impl<D: BlockDev> Members<D> {
     /// has a replacement already.
     pub(crate) fn set_replacement(&self, i: usize, dev: D) -> Result<(), D> {
         let slot = &self.slots[i];
-        let (cur, repl) = slot.pair();
+        let cur = slot.pair().0;
+        let next = self.new_generation(i, dev)?;
+        slot.cur.store(pack(cur, Some(next)), Ordering::Release);
+        Ok(())
+    }
+
+    /// Stores `dev` as slot `i`'s next generation (not yet used by any I/O). Err: no room
+    /// for another generation, or the slot has a replacement (one new device at a time).
+    fn new_generation(&self, i: usize, dev: D) -> Result<usize, D> {
+        let slot = &self.slots[i];
         let next = slot.top() + 1;
-        if next >= MAX_GENERATIONS || repl.is_some() {
+        if next >= MAX_GENERATIONS || slot.pair().1.is_some() {
             return Err(dev);
         }
         slot.gens[next]
             .set((Some(dev), Health::default()))
             .map_err(|(d, _)| d.expect("just given"))?;
-        slot.cur.store(pack(cur, Some(next)), Ordering::Release);
-        Ok(())
+        Ok(next)
     }
 
     /// The highest device generation slot `i` has (a replacement just set is it).
@@ -513,8 +516,7 @@ impl<D: BlockDev> Members<D> {
     }
 
     /// Marks slot `i`'s replacement `gen` as being swapped in: from now on it cannot be
-    /// dropped (a failure of it fails the slot). False if it is not the slot's replacement
-    /// any more.
+    /// dropped. False if it is not the slot's replacement any more.
     pub(crate) fn begin_swap(&self, i: usize, gen: usize) -> bool {
         let slot = &self.slots[i];
         let w = slot.cur.load(Ordering::Acquire);
@@ -551,7 +553,7 @@ impl<D: BlockDev> Members<D> {
     }
 
     /// Writes to slot `i`'s replacement only (the replace walk's copy), at a data-area
-    /// offset. Err(None): the slot has no replacement `gen` any more.
+    /// offset. Err (Interrupted): the slot has no replacement `gen` any more.
     pub(crate) async fn write_replacement(
         &self,
         i: usize,
@@ -570,9 +572,7 @@ impl<D: BlockDev> Members<D> {
 
     /// Flushes slot `i`'s replacement generation `gen`.
     pub(crate) async fn flush_gen(&self, i: usize, gen: usize) -> io::Result<()> {
-        let Some((Some(dev), h)) = self.slots[i].gens[gen].get() else {
-            return Err(io::Error::from_raw_os_error(libc::ENODEV));
-        };
+        let (dev, h) = self.gen_dev(i, gen)?;
         let io = h.io.local();
         let t0 = Some(Instant::now());
         let r = self.timed(h, dev.flush(), Err).await;
@@ -587,9 +587,7 @@ impl<D: BlockDev> Members<D> {
         at: u64,
         buf: IoBuf,
     ) -> io::Result<()> {
-        let Some((Some(dev), h)) = self.slots[i].gens[gen].get() else {
-            return Err(io::Error::from_raw_os_error(libc::ENODEV));
-        };
+        let (dev, h) = self.gen_dev(i, gen)?;
         let (io, len) = (h.io.local(), buf.len() as u64);
         let t0 = io.sample();
         let r = self
@@ -600,8 +598,9 @@ impl<D: BlockDev> Members<D> {
         r
     }
 
-    /// A write or flush of a replacement failed: the replacement ends (the slot keeps its
-    /// device; the replace reports it).
+    /// A write or flush of a replacement failed: the replacement is dropped (the slot keeps
+    /// its device; the replace reports it), or, while it is being swapped in, the failure is
+    /// noted for the swap round.
     pub(crate) fn replacement_failed(&self, i: usize, gen: usize, e: &io::Error) {
         if self.slots[i].pair().1 != Some(gen) {
             return;
@@ -679,14 +678,16 @@ impl<D: BlockDev> Members<D> {
     /// The current device of slot `i` and its health (one load: an I/O keeps the pair it
     /// started with even if the slot gets a new device meanwhile).
     fn dev(&self, i: usize) -> io::Result<(&D, &Health, usize)> {
-        let slot = &self.slots[i];
-        let g = slot.pair().0;
-        let (d, h) = slot.gens[g]
-            .get()
-            .expect("the current generation is set before it is published");
-        d.as_ref()
-            .map(|d| (d, h, g))
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))
+        let g = self.generation(i);
+        self.gen_dev(i, g).map(|(d, h)| (d, h, g))
+    }
+
+    /// Generation `g` of slot `i`: its device and health (ENODEV: none there).
+    fn gen_dev(&self, i: usize, g: usize) -> io::Result<(&D, &Health)> {
+        match self.slots[i].gens[g].get() {
+            Some((Some(d), h)) => Ok((d, h)),
+            _ => Err(io::Error::from_raw_os_error(libc::ENODEV)),
+        }
     }
 
     /// An error of an I/O issued to generation `g` of slot `i`: marked stale if the slot

@@ -25,15 +25,26 @@ use uraid_core::MemberSet;
 pub(crate) struct Meta {
     pub(crate) sb: Superblock,
     pub(crate) ids: Vec<MemberId>,
-    /// A replace being finished (recovery/replace.rs): slot, replacement generation, its
-    /// device uuid. The next round names it in the slot and writes the slot's superblock to
-    /// it first; every further pass of that round (one that failed another member) writes
-    /// the slot's superblock to it again, never to the old device.
-    pub(crate) swap: Option<(usize, usize, [u8; 16])>,
-    /// Its superblock could not be written: the round named the old device again.
-    pub(crate) swap_failed: bool,
-    /// Its superblock was written: the superblocks name the replacement.
-    pub(crate) swap_done: bool,
+    /// A replace being finished (recovery/replace.rs `swap_in`): set before its round,
+    /// moved on by the round, read back after it.
+    pub(crate) swap: Option<Swap>,
+}
+
+/// Where the swap of a replacement into its slot stands (`Meta::swap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Swap {
+    /// The next round names the replacement (generation `gen`, device `uuid`) in `slot`
+    /// if the slot is live, writing its superblock first; a failed slot leaves it pending.
+    Pending {
+        slot: usize,
+        gen: usize,
+        uuid: [u8; 16],
+    },
+    /// Its superblock was written and it was promoted: the superblocks name it.
+    Done,
+    /// It could not be marked swapping or its superblock could not be written: the slot
+    /// names the old device.
+    Failed,
 }
 
 /// Who a member is on disk: its device uuid, and which superblock slot holds its freshest
@@ -96,8 +107,6 @@ impl Metadata {
                 sb,
                 ids,
                 swap: None,
-                swap_failed: false,
-                swap_done: false,
             }),
             first_write: futures::lock::Mutex::new(()),
             persisted: AtomicU64::new(persisted.bits()),
@@ -123,6 +132,16 @@ impl Metadata {
     pub(crate) fn events(&self) -> u64 {
         self.events.load(Ordering::Acquire)
     }
+}
+
+/// Member `i`'s superblock as the array's current one says it, and where it goes: the
+/// superblock slot that does not hold its freshest copy, that slot's offset, the block.
+fn superblock_of(meta: &Meta, i: usize) -> (usize, u64, crate::buf::IoBuf) {
+    let mut sb = meta.sb.clone();
+    sb.index = i;
+    sb.device_uuid = meta.ids[i].uuid;
+    let slot = 1 - meta.ids[i].sb_slot;
+    (slot, (slot * SB_SIZE) as u64, buf::copy_of(&sb.encode()))
 }
 
 impl<D: BlockDev> Array<D> {
@@ -443,17 +462,17 @@ impl<D: BlockDev> Array<D> {
             // the replacement in its own round). From here it cannot be dropped.
             let mut swap_old = None;
             let mut again = false;
-            if let Some((s, gen, uuid)) = meta.swap {
-                if !meta.swap_failed && !failed.contains(s) {
+            if let Some(Swap::Pending { slot: s, gen, uuid }) = meta.swap {
+                if !failed.contains(s) {
                     if self.members.begin_swap(s, gen) {
-                        swap_old = Some(meta.ids[s]);
+                        swap_old = Some((s, gen, meta.ids[s]));
                         meta.ids[s] = MemberId {
                             uuid,
                             sb_slot: 1,
                             events: meta.sb.events,
                         };
                     } else {
-                        meta.swap_failed = true;
+                        meta.swap = Some(Swap::Failed);
                     }
                 }
             }
@@ -481,21 +500,11 @@ impl<D: BlockDev> Array<D> {
             let live = MemberSet::all(self.geo.members).minus(failed);
             // A replacement being swapped in gets its superblock first, durably, before any
             // other member's names it: a crash in between leaves a round one event behind
-            // on the others (taken), never a slot naming a device with no superblock. If
-            // that write fails, the slot names its old device again in this same round, one
-            // event later than the replacement could hold (so it can never tie with it).
+            // on the others (taken), never a slot naming a device with no superblock.
             let mut swapped = None;
-            if let (Some((s, gen, _)), Some(old)) = (meta.swap, swap_old) {
-                let mut sb = meta.sb.clone();
-                sb.index = s;
-                sb.device_uuid = meta.ids[s].uuid;
-                let slot = 1 - meta.ids[s].sb_slot;
-                let at = (slot * SB_SIZE) as u64;
-                let r = match self
-                    .members
-                    .write_gen(s, gen, at, buf::copy_of(&sb.encode()))
-                    .await
-                {
+            if let Some((s, gen, old)) = swap_old {
+                let (slot, at, block) = superblock_of(meta, s);
+                let r = match self.members.write_gen(s, gen, at, block).await {
                     Ok(()) => self.members.flush_gen(s, gen).await,
                     Err(e) => Err(e),
                 };
@@ -505,8 +514,7 @@ impl<D: BlockDev> Array<D> {
                         // one store; the old one is retired and never written again.
                         meta.ids[s].sb_slot = slot;
                         meta.ids[s].events = meta.sb.events;
-                        meta.swap = None;
-                        meta.swap_done = true;
+                        meta.swap = Some(Swap::Done);
                         self.members.promote_replacement(s);
                         swapped = Some(s);
                     }
@@ -519,7 +527,7 @@ impl<D: BlockDev> Array<D> {
                         tracing::error!(
                             "member {s}: writing its replacement's superblock failed: {e}"
                         );
-                        meta.swap_failed = true;
+                        meta.swap = Some(Swap::Failed);
                         meta.ids[s] = old;
                         meta.sb.slot_uuids[s] = old.uuid;
                         again = true;
@@ -527,12 +535,7 @@ impl<D: BlockDev> Array<D> {
                 }
             }
             let writes = live.iter().filter(|&i| swapped != Some(i)).map(|i| {
-                let mut sb = meta.sb.clone();
-                sb.index = i;
-                sb.device_uuid = meta.ids[i].uuid;
-                let block = buf::copy_of(&sb.encode());
-                let slot = 1 - meta.ids[i].sb_slot;
-                let at = (slot * SB_SIZE) as u64;
+                let (slot, at, block) = superblock_of(meta, i);
                 async move {
                     // Superblocks go to the current device only: never mirrored to a
                     // replacement, which must not claim the slot before it has it.
@@ -587,17 +590,9 @@ impl<D: BlockDev> Array<D> {
             return;
         }
         let writes = behind.iter().map(|&i| {
-            let mut sb = meta.sb.clone();
-            sb.index = i;
-            sb.device_uuid = meta.ids[i].uuid;
-            let block = buf::copy_of(&sb.encode());
-            let slot = 1 - meta.ids[i].sb_slot;
+            let (slot, at, block) = superblock_of(meta, i);
             async move {
-                let r = match self
-                    .members
-                    .write_cur(i, (slot * SB_SIZE) as u64, block)
-                    .await
-                {
+                let r = match self.members.write_cur(i, at, block).await {
                     Ok(()) => self.members.flush(i).await,
                     Err(e) => Err(e),
                 };

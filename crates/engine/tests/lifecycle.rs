@@ -11,7 +11,6 @@
 
 use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use uraid_core::Level;
 use uraid_engine::{ReplaceOutcome, Volume};
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
@@ -266,7 +265,6 @@ fn trial(seed: u64) -> (bool, Vec<&'static str>) {
         }
         blk += len;
     }
-    let _ = Arc::clone(&a);
     (cut, log)
 }
 

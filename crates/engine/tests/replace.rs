@@ -12,8 +12,7 @@
 
 use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use uraid_core::{Level, MemberSet};
+use uraid_core::Level;
 use uraid_engine::{BlockDev, ReplaceOutcome};
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
 use uraid_sim::{member_bytes, payload, random_range, read_all, written_images, MemDev, Model};
@@ -240,8 +239,6 @@ fn a_failing_or_cancelled_replacement_leaves_the_member() {
         ReplaceOutcome::Replaced { slot: 0 }
     );
     assert!(read_all(&vol) == model.bytes);
-    let _ = MemberSet::EMPTY;
-    let _ = Arc::clone(&a);
 }
 
 /// What `replace_until_cut` leaves: the media (None: the power never went), the model of

@@ -29,6 +29,7 @@
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
+use crate::metadata::Swap;
 use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
@@ -372,16 +373,17 @@ impl<D: BlockDev> Array<D> {
                 "member {i}'s replacement failed; the member stays"
             )));
         }
-        meta.swap = Some((i, r.gen, r.uuid));
-        meta.swap_failed = false;
-        meta.swap_done = false;
+        meta.swap = Some(Swap::Pending {
+            slot: i,
+            gen: r.gen,
+            uuid: r.uuid,
+        });
         self.persist(&mut meta, true).await;
-        let (done, failed_write) = (meta.swap_done, meta.swap_failed);
-        meta.swap = None;
+        let swap = meta.swap.take();
         // A replacement failure during the round was held for this decision (I/O that
         // saw it waits in its failure barrier for this lock).
         let repl_failed = self.members.take_replacement_failure(i);
-        if done {
+        if swap == Some(Swap::Done) {
             // Named on disk and promoted in the round: the old device is out.
             if repl_failed && self.members.mark_failed(i) {
                 // It failed a write during the round: it is the slot's device now, so the
@@ -399,7 +401,7 @@ impl<D: BlockDev> Array<D> {
             return Ok(ReplaceOutcome::Replaced { slot: i });
         }
         self.members.end_swap(i);
-        if !failed_write {
+        if swap != Some(Swap::Failed) {
             // The slot failed before the round: it kept its old identity.
             return self.takeover_locked(meta, r).await;
         }
