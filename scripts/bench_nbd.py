@@ -6,7 +6,13 @@ TCP loopback; every device preconditioned (written end to end) first. For each c
 MB/s and the server's CPU time per request (utime+stime from /proc/PID/stat around the run,
 divided by the requests fio completed). Runs alternate between servers; medians are reported.
 
-    scripts/bench_nbd.py [--runs 3] [--runtime 4] [--dir /dev/shm/uraid-nbd] [--out -]
+    scripts/bench_nbd.py [--set throughput|qd1|cpu] [--runs 3] [--runtime 4]
+                         [--dir /dev/shm/uraid-nbd] [--out -]
+
+Sets: `throughput` (default) the four QD32/QD8 jobs; `qd1` 4k random read and write at queue
+depth 1 with mean and p99 latency (issue 13's QD1 targets: uraid against nbdkit, RAID0, RAID1
+and RAID6); `cpu` 4k random read at QD32 with the server's CPU per request (issue 13's CPU
+target).
 """
 import argparse, json, os, shutil, signal, statistics, subprocess, sys, time
 
@@ -18,12 +24,24 @@ TICK = os.sysconf("SC_CLK_TCK")
 MEMBER_MIB = 512  # raid0 members; raid6 members hold the same volume in 8 data shares
 FIO_SIZE = "2000m"
 
-WORKLOADS = [
-    ("4k randread QD32", "randread", "4k", 32, "iops"),
-    ("4k randwrite QD32", "randwrite", "4k", 32, "iops"),
-    ("1M seq read QD8", "read", "1m", 8, "mbps"),
-    ("1M seq write QD8", "write", "1m", 8, "mbps"),
-]
+SETS = {
+    "throughput": [
+        ("4k randread QD32", "randread", "4k", 32, "iops"),
+        ("4k randwrite QD32", "randwrite", "4k", 32, "iops"),
+        ("1M seq read QD8", "read", "1m", 8, "mbps"),
+        ("1M seq write QD8", "write", "1m", 8, "mbps"),
+    ],
+    "qd1": [
+        ("4k randread QD1", "randread", "4k", 1, "lat"),
+        ("4k randwrite QD1", "randwrite", "4k", 1, "lat"),
+    ],
+    "cpu": [
+        ("4k randread QD32", "randread", "4k", 32, "iops"),
+    ],
+}
+
+
+UNITS = {"iops": "IOPS", "mbps": "MB/s", "lat": "us mean"}
 
 
 def cpu_ticks(pid):
@@ -68,16 +86,20 @@ def fio(uri, rw, bs, qd, runtime, extra=()):
     out = run(cmd)
     j = json.loads(out[out.index("{"):])["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
-    return side["iops"], side["bw_bytes"] / 1e6, side["total_ios"]
+    pct = side.get("clat_ns", {}).get("percentile", {})
+    lat = (side["lat_ns"]["mean"] / 1000, pct.get("99.000000", 0) / 1000)
+    return side["iops"], side["bw_bytes"] / 1e6, side["total_ios"], lat
 
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--set", choices=sorted(SETS), default="throughput")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--runtime", type=float, default=4)
     ap.add_argument("--dir", default="/dev/shm/uraid-nbd")
     ap.add_argument("--out", default="-")
     a = ap.parse_args()
+    workloads = SETS[a.set]
     for tool in ("fio", "nbdkit", "qemu-nbd"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: run scripts/setup.sh")
@@ -90,14 +112,19 @@ def main():
     # Devices.
     r0 = [os.path.join(d, f"r0-{i}") for i in range(4)]
     r6 = [os.path.join(d, f"r6-{i}") for i in range(10)]
+    r1 = [os.path.join(d, f"r1-{i}") for i in range(2)]
     run([URAID, "create", "--level", "0", "-N", "r0", "--size", f"{MEMBER_MIB}M"] + r0)
     run([URAID, "create", "--level", "6", "-N", "r6", "--size", f"{MEMBER_MIB // 2 + 1}M"] + r6)
+    arrays = [("uraid raid0 4", r0), ("uraid raid6 8+2", r6)]
+    if a.set == "qd1":  # the QD1 write target names RAID1 too
+        run([URAID, "create", "--level", "1", "-N", "r1", "--size", f"{4 * MEMBER_MIB}M"] + r1)
+        arrays.insert(1, ("uraid raid1 2", r1))
     peer = os.path.join(d, "peer.img")
     with open(peer, "wb") as f:
         f.truncate(4 * (MEMBER_MIB - 1) << 20)
 
     servers = []
-    for name, members in (("uraid raid0 4", r0), ("uraid raid6 8+2", r6)):
+    for name, members in arrays:
         sock, port = os.path.join(sockdir, name.split()[1] + ".sock"), free_port()
         base = [URAID, "serve", "--export", "v"]
         servers.append(Server(name, base + ["--listen", f"unix:{sock}"] + members,
@@ -114,7 +141,7 @@ def main():
                           f"nbd+unix:///?socket={sock}", f"nbd://127.0.0.1:{port}/", sock, port))
 
     # Precondition: every device written end to end (1M sequential writes through the server).
-    for s in servers[:3]:  # qemu-nbd shares nbdkit's file
+    for s in servers[:-1]:  # qemu-nbd shares nbdkit's file
         s.start("unix")
         fio(s.uri["unix"], "write", "1m", 8, 0, ["--size=100%"])
         s.stop()
@@ -125,38 +152,64 @@ def main():
         for r in range(a.runs):
             for s in servers:
                 s.start(transport)
-                for wl, rw, bs, qd, metric in WORKLOADS:
+                for wl, rw, bs, qd, metric in workloads:
                     t0 = cpu_ticks(s.proc.pid)
-                    iops, mbps, ios = fio(s.uri[transport], rw, bs, qd, a.runtime)
+                    iops, mbps, ios, lat = fio(s.uri[transport], rw, bs, qd, a.runtime)
                     t1 = cpu_ticks(s.proc.pid)
                     cpu_us = (t1 - t0) / TICK * 1e6 / max(ios, 1)
-                    val = iops if metric == "iops" else mbps
-                    results.setdefault((s.name, transport, wl), []).append((val, cpu_us))
-                    print(f"{transport} run {r + 1} {s.name:16} {wl:18} {val:10.0f} "
-                          f"{'IOPS' if metric == 'iops' else 'MB/s'}  {cpu_us:6.2f} us/req",
+                    val = {"iops": iops, "mbps": mbps, "lat": lat[0]}[metric]
+                    results.setdefault((s.name, transport, wl), []).append(
+                        (val, cpu_us, lat[1]))
+                    print(f"{transport} run {r + 1} {s.name:16} {wl:18} {val:10.1f} "
+                          f"{UNITS[metric]}  p99 {lat[1]:7.1f} us  {cpu_us:6.2f} us/req",
                           file=sys.stderr)
                 s.stop()
 
     lines = []
-    lines.append(f"Medians of {a.runs} runs of {a.runtime:g} s each, servers alternated; "
+    lines.append(f"Set `{a.set}`. Medians of {a.runs} runs of {a.runtime:g} s each, servers alternated; "
                  f"fio {run(['fio', '--version']).strip()}, ioengine=nbd, one connection, "
-                 f"size={FIO_SIZE}. CPU = server utime+stime per completed request.")
+                 f"size={FIO_SIZE}. CPU = server utime+stime per completed request; latency = fio's "
+                 f"lat mean and clat p99.")
     lines.append("")
     for transport in ("unix", "tcp"):
         lines.append(f"**{'Unix socket' if transport == 'unix' else 'TCP loopback'}**")
         lines.append("")
         lines.append("| workload | " + " | ".join(s.name for s in servers) + " |")
         lines.append("|---|" + "---:|" * len(servers))
-        for wl, _, _, _, metric in WORKLOADS:
+        for wl, _, _, _, metric in workloads:
             cells = []
             for s in servers:
                 rs = results[(s.name, transport, wl)]
                 v = statistics.median(x[0] for x in rs)
                 c = statistics.median(x[1] for x in rs)
-                unit = "k IOPS" if metric == "iops" else "MB/s"
-                shown = f"{v / 1000:.0f}{unit}" if metric == "iops" else f"{v:.0f} {unit}"
-                cells.append(f"{shown}, {c:.1f} µs")
+                if metric == "lat":
+                    p99 = statistics.median(x[2] for x in rs)
+                    cells.append(f"{v:.1f} µs, p99 {p99:.1f} µs")
+                elif metric == "iops":
+                    cells.append(f"{v / 1000:.0f}k IOPS, {c:.2f} µs CPU")
+                else:
+                    cells.append(f"{v:.0f} MB/s, {c:.1f} µs CPU")
             lines.append(f"| {wl} | " + " | ".join(cells) + " |")
+        lines.append("")
+        if a.set == "throughput":
+            continue
+        # Ratios against nbdkit, the issue's reference peer.
+        lines.append("| workload | server | " + ("mean / nbdkit | p99 / nbdkit" if a.set == "qd1"
+                                                  else "CPU per request / nbdkit") + " |")
+        lines.append("|---|---|---:|" + ("---:|" if a.set == "qd1" else ""))
+        for wl, _, _, _, metric in workloads:
+            ref = results[("nbdkit file", transport, wl)]
+            for s in servers:
+                if not s.name.startswith("uraid"):
+                    continue
+                rs = results[(s.name, transport, wl)]
+                if a.set == "qd1":
+                    m = statistics.median(x[0] for x in rs) / statistics.median(x[0] for x in ref)
+                    p = statistics.median(x[2] for x in rs) / statistics.median(x[2] for x in ref)
+                    lines.append(f"| {wl} | {s.name} | {m:.2f}× | {p:.2f}× |")
+                else:
+                    c = statistics.median(x[1] for x in rs) / statistics.median(x[1] for x in ref)
+                    lines.append(f"| {wl} | {s.name} | {c:.2f}× |")
         lines.append("")
     text = "\n".join(lines) + "\n"
     json_out = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}

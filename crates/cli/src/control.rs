@@ -1336,6 +1336,16 @@ pub fn metrics(state: &State) -> String {
         }
     }
     p.family(
+        "uraid_reactor_ring_enters_total",
+        "counter",
+        "io_uring_enter system calls made by the reactors (about one per request at queue depth 1).",
+    );
+    p.sample(
+        "uraid_reactor_ring_enters_total",
+        &[arr()],
+        server.ring_enters(),
+    );
+    p.family(
         "uraid_nbd_request_latency_seconds",
         "histogram",
         "NBD request latency in the server, from request parsed to reply queued.",

@@ -21,12 +21,15 @@ use std::io;
 use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
 
 const EVENTFD_TOKEN: u64 = u64::MAX;
+/// Passes over the ready queue per loop turn before the ring is entered anyway (so a task
+/// that keeps waking itself cannot hold back submissions forever).
+const MAX_PASSES: usize = 16;
 
 type Job = Box<dyn FnOnce() + Send>;
 type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
@@ -41,9 +44,18 @@ struct Shared {
     notified: AtomicBool,
     stop: AtomicBool,
     tasks_live: AtomicUsize,
+    /// io_uring_enter calls made by this reactor (written by its own thread only).
+    enters: AtomicU64,
 }
 
 impl Shared {
+    /// Counts one io_uring_enter; only the reactor's own thread calls it, so a plain load and
+    /// store (no locked instruction) is exact.
+    fn count_enter(&self) {
+        self.enters
+            .store(self.enters.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
     fn notify(&self) {
         if !self.notified.swap(true, Ordering::AcqRel) {
             let one: u64 = 1;
@@ -215,6 +227,7 @@ impl Local {
                 break;
             }
             // Submission queue full: hand what we have to the kernel.
+            self.shared.count_enter();
             let submitted = submit(&mut ring);
             if !ring.submission().is_full() {
                 continue;
@@ -444,6 +457,15 @@ impl RuntimeHandle {
         self.peers.len()
     }
 
+    /// io_uring_enter calls made by all reactors so far (the cost the run loop keeps to one
+    /// per request at queue depth 1; `uraid_reactor_ring_enters_total` in the metrics).
+    pub fn ring_enters(&self) -> u64 {
+        self.peers
+            .iter()
+            .map(|s| s.enters.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Runs `f` on reactor `index`; `f` typically spawns a local task there.
     pub fn run_on(&self, index: usize, f: impl FnOnce() + Send + 'static) {
         let s = &self.peers[index];
@@ -505,6 +527,7 @@ impl Runtime {
                 notified: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 tasks_live: AtomicUsize::new(0),
+                enters: AtomicU64::new(0),
             }));
         }
         let peers = Arc::new(shared);
@@ -599,25 +622,43 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
     let efd_buf: &'static mut u64 = Box::leak(Box::new(0u64));
     loop {
         let jobs = std::mem::take(&mut *shared.jobs.lock().unwrap_or_else(|e| e.into_inner()));
-        let had_jobs = !jobs.is_empty();
         for j in jobs {
             j();
         }
-        let ready = std::mem::take(&mut *shared.ready.lock().unwrap_or_else(|e| e.into_inner()));
-        let had_ready = !ready.is_empty();
-        for id in ready {
-            local.poll_task(id);
+        // Poll until no task is ready (tasks spawned or woken by this pass run in the next),
+        // reaping completions already posted in between: the ring is entered only when there
+        // is nothing left to do but submit and wait, so one request at queue depth 1 costs one
+        // io_uring_enter (its member I/O and reply submitted, the next receive awaited).
+        let mut spinning = true;
+        for _ in 0..MAX_PASSES {
+            let ready =
+                std::mem::take(&mut *shared.ready.lock().unwrap_or_else(|e| e.into_inner()));
+            if ready.is_empty() {
+                spinning = false;
+                break;
+            }
+            for id in ready {
+                local.poll_task(id);
+            }
+            if let Some(ring) = &local.ring {
+                local.reap(&mut ring.borrow_mut());
+            }
         }
-        let busy = had_jobs || had_ready;
-        if !busy
-            && shared.stop.load(Ordering::Acquire)
-            && shared.tasks_live.load(Ordering::Relaxed) == 0
-            && local.inflight.get() == local.orphans.get()
-            && shared
+        // Work queued meanwhile (tasks woken by completions or other threads, jobs sent).
+        let more = !shared
+            .ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+            || !shared
                 .jobs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
+                .is_empty();
+        if !more
+            && shared.stop.load(Ordering::Acquire)
+            && shared.tasks_live.load(Ordering::Relaxed) == 0
+            && local.inflight.get() == local.orphans.get()
         {
             break;
         }
@@ -633,19 +674,24 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                     let pushed = unsafe { ring.borrow_mut().submission().push(&sqe) }.is_ok();
                     local.efd_armed.set(pushed);
                 }
-                let wait = if busy
-                    || !shared
-                        .ready
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .is_empty()
-                {
-                    0
-                } else {
-                    1
-                };
                 let mut ring = ring.borrow_mut();
-                let r = submit_and_wait(&mut ring, wait);
+                // Still work to do: enter only to hand over queued submissions (completions
+                // are read from the shared queue without a syscall), or when tasks kept
+                // waking for MAX_PASSES passes (a task yielding until an I/O completes: the
+                // kernel finishes some completions only when this thread enters it). Nothing
+                // to do: submit and sleep until a completion (or the eventfd) arrives.
+                let r = if !more {
+                    shared.count_enter();
+                    submit_and_wait(&mut ring, 1)
+                } else if spinning
+                    || !ring.submission().is_empty()
+                    || ring.submission().cq_overflow()
+                {
+                    shared.count_enter();
+                    submit(&mut ring)
+                } else {
+                    Ok(0)
+                };
                 if let Err(e) = r {
                     if e.raw_os_error() != Some(libc::EINTR)
                         && e.raw_os_error() != Some(libc::EBUSY)
@@ -656,13 +702,7 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                 local.reap(&mut ring);
             }
             None => {
-                if !busy
-                    && shared
-                        .ready
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .is_empty()
-                {
+                if !more {
                     let mut pfd = libc::pollfd {
                         fd: shared.efd,
                         events: libc::POLLIN,

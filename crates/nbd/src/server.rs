@@ -172,6 +172,11 @@ impl<D: BlockDev> Server<D> {
         &self.inner.stats
     }
 
+    /// io_uring_enter calls the reactors serving this server have made.
+    pub fn ring_enters(&self) -> u64 {
+        self.inner.rt.ring_enters()
+    }
+
     /// Connections being served now.
     pub fn open_connections(&self) -> usize {
         self.inner

@@ -1,0 +1,52 @@
+//! At queue depth 1 a request costs the server one io_uring_enter: the reactor runs every
+//! task that can run (parse, serve, reply) before it enters the ring, the reply goes out
+//! inline when the socket has room, and the one enter submits the next receive and sleeps
+//! until it completes. Each extra enter is a sleep/wake-up pair on the request's latency.
+
+mod common;
+
+use common::{block, header, Client, Fixture};
+use std::io::{Read, Write};
+use std::time::Duration;
+use uraid_nbd::Config;
+
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const BS: usize = 4096;
+const N: u64 = 200;
+
+#[test]
+fn a_request_at_queue_depth_one_costs_one_ring_enter() {
+    let f = Fixture::start("qd1", 16, Config::default());
+    let rt = f.rt.as_ref().expect("runtime").handle();
+    let mut c = Client::connect(&f.sock);
+    c.go();
+    // Warm up (first touches of the members, task slabs growing).
+    c.request(CMD_READ, 0, 0, BS as u32, &[]);
+    let mut data = vec![0u8; BS];
+    assert_eq!(c.simple(), (0, 0));
+    c.s.read_exact(&mut data).unwrap();
+
+    let before = rt.ring_enters();
+    for i in 0..N {
+        // Header and payload in one send, as a client with the whole request at hand does.
+        let mut msg = header(CMD_WRITE, i, i * BS as u64, BS as u32);
+        msg.extend_from_slice(&block(i, BS));
+        c.s.write_all(&msg).unwrap();
+        assert_eq!(c.simple(), (0, i));
+        c.request(CMD_READ, N + i, i * BS as u64, BS as u32, &[]);
+        assert_eq!(c.simple(), (0, N + i));
+        c.s.read_exact(&mut data).unwrap();
+        assert!(data == block(i, BS), "block {i} read back wrong");
+    }
+    let enters = rt.ring_enters() - before;
+    let requests = 2 * N;
+    println!("{enters} io_uring_enter calls for {requests} requests at queue depth 1");
+    // A little slack for a wake-up that lands between a reply and the next request.
+    assert!(
+        enters <= requests + requests / 20,
+        "{enters} io_uring_enter calls for {requests} requests at queue depth 1 (want about one each)"
+    );
+    drop(c);
+    f.stop_within(Duration::from_secs(20));
+}
