@@ -31,6 +31,10 @@ WORKLOADS = [
                                         "--fail", "1"], "iops"),
     ("4k randread QD32, 2 members out", ["--pattern", "rand", "--bs", "4K", "--qd", "32",
                                          "--read-pct", "100", "--fail", "1", "--fail", "2"], "iops"),
+    ("1M seq read QD8, 1 member out", ["--pattern", "seq", "--bs", "1M", "--qd", "8", "--read-pct", "100",
+                                       "--fail", "1"], "mbps"),
+    ("1M seq read QD8, 2 members out", ["--pattern", "seq", "--bs", "1M", "--qd", "8",
+                                        "--read-pct", "100", "--fail", "1", "--fail", "2"], "mbps"),
 ]
 
 ARRAYS = [("raid6 8+2", "6", 10), ("raid0 x4", "0", 4), ("raid10 x4", "10", 4)]

@@ -449,6 +449,9 @@ impl<D: BlockDev> Array<D> {
             if let Some(seg) = self.read_coalesced(&extents).await {
                 return Ok(seg);
             }
+            if self.codec.is_some() && extents.len() > 1 && !self.members.degraded().is_empty() {
+                return self.read_degraded(extents).await;
+            }
         }
         let bufs = if extents.len() == 1 {
             vec![self.read_extent(extents[0]).await?]
@@ -516,6 +519,92 @@ impl<D: BlockDev> Array<D> {
                 .map(|(r, o, l)| (bufs[r].clone(), o..o + l))
                 .collect(),
         })
+    }
+
+    /// Multi-chunk read of a parity array with members missing. A stripe where a wanted
+    /// chunk's member is missing is read as one stripe operation: each readable chunk of the
+    /// span once, the missing ones decoded from those and parity (k reads per stripe). Read
+    /// chunk by chunk, every missing chunk would read its k survivors again beside the reads
+    /// of the wanted survivors themselves (up to twice the member I/O of a healthy read).
+    /// Other stripes read per extent.
+    async fn read_degraded(self: &Arc<Self>, extents: Vec<Extent>) -> Result<Segments, ArrayError> {
+        let mut groups: Vec<Vec<Extent>> = Vec::new();
+        for e in extents {
+            match groups.last_mut() {
+                Some(g) if g[0].stripe == e.stripe => g.push(e),
+                _ => groups.push(vec![e]),
+            }
+        }
+        let futs = groups.into_iter().map(|g| async move {
+            let stale = self.members.stale_at(g[0].stripe);
+            let missing = g
+                .iter()
+                .any(|e| stale.contains(self.geo.data_member(e.stripe, e.index)));
+            if missing && g.len() > 1 {
+                self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
+                return Box::pin(self.read_stripe_decoded(&g)).await;
+            }
+            let mut parts = Vec::with_capacity(g.len());
+            for e in g {
+                let b = self.read_extent(e).await?;
+                let l = b.len();
+                parts.push((Arc::new(b), 0..l));
+            }
+            Ok(parts)
+        });
+        let mut parts = Vec::new();
+        for r in join_all(futs).await {
+            parts.extend(r?);
+        }
+        Ok(Segments { parts })
+    }
+
+    /// The extents of one stripe (in chunk order, one per chunk) through `fetch_data` over
+    /// their common span, under the stripe lock like `reconstruct`: the pieces of the span
+    /// each extent wants, in order.
+    async fn read_stripe_decoded(
+        &self,
+        exts: &[Extent],
+    ) -> Result<Vec<(Arc<IoBuf>, std::ops::Range<usize>)>, ArrayError> {
+        let stripe = exts[0].stripe;
+        let lo = exts.iter().map(|e| e.chunk_off).min().unwrap_or(0);
+        let hi = exts.iter().map(|e| e.chunk_off + e.len).max().unwrap_or(0);
+        let want: Vec<usize> = exts.iter().map(|e| e.index).collect();
+        self.locks.lock(stripe).await;
+        let rebuilding = self.members.stale_at(stripe).minus(self.members.failed());
+        let mut excl = rebuilding;
+        if self.resync.unsynced(stripe) {
+            self.locks.unlock(stripe, false);
+            return Err(self.unsynced_unreadable(stripe, excl.union(self.members.failed())));
+        }
+        let r = loop {
+            match self.fetch_data(stripe, lo, hi - lo, &want, &mut excl).await {
+                Ok(Attempt::Done(v)) => break Ok(v),
+                Ok(Attempt::Retry) => continue,
+                Err(err) => break Err(err),
+            }
+        };
+        let r = match r {
+            Ok(bufs) => {
+                let mut parts = Vec::with_capacity(exts.len());
+                for (e, b) in exts.iter().zip(bufs) {
+                    let b = b.expect("fetch_data returns what was asked");
+                    // A media error met on the way: the decoded bytes go back (as in
+                    // `reconstruct`).
+                    let m = self.geo.data_member(stripe, e.index);
+                    if excl.minus(rebuilding).contains(m) && !self.members.is_failed(m) {
+                        self.rewrite(m, self.geo.member_offset(stripe, lo), &b)
+                            .await;
+                    }
+                    let s = (e.chunk_off - lo) as usize;
+                    parts.push((Arc::new(b), s..s + e.len as usize));
+                }
+                Ok(parts)
+            }
+            Err(e) => Err(e),
+        };
+        self.locks.unlock(stripe, false);
+        r
     }
 
     async fn read_extent(self: &Arc<Self>, e: Extent) -> Result<IoBuf, ArrayError> {
