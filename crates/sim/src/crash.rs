@@ -328,8 +328,15 @@ fn workload(
                     // Few flushes: cached writes stay volatile while the daemon clears.
                     kind = rng.below(55);
                 }
-                let off = rng.below(sectors) * SECTOR;
-                let len = ((1 + rng.below(24)) * SECTOR).min(size - off);
+                let mut off = rng.below(sectors) * SECTOR;
+                let mut len = ((1 + rng.below(24)) * SECTOR).min(size - off);
+                let sdb = vol.geometry().stripe_data_bytes();
+                if kind < 8 && size >= 4 * sdb {
+                    // A run of whole stripes (parity levels write it as one I/O per member).
+                    let n = 2 + rng.below(3);
+                    off = rng.below(size / sdb - n + 1) * sdb;
+                    len = n * sdb;
+                }
                 if kind < 55 || (65..70).contains(&kind) {
                     // Write (kind 65..70: FUA = write + flush).
                     let data = payload(rng.next_u64(), len as usize);

@@ -11,20 +11,153 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uraid_core::{plan_write, Shard, WritePlan};
 
+/// Whole stripes merged into one member I/O each, at most (a 1 MiB run per member with 64 KiB
+/// chunks).
+const MERGE_STRIPES: u64 = 16;
+
 impl<D: BlockDev> Array<D> {
-    /// Parity-level write of `data` at `off`: one queued part per stripe.
+    /// Parity-level write of `data` at `off`: runs of whole stripes as one I/O per member
+    /// each, the rest one queued part per stripe.
     pub(crate) async fn write_parity(
         self: &Arc<Self>,
         off: u64,
         data: &WriteBuf,
     ) -> Result<(), ArrayError> {
+        let (first, whole) = self.whole_stripes(off, data.len() as u64);
+        if whole >= 2 && self.journal.get().is_none() && self.members.degraded().is_empty() {
+            // Runs of whole stripes go to each member as one I/O per run (below); whatever a
+            // run could not take goes the per-stripe way.
+            let runs = (0..whole)
+                .step_by(MERGE_STRIPES as usize)
+                .map(|r| (first + r, (whole - r).min(MERGE_STRIPES)));
+            let futs = runs.map(|(s, n)| async move {
+                let rel = ((s - first) * self.geo.stripe_data_bytes()) as usize;
+                if self.write_stripe_run(s, n, data, rel).await? {
+                    Ok(())
+                } else {
+                    let len = (n * self.geo.stripe_data_bytes()) as usize;
+                    Box::pin(self.write_parity_per_stripe(off, data, rel..rel + len)).await
+                }
+            });
+            for r in join_all(futs).await {
+                r?;
+            }
+            return Ok(());
+        }
+        self.write_parity_per_stripe(off, data, 0..data.len()).await
+    }
+
+    /// Stripes `[first, first + n)` when `[off, off + len)` is exactly whole stripes.
+    fn whole_stripes(&self, off: u64, len: u64) -> (u64, u64) {
+        let sdb = self.geo.stripe_data_bytes();
+        if !off.is_multiple_of(sdb) || !len.is_multiple_of(sdb) {
+            return (0, 0);
+        }
+        (off / sdb, len / sdb)
+    }
+
+    /// Writes `n` whole stripes from `first` (their data at `data[rel..]`) as one operation:
+    /// the stripes' locks taken in ascending order (so two runs cannot deadlock), parity
+    /// encoded per stripe, and each member written once with its chunks of all `n` stripes,
+    /// which lie back to back on it. Only for the plain case: every member healthy and none
+    /// being rebuilt (degraded stripes are left to the per-stripe planner), no journal (its
+    /// records are per stripe operation), every stripe in sync. Returns false (nothing
+    /// written) when the case does not apply. A member being replaced gets its writes
+    /// mirrored by `Members::write` like any other.
+    async fn write_stripe_run(
+        &self,
+        first: u64,
+        n: u64,
+        data: &WriteBuf,
+        rel: usize,
+    ) -> Result<bool, ArrayError> {
+        if self.journal.get().is_some() || !self.members.degraded().is_empty() {
+            return Ok(false);
+        }
+        let stripes = first..first + n;
+        for s in stripes.clone() {
+            self.locks.lock(s).await;
+        }
+        let unlock = || {
+            for s in stripes.clone() {
+                self.locks.unlock(s, false);
+            }
+        };
+        let clean = match self.check_serving() {
+            Ok(f) => f.is_empty() && self.members.degraded().is_empty(),
+            Err(e) => {
+                unlock();
+                return Err(e);
+            }
+        };
+        if !clean || stripes.clone().any(|s| self.resync.unsynced(s)) {
+            unlock();
+            return Ok(false);
+        }
+        let g = &self.geo;
+        let (k, mp, chunk) = (g.data_chunks(), g.parity(), g.chunk as usize);
+        let width = k + mp;
+        let mut bufs: Vec<IoBuf> = (0..width).map(|_| buf::alloc(n as usize * chunk)).collect();
+        let codec = self.codec.as_ref().expect("parity level has a codec");
+        for r in 0..n as usize {
+            let stripe = first + r as u64;
+            let at = r * chunk;
+            let mut views: Vec<Option<&mut [u8]>> = bufs
+                .iter_mut()
+                .map(|b| Some(&mut b[at..at + chunk]))
+                .collect();
+            let src = |i: usize| {
+                let s = rel + (r * k + i) * chunk;
+                &data[s..s + chunk]
+            };
+            let mut dsts: Vec<&mut [u8]> = (0..mp)
+                .map(|j| {
+                    views[g.parity_member(stripe, j)]
+                        .take()
+                        .expect("one role per member")
+                })
+                .collect();
+            let srcs: Vec<&[u8]> = (0..k)
+                .map(|i| {
+                    let v = views[g.data_member(stripe, i)]
+                        .take()
+                        .expect("one role per member");
+                    v.copy_from_slice(src(i));
+                    &*v
+                })
+                .collect();
+            codec.encode(&srcs, &mut dsts);
+        }
+        self.stats
+            .full_stripe_writes
+            .fetch_add(n, Ordering::Relaxed);
+        let at = g.member_offset(first, 0);
+        let writes = bufs
+            .into_iter()
+            .enumerate()
+            .map(|(m, b)| (m, at, b))
+            .collect();
+        self.write_members(writes).await;
+        unlock();
+        self.check_serving().map(|_| true)
+    }
+
+    /// Parity-level write of `data[range]` (volume bytes `off + range`), one queued stripe
+    /// operation per stripe.
+    async fn write_parity_per_stripe(
+        self: &Arc<Self>,
+        off: u64,
+        data: &WriteBuf,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), ArrayError> {
         let mut parts: Vec<(u64, Vec<Piece>)> = Vec::new();
-        for e in self.geo.map(off, data.len() as u64) {
+        let len = (range.end - range.start) as u64;
+        for e in self.geo.map(off + range.start as u64, len) {
             let piece = Piece {
                 index: e.index,
                 chunk_off: e.chunk_off,
                 len: e.len,
-                src_off: e.buf_off as usize,
+                src_off: range.start + e.buf_off as usize,
             };
             match parts.last_mut() {
                 Some((s, v)) if *s == e.stripe => v.push(piece),
