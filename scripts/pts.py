@@ -8,6 +8,8 @@ Targets (all of the same size, on the same filesystem, measured in one run):
   uraid-nbd-*     `uraid serve` over a Unix socket / TCP loopback, driven by fio's nbd engine
   nbdkit-*        nbdkit's file plugin serving one file of the volume's size, same fio job
   qemu-nbd-*      qemu-nbd (cache=none, aio=native) serving that file, same fio job
+  zfs-raidz2      a file on a zfs-fuse RAIDZ2 pool over member files, the raw target's fio jobs
+                  (only when Debian's zfs-fuse is installed and runs; otherwise the report says why)
 
 Tests (SNIA PTS-E 1.1): IOPS (block sizes x read/write mixes, random, threads x QD), latency
 (4k/8k/16k x 0/100 65/35 100/0 at QD1, one thread) and throughput (128k and 1M sequential read
@@ -54,7 +56,49 @@ TARGETS = {
     "qemu-nbd-tcp": "qemu-nbd, TCP",
     "uraid-deg1": "uraid in-process, 1 member missing",
     "uraid-deg2": "uraid in-process, 2 members missing",
+    "zfs-raidz2": "ZFS RAIDZ2 8+2 (zfs-fuse)",
 }
+
+# zfs-fuse (Debian's package; ZFS pool version 23 in user space behind FUSE, the kernel has no ZFS).
+ZFS_MIN_MIB = 64  # ZFS refuses vdevs smaller than this (SPA_MINDEVSIZE): quick mode's members are raised to it
+ZFS_FILL = 0.8    # the benchmark file takes at most this share of the pool's free space (copy-on-write needs room)
+SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def zfs_label(members):
+    return f"ZFS RAIDZ2 {members - 2}+2 (zfs-fuse)"
+
+
+def zfs_tool(name):
+    return shutil.which(name, path=SBIN_PATH)
+
+
+def zfs_missing():
+    """Why the zfs-raidz2 target cannot run on this machine, or None."""
+    missing = [t for t in ("zfs-fuse", "zpool", "zfs") if not zfs_tool(t)]
+    if missing:
+        return (f"zfs-fuse is not installed ({', '.join(missing)} not found; scripts/setup.sh installs "
+                "Debian's zfs-fuse)")
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing (zfs-fuse is a FUSE file system)"
+    if os.geteuid() != 0:
+        return "zfs-fuse needs root (its daemon's control socket is root's and it mounts with allow_other)"
+    return None
+
+
+def md_note():
+    """Whether Linux md, the seeds' other comparison, exists in this kernel (it is not a target either way)."""
+    if os.path.exists("/proc/mdstat"):
+        return ("Linux md is in this kernel (/proc/mdstat exists) but is not a target: it needs block "
+                "devices (loop devices over the member files) and root.")
+    mods = sorted(m for m in os.listdir("/sys/module") if "raid" in m.lower() or m == "md_mod") \
+        if os.path.isdir("/sys/module") else []
+    seen = ["no /proc/mdstat",
+            "no raid or md_mod entry in /sys/module" if not mods else f"/sys/module has {', '.join(mods)}"]
+    if not os.path.exists("/proc/modules"):
+        seen.append("no /proc/modules: the kernel cannot load modules")
+    return (f"The seeds also compare against Linux md; md is not available in this kernel ({'; '.join(seen)}), "
+            "so there is no md target.")
 
 
 def size_bytes(s):
@@ -301,6 +345,89 @@ class BenchTarget(Target):
         return out
 
 
+class ZfsPool:
+    """A zfs-fuse RAIDZ2 pool over member files, alive from setup to cleanup. The daemon is started
+    here (in its own session, so a Ctrl-C to the suite cannot stop it before the pool is destroyed)
+    unless one already answers, which is then used and left running; the pool is created with
+    cachefile=none, so nothing of it outlives the run even if the daemon dies first."""
+
+    def __init__(self, logdir, name):
+        self.name, self.pool, self.proc, self.log, self.mnt = name, None, None, None, None
+        self.logpath = os.path.join(logdir, "zfs-fuse.log")
+        self.zpool, self.zfs = zfs_tool("zpool"), zfs_tool("zfs")
+
+    def daemon_up(self):
+        try:
+            return subprocess.run([self.zpool, "list"], capture_output=True, timeout=30).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def start(self, members, mnt):
+        self.daemon = "already running, used and left running"
+        if not self.daemon_up():
+            self.daemon = "started by the suite, stopped after it"
+            self.log = open(self.logpath, "a")
+            self.proc = subprocess.Popen([zfs_tool("zfs-fuse"), "--no-daemon", "--no-kstat-mount"],
+                                         stdout=self.log, stderr=self.log, start_new_session=True)
+            end = time.time() + 30
+            while not self.daemon_up():
+                if self.proc.poll() is not None or time.time() > end:
+                    self.log.flush()
+                    with open(self.logpath) as f:
+                        tail = f.read()[-2000:]
+                    why = (f"exited with {self.proc.returncode}" if self.proc.poll() is not None
+                           else "did not answer `zpool list` within 30 s")
+                    raise RuntimeError(f"zfs-fuse daemon {why}\n{tail}")
+                time.sleep(0.1)
+        self.mnt = mnt
+        run([self.zpool, "create", "-f", "-o", "cachefile=none", "-m", mnt, self.name, "raidz2"] + members)
+        self.pool = self.name
+
+    def get(self, prop):
+        return run([self.zfs, "get", "-Hp", "-o", "value", prop, self.pool]).strip()
+
+    def stop(self):
+        """Destroys the pool and stops a daemon started here; never raises (it runs in `finally`)."""
+        warn = lambda msg: print(f"pts: zfs teardown: {msg}", file=sys.stderr, flush=True)
+        if self.pool:
+            # FUSE sends a file's release after close() returns, so right after fio exits the pool
+            # can still be "busy" for a moment: retry.
+            end, err = time.time() + 30, ""
+            while True:
+                try:
+                    p = subprocess.run([self.zpool, "destroy", "-f", self.pool], capture_output=True,
+                                       text=True, timeout=120)
+                    if p.returncode == 0:
+                        break
+                    err = p.stderr.strip()
+                except subprocess.TimeoutExpired:
+                    err = "timed out"
+                if time.time() > end:
+                    warn(f"zpool destroy {self.pool} failed: {err}")
+                    break
+                time.sleep(0.5)
+            self.pool = None
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                warn("zfs-fuse did not exit on SIGTERM; killed")
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self.log:
+            self.log.close()
+            self.log = None
+        # A FUSE mount its daemon left behind would stop the member files' removal.
+        if self.mnt:
+            with open("/proc/mounts") as f:
+                mounted = any(line.split()[1] == self.mnt for line in f)
+            if mounted:
+                subprocess.run(["umount", "-l", self.mnt], capture_output=True)
+            self.mnt = None
+
+
 # ---------------------------------------------------------------------------------------------
 
 class Suite:
@@ -325,6 +452,19 @@ class Suite:
             if n not in TARGETS:
                 sys.exit(f"unknown target {n!r}; known: {', '.join(TARGETS)}")
         self.log = lambda msg: print(msg, file=sys.stderr, flush=True)
+        # zfs-raidz2 runs when zfs-fuse is installed and works: asked for by name, it must; in the
+        # default set it is dropped otherwise, and the report says why (zfs_info).
+        TARGETS["zfs-raidz2"] = zfs_label(self.members)
+        self.zfs, self.zfs_info = None, None
+        self.zfs_explicit = bool(a.targets) and "zfs-raidz2" in self.names
+        if "zfs-raidz2" in self.names:
+            why = zfs_missing()
+            if why and self.zfs_explicit:
+                sys.exit(f"pts: zfs-raidz2: {why}")
+            if why:
+                self.log(f"pts: skipping zfs-raidz2: {why}")
+                self.names.remove("zfs-raidz2")
+                self.zfs_info = {"status": "skipped", "why": why}
 
     # -- devices -----------------------------------------------------------------------------
     def setup(self):
@@ -402,10 +542,70 @@ class Suite:
                 targets[f"qemu-nbd-{t}"] = NbdTarget(f"qemu-nbd-{t}", self, qn, qu, self.volume)
             self.log("pts: preconditioning the peers' file (through nbdkit)")
             targets["nbdkit-unix"].precondition()
+        if "zfs-raidz2" in self.names:
+            try:
+                self.setup_zfs(targets)
+            except Exception as e:
+                if self.zfs_explicit:
+                    raise
+                why = " ".join(str(e).split())  # one line: it goes into the report
+                why = why.replace(" ".join(getattr(self, "zfs_members", [])), f"<{self.members} member files>")
+                why = why[:600].rstrip(".")
+                self.log(f"pts: skipping zfs-raidz2, zfs-fuse did not work: {why}")
+                if self.zfs:
+                    self.zfs.stop()
+                self.names.remove("zfs-raidz2")
+                self.zfs_info = {"status": "skipped", "why": f"zfs-fuse did not work here: {why}"}
         self.targets = {n: targets[n] for n in self.names}
         self.log(f"pts: devices ready in {time.time() - t0:.0f}s")
 
+    def setup_zfs(self, targets):
+        """RAIDZ2 over member files beside uraid's (same size, or ZFS's 64 MiB minimum), one file of
+        the volume's size on it (less if the pool cannot spare that), preconditioned like the rest."""
+        n = self.members
+        mib = max(self.cfg["member_mib"], ZFS_MIN_MIB)
+        d, mnt = os.path.join(self.dir, "zfs"), os.path.join(self.dir, "zfs-mnt")
+        os.makedirs(d)
+        members = self.zfs_members = [os.path.join(d, f"z{i}") for i in range(n)]
+        for p in members:
+            with open(p, "wb") as f:
+                f.truncate(mib * MIB)
+        self.log(f"pts: zfs-fuse RAIDZ2 {n - 2}+2 over {n} files of {mib} MiB")
+        self.zfs = ZfsPool(self.tmp, f"uraidpts{os.getpid()}")
+        self.zfs.start(members, mnt)
+        avail = int(self.zfs.get("available"))
+        size = min(self.volume, int(avail * ZFS_FILL) // MIB * MIB)
+        path = os.path.join(mnt, "volume.img")
+        with open(path, "wb") as f:
+            f.truncate(size)
+        arc = "?"
+        try:
+            with open("/etc/zfs/zfsrc") as f:
+                for line in f:
+                    k, _, v = line.partition("=")
+                    if k.strip() == "max-arc-size":
+                        arc = v.strip()
+        except OSError:
+            pass
+        version = "?"
+        try:
+            version = run(["dpkg-query", "-W", "-f=${Version}", "zfs-fuse"]).strip()
+        except Exception:
+            pass
+        self.zfs_info = {"status": "ran", "version": version, "member_mib": mib, "file_bytes": size,
+                         "avail_bytes": avail, "fill": ZFS_FILL, "arc_mib": arc, "daemon": self.zfs.daemon,
+                         **{p: self.zfs.get(p) for p in ("recordsize", "compression", "checksum")}}
+        # The raw target's fio jobs: same engine and depth handling, O_DIRECT (FUSE passes it to
+        # the daemon: the kernel's page cache is bypassed, ZFS's own ARC is not).
+        engine = {"ioengine": "psync"} if self.tmpfs else {"ioengine": "io_uring"}
+        targets["zfs-raidz2"] = FioTarget("zfs-raidz2", self, dict(engine, direct=1, filename=path, size=size),
+                                          {"total": size, "per_file": size}, qd_engine=not self.tmpfs)
+        self.log(f"pts: preconditioning the zfs-fuse file ({size // MIB} MiB, fio {engine['ioengine']})")
+        targets["zfs-raidz2"].precondition()
+
     def cleanup(self):
+        if self.zfs:
+            self.zfs.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -513,6 +713,7 @@ def machine(s):
         "qemu-nbd": first(["qemu-nbd", "--version"]), "uraid": commit,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "members_fs": "tmpfs" if s.tmpfs else "other",
+        "md": md_note(),
     }
 
 
@@ -628,6 +829,58 @@ def target_checks(s):
     return out
 
 
+def round2_checks(s):
+    """Performance round 2 (issue 13): the targets this suite's cells measure. Tuples as in
+    `target_checks`, plus whether lower is better (latency ratios). QD1 writes on RAID0/RAID1
+    and CPU per request are `scripts/bench_nbd.py --set qd1` / `--set cpu` (RAID6 here)."""
+    med, names, n = s.med, s.names, s.members
+    g = lambda t, test, c, f: med[test][t][key(c)][f] if t in names else None
+    out = []
+    for t in ("unix", "tcp"):
+        u, k = f"uraid-nbd-{t}", f"nbdkit-{t}"
+        for f, what in (("lat_avg_us", "mean"), ("lat_p99_us", "p99")):
+            ul, kl = g(u, "lat", ("4k", 100), f), g(k, "lat", ("4k", 100), f)
+            if ul and kl:
+                out.append((f"NBD ({t}): QD1 4k read {what} <= 1.0 x nbdkit", 1.0, ul / kl,
+                            f"{ul:.1f} vs {kl:.1f} µs", False))
+        ul, kl = g(u, "lat", ("4k", 0), "lat_avg_us"), g(k, "lat", ("4k", 0), "lat_avg_us")
+        if ul and kl:
+            out.append((f"NBD ({t}): QD1 4k write mean, RAID6 <= 1.3 x nbdkit", 1.3, ul / kl,
+                        f"{ul:.1f} vs {kl:.1f} µs", False))
+        for bs in ("1m", "128k"):
+            uw, kw = g(u, "tp", (bs, "write"), "mbps"), g(k, "tp", (bs, "write"), "mbps")
+            if uw and kw:
+                out.append((f"NBD ({t}): {bs.upper() if bs == '1m' else bs} sequential write >= nbdkit",
+                            1.0, uw / kw, f"{fmt(uw)} vs {fmt(kw)} MB/s", True))
+    raw_sw, u_sw = g("raw", "tp", ("1m", "write"), "mbps"), g("uraid", "tp", ("1m", "write"), "mbps")
+    if raw_sw and u_sw:
+        share = (n - 2) / n
+        out.append((f"engine: RAID6 1M sequential write >= 0.9 x {n - 2}/{n} x raw", 0.9,
+                    u_sw / (share * raw_sw), f"{fmt(u_sw)} vs {fmt(share * raw_sw)} MB/s", True))
+    raw_r, d2 = g("raw", "iops", ("4k", 100), "iops"), g("uraid-deg2", "iops", ("4k", 100), "iops")
+    if raw_r and d2:
+        # Member reads per 4k read with two of n members missing: 1, or k = n - 2 survivors when
+        # the chunk's member is one of the two (2 in n).
+        per = 1 + 2 / n * (n - 3)
+        bound = raw_r / per
+        out.append((f"engine: RAID6 4k random read, 2 members missing >= 0.9 x bound (raw / {per:.1f} reads)",
+                    0.9, d2 / bound, f"{fmt(d2)} vs {fmt(bound)} IOPS", True))
+    h, d1 = g("uraid", "tp", ("1m", "read"), "mbps"), g("uraid-deg1", "tp", ("1m", "read"), "mbps")
+    if h and d1:
+        out.append(("engine: RAID6 1M sequential read, 1 member missing >= 0.9 x healthy", 0.9, d1 / h,
+                    f"{fmt(d1)} vs {fmt(h)} MB/s", True))
+    u_r = g("uraid", "iops", ("4k", 100), "iops")
+    if raw_r and u_r:
+        out.append(("engine: RAID6 4k random read >= 0.95 x raw", 0.95, u_r / raw_r,
+                    f"{fmt(u_r)} vs {fmt(raw_r)} IOPS", True))
+    t = "tcp"
+    us_, ks = g(f"uraid-nbd-{t}", "tp", ("1m", "read"), "mbps"), g(f"nbdkit-{t}", "tp", ("1m", "read"), "mbps")
+    if us_ and ks:
+        out.append(("NBD (tcp): 1M sequential read >= 1.0 x nbdkit", 1.0, us_ / ks,
+                    f"{fmt(us_)} vs {fmt(ks)} MB/s", True))
+    return out
+
+
 def analysis(s, checks):
     med, names = s.med, s.names
     lines = []
@@ -664,6 +917,17 @@ def analysis(s, checks):
                 f"read-modify-write against a file write), {min(allr):.2f}–{max(allr):.2f}× over the matrix; "
                 f"against qemu-nbd 4k random read {q4:.2f}×. QD1 4k read: uraid {fmt_us(l4[0])} µs, "
                 f"nbdkit {fmt_us(l4[1])} µs, qemu-nbd {fmt_us(l4[2])} µs.")
+    z = "zfs-raidz2"
+    if has(z) and any(has(u) for u in ("uraid", "uraid-nbd-unix")):
+        u = "uraid" if has("uraid") else "uraid-nbd-unix"
+        r4 = ratio(g(u, "iops", ("4k", 100), "iops"), g(z, "iops", ("4k", 100), "iops"))
+        w4 = ratio(g(u, "iops", ("4k", 0), "iops"), g(z, "iops", ("4k", 0), "iops"))
+        sw = ratio(g(u, "tp", ("1m", "write"), "mbps"), g(z, "tp", ("1m", "write"), "mbps"))
+        lines.append(
+            f"**Against ZFS RAIDZ2 (zfs-fuse).** `{u}` against a file on the RAIDZ2 pool: 4k random read "
+            f"{r4:.2f}×, 4k random write {w4:.2f}×, 1M sequential write {sw:.2f}× (ZFS's numbers include a "
+            f"FUSE round trip through the kernel per request, and its records are 128K copy-on-write, so "
+            f"small random writes rewrite whole records).")
     if has("uraid", "uraid-deg1", "uraid-deg2"):
         h = g("uraid", "iops", ("4k", 100), "iops")
         d1, d2 = g("uraid-deg1", "iops", ("4k", 100), "iops"), g("uraid-deg2", "iops", ("4k", 100), "iops")
@@ -678,6 +942,29 @@ def analysis(s, checks):
             f"**Furthest from its target:** {worst[0]}: {worst[2]:.2f} measured against {worst[1]:.2f} "
             f"needed ({worst[3]}). {len(missed)} of {len(checks)} targets missed in this run.")
     return lines
+
+
+def zfs_sentence(s):
+    """What the report says about ZFS RAIDZ2: how the target was built, or why it was not run."""
+    zi = getattr(s, "zfs_info", None)
+    if not zi:
+        return ""
+    if zi["status"] != "ran":
+        return f" There is no ZFS RAIDZ2 target in this run: {zi['why']}."
+    n, mib, size = s.members, zi["member_mib"], zi["file_bytes"]
+    size_why = ""
+    if size < s.volume:
+        size_why = (f", less than the volume's {s.volume // MIB} MiB: the pool has {zi['avail_bytes'] // MIB} MiB "
+                    f"free and a copy-on-write pool needs room, so the file takes at most "
+                    f"{zi['fill'] * 100:.0f}% of it")
+    member_why = (f" (ZFS's minimum vdev size; this run's members are {s.cfg['member_mib']} MiB)"
+                  if mib != s.cfg["member_mib"] else "")
+    return (f" `zfs-raidz2` is Debian's zfs-fuse {zi['version']} (ZFS pool version 23 in a user-space daemon "
+            f"behind FUSE; this kernel has no ZFS): a RAIDZ2 pool over {n} files of {mib} MiB{member_why} beside "
+            f"the others (ashift 12, recordsize {int(zi['recordsize']) // KIB}K, compression {zi['compression']}, "
+            f"checksum {zi['checksum']}, ARC capped at {zi['arc_mib']} MiB by /etc/zfs/zfsrc; daemon "
+            f"{zi['daemon']}), holding one file of {size // MIB} MiB{size_why}. fio drives that file with the "
+            f"raw target's jobs (O_DIRECT works through FUSE: it bypasses the kernel's page cache, not ZFS's ARC).")
 
 
 def report(s, files, path, json_rel):
@@ -701,7 +988,9 @@ def report(s, files, path, json_rel):
     w(f"| CPU | {m['cpus']} × {m['cpu']} |")
     w(f"| memory | {m['mem_gib']} GiB |")
     w(f"| kernel | Linux {m['kernel']} |")
-    w(f"| tools | {m['fio']}, {m['nbdkit']}, {m['qemu-nbd']} |")
+    zi = getattr(s, "zfs_info", None) or {}
+    zfs_tool_text = f", zfs-fuse {zi['version']} (Debian)" if zi.get("status") == "ran" else ""
+    w(f"| tools | {m['fio']}, {m['nbdkit']}, {m['qemu-nbd']}{zfs_tool_text} |")
     w(f"| uraid | commit {m['uraid']}, release build |")
     w(f"| run | finished {m['date']}" + (f", {s.total_elapsed / 60:.0f} min |" if s.total_elapsed else " |"))
     w(f"| devices | {s.members} member files of {cfg['member_mib']} MiB on {m['members_fs']} "
@@ -722,7 +1011,7 @@ def report(s, files, path, json_rel):
       "`ioengine=nbd` against `uraid serve`, `nbdkit -f file` and `qemu-nbd -f raw --cache=none "
       "--aio=native -t -e 16`, each serving a file of the volume's size (nbdkit and qemu-nbd share one file). "
       "The degraded targets are copies of the preconditioned array with the last one or two member "
-      "files left out.")
+      "files left out." + zfs_sentence(s) + (" " + m["md"] if m.get("md") else ""))
     w(f"- **Load.** IOPS test: random, {s.threads} threads × QD{s.qd} (fio numjobs={s.threads}, "
       f"iodepth={s.qd}; one NBD connection per thread; `uraid bench --threads {s.threads} --qd "
       f"{s.threads * s.qd}`). Latency test: one thread, QD1. Throughput test: sequential, "
@@ -730,8 +1019,8 @@ def report(s, files, path, json_rel):
       f"Block sizes {' '.join(cfg['iops_bs'])}; mixes {' '.join(mix_label(x) for x in cfg['iops_mix'])}.")
     w("- **Preconditioning.** Every device is written end to end twice with 128 KiB sequential "
       "writes (uraid through its NBD server, which also allocates every granule; the peers' file "
-      "through nbdkit; the raw files directly), then the rounds themselves are the "
-      "workload-dependent pass.")
+      "through nbdkit; the raw files" + (" and the file on the ZFS pool" if "zfs-raidz2" in names else "")
+      + " directly), then the rounds themselves are the workload-dependent pass.")
     w(f"- **Rounds and steady state.** Each cell runs {cfg['runtime']:g} s per round. Rounds repeat "
       f"(at least {cfg['min_rounds']}, at most {cfg['max_rounds']}) until the test's tracking cell "
       f"(IOPS: 4k R0/W100 IOPS; latency: 4k R0/W100 average; throughput: 1M write MB/s) is in steady "
@@ -754,6 +1043,17 @@ def report(s, files, path, json_rel):
         w("| target | needed | measured | | met |\n|---|---:|---:|---|---|")
         for name, need, got, detail in checks:
             w(f"| {name} | {need:.2f} | {got:.2f} | {detail} | {'yes' if got >= need else 'no'} |")
+        w("")
+    r2 = round2_checks(s)
+    if r2:
+        w("Targets of performance round 2 (issue 13) that this suite measures (ratios; for latency "
+          "lower is better). The QD1 write targets on RAID0/RAID1 and the CPU-per-request target are "
+          "measured by `scripts/bench_nbd.py --set qd1` and `--set cpu`; their latest run is in the "
+          "issue 13 section at the end of this page.\n")
+        w("| target | needed | measured | | met |\n|---|---:|---:|---|---|")
+        for name, need, got, detail, higher in r2:
+            met = got >= need if higher else got <= need
+            w(f"| {name} | {'≥' if higher else '≤'} {need:.2f} | {got:.2f} | {detail} | {'yes' if met else 'no'} |")
         w("")
 
     w("## IOPS\n")
@@ -843,11 +1143,15 @@ def render(a):
     with open(a.render) as f:
         d = json.load(f)
     c = d["config"]
+    TARGETS["zfs-raidz2"] = zfs_label(c["members"])
+    if "md" not in d["machine"] and d["machine"].get("kernel") == platform.release():
+        d["machine"]["md"] = md_note()  # results from before the note existed, rendered on their kernel
     s = argparse.Namespace(
         cfg={k: c[k] for k in FULL}, med=d["median"], rounds=d["rounds"], steady_at=d["steady_at"],
         names=list(d["targets"]), threads=c["threads"], qd=c["qd"], tp_qd=c["tp_qd"],
         members=c["members"], volume=c["volume_bytes"], quick=c["quick"], raw_engine=c["raw_engine"],
-        machine=d["machine"], total_elapsed=d.get("elapsed_s"), tmpfs=d["machine"]["members_fs"] == "tmpfs")
+        machine=d["machine"], total_elapsed=d.get("elapsed_s"), tmpfs=d["machine"]["members_fs"] == "tmpfs",
+        zfs_info=c.get("zfs"))
     if a.out:
         report_path, assets = os.path.join(a.out, "benchmarks.md"), a.out
     else:
@@ -900,6 +1204,8 @@ def main():
     os.makedirs(assets, exist_ok=True)
 
     s = Suite(a)
+    # A SIGTERM unwinds like an error: the finally below tears the servers, the ZFS pool and its daemon down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.time()
     try:
         s.setup()
@@ -916,7 +1222,7 @@ def main():
     with open(json_path, "w") as f:
         json.dump({"config": dict(s.cfg, threads=s.threads, qd=s.qd, tp_qd=s.tp_qd, members=s.members,
                                   quick=s.quick, raw_engine=getattr(s, "raw_engine", None),
-                                  volume_bytes=s.volume),
+                                  volume_bytes=s.volume, zfs=s.zfs_info),
                    "machine": s.machine, "targets": {n: TARGETS[n] for n in s.names},
                    "cells": {t: [key(c) for c in cells(s.cfg, t)] for t in TESTS},
                    "median": s.med, "rounds": s.rounds, "steady_at": s.steady_at,
