@@ -7,6 +7,7 @@ and each side's spread ((max - min) / median). Used for the metrics cost in docs
 scrape every second while it runs, --scrape). Usage:
 
     scripts/ab_nbd.py --a OLD/uraid --b target/release/uraid [--runs 7] [--runtime 3] [--scrape]
+        [--set random|write]
 """
 import argparse, json, os, shutil, signal, statistics, subprocess, sys, threading, time
 
@@ -15,6 +16,8 @@ from pts import run, wait_socket  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 WORKLOADS = [("4k randread QD32", "randread", "4k", 32), ("4k randwrite QD32", "randwrite", "4k", 32)]
+# --set write: sequential writes (the zero-copy write path); IOPS x block size = throughput.
+WRITES = [("1M seq write QD8", "write", "1m", 8), ("128k seq write QD8", "write", "128k", 8)]
 
 
 def cpu_ticks(pid):
@@ -41,7 +44,10 @@ def main():
     ap.add_argument("--runtime", type=float, default=3)
     ap.add_argument("--dir", default="/dev/shm/uraid-abnbd")
     ap.add_argument("--scrape", action="store_true", help="scrape B's /metrics every second while it runs")
+    ap.add_argument("--set", choices=("random", "write"), default="random",
+                    help="random: 4k random read and write QD32; write: 1M and 128k sequential writes QD8")
     a = ap.parse_args()
+    workloads = WRITES if a.set == "write" else WORKLOADS
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
     members = [os.path.join(a.dir, f"m{i}") for i in range(10)]
@@ -78,7 +84,7 @@ def main():
                         subprocess.run(["curl", "-s", "-o", "/dev/null", "--unix-socket", ctl,
                                         "http://uraid/metrics"])
                 threading.Thread(target=scrape, daemon=True).start()
-            for wl, rw, bs, qd in WORKLOADS:
+            for wl, rw, bs, qd in workloads:
                 t0 = cpu_ticks(p.pid)
                 iops, ios = fio(uri, rw, bs, qd, a.runtime)
                 cpu = (cpu_ticks(p.pid) - t0) / TICK * 1e6 / max(ios, 1)
@@ -91,7 +97,7 @@ def main():
           f"(one connection, Unix socket); medians; spread = (max - min) / median.\n")
     print("| workload | A IOPS | B IOPS | B / A | spread A | spread B | A CPU us/req | B CPU us/req | B / A |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for wl, *_ in WORKLOADS:
+    for wl, *_ in workloads:
         ia = [x[0] for x in res[(wl, "a")]]
         ib = [x[0] for x in res[(wl, "b")]]
         ca = statistics.median(x[1] for x in res[(wl, "a")])

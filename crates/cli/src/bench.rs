@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uraid_engine::assemble;
-use uraid_engine::{Access, ArrayOptions, FileDev, Runtime, Volume};
+use uraid_engine::{Access, ArrayOptions, FileDev, Runtime, Volume, WriteBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pattern {
@@ -186,7 +186,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                     let lo = r as u64 * per;
                     let hi = (lo + per).min(size);
                     let next = Rc::new(Cell::new(lo));
-                    let data = Arc::new(vec![0x5au8; chunk as usize]);
+                    let data = WriteBuf::from(vec![0x5au8; chunk as usize]);
                     let loops = (0..8).map(|_| {
                         let (a, next, data) = (a.clone(), next.clone(), data.clone());
                         let written = written.clone();
@@ -201,7 +201,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                                 let buf = if len == chunk {
                                     data.clone()
                                 } else {
-                                    Arc::new(data[..len as usize].to_vec())
+                                    WriteBuf::from(&data[..len as usize])
                                 };
                                 a.write(off, buf).await?;
                                 written.fetch_add(len, Ordering::Relaxed);
@@ -244,7 +244,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                 // Sequential streams: each reactor walks its own slice of the volume.
                 let per = blocks / threads as u64;
                 let cursor = Rc::new(Cell::new(r as u64 * per));
-                let wbuf = Arc::new(
+                let wbuf = WriteBuf::from(
                     (0..bs)
                         .map(|i| (i * 7 + r as u64) as u8)
                         .collect::<Vec<u8>>(),

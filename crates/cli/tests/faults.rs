@@ -121,9 +121,13 @@ impl FaultyMember {
             nbdkit,
             nbdfuse: None,
         };
+        // The socket file appears at bind(), a moment before nbdkit listens: wait until a
+        // connection is accepted (nbdfuse gives up on a refused one).
         assert!(
-            wait_for(Duration::from_secs(30), || sock.exists()),
-            "nbdkit did not create {}: {}",
+            wait_for(Duration::from_secs(30), || {
+                std::os::unix::net::UnixStream::connect(&sock).is_ok()
+            }),
+            "nbdkit did not listen on {}: {}",
             sock.display(),
             m.nbdkit_log()
         );

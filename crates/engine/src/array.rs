@@ -14,7 +14,7 @@
 
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
-use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, Members};
+use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, MemberData, Members};
 use crate::metadata::{MemberId, Metadata};
 use crate::reactor::RuntimeHandle;
 use crate::stripe::{Attempt, StripeLocks};
@@ -28,7 +28,7 @@ use uraid_core::geometry::{Extent, Level, SECTOR};
 use uraid_core::{Codec, Geometry, MemberSet};
 
 /// Bytes of a write request, shared between the pieces it is split into.
-pub type WriteBuf = Arc<Vec<u8>>;
+pub use crate::buf::WriteBuf;
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ArrayError {
@@ -385,7 +385,7 @@ impl<D: BlockDev> Array<D> {
 
     /// Writes `(member, data-area offset, buffer)` concurrently. A member whose write fails
     /// is failed: what was written stays consistent without it.
-    pub(crate) async fn write_members(&self, writes: Vec<(usize, u64, IoBuf)>) {
+    pub(crate) async fn write_members<T: Into<MemberData>>(&self, writes: Vec<(usize, u64, T)>) {
         let results = join_all(
             writes
                 .into_iter()
@@ -775,7 +775,12 @@ impl<D: BlockDev> Array<D> {
     /// write-back journal: once its journal record is durable, the member writes finishing
     /// in the background) and any member that failed on the way is durably recorded failed;
     /// FLUSH makes it durable.
-    pub async fn write(self: &Arc<Self>, off: u64, data: WriteBuf) -> Result<(), ArrayError> {
+    pub async fn write(
+        self: &Arc<Self>,
+        off: u64,
+        data: impl Into<WriteBuf>,
+    ) -> Result<(), ArrayError> {
+        let data: WriteBuf = data.into();
         let len = data.len() as u64;
         self.validate(off, len)?;
         if len == 0 {
@@ -802,7 +807,7 @@ impl<D: BlockDev> Array<D> {
     /// Raid0 / mirror write of one extent to every live copy. Mirror rows are written under
     /// the row's lock, so overlapping concurrent writes land in the same order on every copy.
     async fn write_plain(&self, e: Extent, data: &WriteBuf) -> Result<(), ArrayError> {
-        let src = &data[e.buf_off as usize..(e.buf_off + e.len) as usize];
+        let src = e.buf_off as usize..(e.buf_off + e.len) as usize;
         let mirror = !matches!(self.geo.level, Level::Raid0);
         let targets: Vec<(usize, u64)> = if mirror {
             self.geo.mirror_copies(e.stripe)
@@ -824,8 +829,14 @@ impl<D: BlockDev> Array<D> {
                 let writes = targets
                     .into_iter()
                     .filter(|(m, _)| !f.contains(*m))
-                    .map(|(m, base)| (m, base + e.chunk_off, buf::copy_of(src)))
-                    .collect();
+                    .map(|(m, base)| {
+                        // The client's bytes, written where they are (no copy per target).
+                        let segs = Segments {
+                            parts: vec![data.segment(src.clone())],
+                        };
+                        (m, base + e.chunk_off, segs)
+                    })
+                    .collect::<Vec<_>>();
                 self.write_members(writes).await;
                 self.check_serving().map(|_| ())
             }

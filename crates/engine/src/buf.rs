@@ -190,7 +190,7 @@ mod tests {
 /// one writev and no copy.
 /// A member buffer may back several segments (adjacent chunks read from one member in one I/O),
 /// hence the Arc.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Segments {
     pub parts: Vec<(std::sync::Arc<IoBuf>, std::ops::Range<usize>)>,
 }
@@ -208,6 +208,17 @@ impl Segments {
         self.parts.iter().map(|(b, r)| &b[r.clone()])
     }
 
+    /// Copies everything into one aligned buffer (devices without gather writes).
+    pub fn to_buf(&self) -> IoBuf {
+        let mut b = IoBuf::with_len(self.len());
+        let mut at = 0;
+        for s in self.iter() {
+            b[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+        b
+    }
+
     /// Copies everything into one vector (tests and tools; the data path avoids this).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len());
@@ -215,5 +226,61 @@ impl Segments {
             v.extend_from_slice(s);
         }
         v
+    }
+}
+
+/// The bytes of one volume write, shared (not copied) by every stripe, member write and
+/// encoder that uses them. Held in an aligned buffer so that member writes can point at the
+/// client's payload itself (O_DIRECT): the NBD server receives payloads straight into one
+/// (`IoBuf::with_len`, no zeroing), and writes of whole chunks go out as gather writes of its
+/// slices. Made from a `Vec` (or anything else) with one copy, for tests and tools.
+#[derive(Clone, Debug)]
+pub struct WriteBuf(std::sync::Arc<IoBuf>);
+
+impl WriteBuf {
+    /// `range` of these bytes as one piece of a gather write, without copying.
+    pub fn segment(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> (std::sync::Arc<IoBuf>, std::ops::Range<usize>) {
+        debug_assert!(range.end <= self.0.len());
+        (self.0.clone(), range)
+    }
+}
+
+impl std::ops::Deref for WriteBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<IoBuf> for WriteBuf {
+    fn from(b: IoBuf) -> WriteBuf {
+        WriteBuf(std::sync::Arc::new(b))
+    }
+}
+
+impl From<&[u8]> for WriteBuf {
+    fn from(v: &[u8]) -> WriteBuf {
+        IoBuf::copy_of(v).into()
+    }
+}
+
+impl From<Vec<u8>> for WriteBuf {
+    fn from(v: Vec<u8>) -> WriteBuf {
+        WriteBuf::from(&v[..])
+    }
+}
+
+impl From<std::sync::Arc<Vec<u8>>> for WriteBuf {
+    fn from(v: std::sync::Arc<Vec<u8>>) -> WriteBuf {
+        WriteBuf::from(&v[..])
+    }
+}
+
+impl From<&std::sync::Arc<Vec<u8>>> for WriteBuf {
+    fn from(v: &std::sync::Arc<Vec<u8>>) -> WriteBuf {
+        WriteBuf::from(&v[..])
     }
 }

@@ -12,7 +12,7 @@
 //! Failing a member needs the superblocks (the failure barrier in `metadata.rs`), so the
 //! array does that; this module only decides.
 
-use crate::buf::IoBuf;
+use crate::buf::{IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::metrics::{OpCounters, OpSnapshot};
 use crate::shard::{self, Sharded};
@@ -22,6 +22,43 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 use uraid_core::MemberSet;
+
+/// What a member write writes: one buffer, or pieces of shared buffers written back to back
+/// (a gather write: a client's payload written where it was received, without a copy).
+pub enum MemberData {
+    Buf(IoBuf),
+    Gather(Segments),
+}
+
+impl MemberData {
+    fn len(&self) -> usize {
+        match self {
+            MemberData::Buf(b) => b.len(),
+            MemberData::Gather(s) => s.len(),
+        }
+    }
+
+    /// The same bytes for a second device (a slot's replacement): a copy of a buffer (devices
+    /// hand buffers back), shared pieces for a gather write.
+    fn duplicate(&self) -> MemberData {
+        match self {
+            MemberData::Buf(b) => MemberData::Buf(crate::buf::copy_of(b)),
+            MemberData::Gather(s) => MemberData::Gather(s.clone()),
+        }
+    }
+}
+
+impl From<IoBuf> for MemberData {
+    fn from(b: IoBuf) -> MemberData {
+        MemberData::Buf(b)
+    }
+}
+
+impl From<Segments> for MemberData {
+    fn from(s: Segments) -> MemberData {
+        MemberData::Gather(s)
+    }
+}
 
 /// How the array treats member errors (CLI: `--io-timeout`, `--max-read-errors`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -585,15 +622,20 @@ impl<D: BlockDev> Members<D> {
         i: usize,
         gen: usize,
         at: u64,
-        buf: IoBuf,
+        data: impl Into<MemberData>,
     ) -> io::Result<()> {
+        let data = data.into();
         let (dev, h) = self.gen_dev(i, gen)?;
-        let (io, len) = (h.io.local(), buf.len() as u64);
+        let (io, len) = (h.io.local(), data.len() as u64);
         let t0 = io.sample();
-        let r = self
-            .timed(h, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
-            .await
-            .0;
+        let r = match data {
+            MemberData::Buf(buf) => {
+                self.timed(h, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
+                    .await
+                    .0
+            }
+            MemberData::Gather(segs) => self.timed(h, dev.write_gather(at, segs), Err).await,
+        };
         account(&io.write, len, r.is_ok(), t0);
         r
     }
@@ -706,8 +748,8 @@ impl<D: BlockDev> Members<D> {
     }
 
     /// Writes to the data area.
-    pub async fn write(&self, i: usize, off: u64, buf: IoBuf) -> io::Result<()> {
-        self.write_raw(i, self.data_offset + off, buf).await
+    pub async fn write(&self, i: usize, off: u64, data: impl Into<MemberData>) -> io::Result<()> {
+        self.write_raw(i, self.data_offset + off, data).await
     }
 
     /// Reads at a member offset (metadata).
@@ -729,14 +771,22 @@ impl<D: BlockDev> Members<D> {
     /// Writes at a member offset (metadata), and to the slot's replacement if it has one
     /// (a failure there only ends the replacement). The pair is loaded once: a write during
     /// the swap reaches both devices.
-    pub async fn write_raw(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
+    pub async fn write_raw(
+        &self,
+        i: usize,
+        at: u64,
+        data: impl Into<MemberData>,
+    ) -> io::Result<()> {
+        let data = data.into();
         let (c, repl) = self.slots[i].pair();
         match repl {
-            None => self.write_at(i, c, at, buf).await,
+            None => self.write_at(i, c, at, data).await,
             Some(r) => {
-                let copy = crate::buf::copy_of(&buf);
-                let (a, b) =
-                    futures::join!(self.write_at(i, c, at, buf), self.write_gen(i, r, at, copy));
+                let copy = data.duplicate();
+                let (a, b) = futures::join!(
+                    self.write_at(i, c, at, data),
+                    self.write_gen(i, r, at, copy)
+                );
                 self.replacement_result(i, r, a, b)
             }
         }
@@ -745,13 +795,13 @@ impl<D: BlockDev> Members<D> {
     /// Writes to the slot's current device only (superblocks: a replacement gets its own
     /// in the round that swaps it in).
     pub(crate) async fn write_cur(&self, i: usize, at: u64, buf: IoBuf) -> io::Result<()> {
-        self.write_at(i, self.generation(i), at, buf).await
+        self.write_at(i, self.generation(i), at, buf.into()).await
     }
 
     /// Writes to generation `g` of slot `i`, its error marked stale if the slot has another
     /// device by now.
-    async fn write_at(&self, i: usize, g: usize, at: u64, buf: IoBuf) -> io::Result<()> {
-        self.write_gen(i, g, at, buf)
+    async fn write_at(&self, i: usize, g: usize, at: u64, data: MemberData) -> io::Result<()> {
+        self.write_gen(i, g, at, data)
             .await
             .map_err(|e| self.mark_stale(i, g, e))
     }

@@ -74,16 +74,30 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A buffer whose bytes stay where they are when the buffer value moves (its bytes are on the
+/// heap), so the kernel may write into them after it moved into a ring operation's slot.
+///
+/// # Safety
+/// `deref_mut` must return the same heap memory however the value is moved, until dropped.
+pub unsafe trait StableBuf: std::ops::DerefMut<Target = [u8]> + 'static {}
+
+// SAFETY: a Vec's bytes are one heap block that moving the Vec does not move.
+unsafe impl StableBuf for Vec<u8> {}
+// SAFETY: an IoBuf owns one heap allocation (buf.rs) that moving it does not move.
+unsafe impl StableBuf for IoBuf {}
+
 /// Receives into `buf[start..]` (up to its length). Returns the byte count (0 = peer closed)
-/// and the buffer.
-pub async fn recv(fd: RawFd, mut buf: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>) {
+/// and the buffer: a `Vec` or an aligned `IoBuf` (write payloads, received where the member
+/// writes will take them from).
+pub async fn recv<B: StableBuf>(fd: RawFd, mut buf: B, start: usize) -> (io::Result<usize>, B) {
     let l = match ring() {
         Ok(l) => l,
         Err(e) => return (Err(e), buf),
     };
     let len = (buf.len() - start) as u32;
-    // SAFETY: start <= buf.len(); the pointer stays valid because the Vec is moved into the
-    // op slot (its heap block does not move) until the completion.
+    // SAFETY: start <= buf.len(); the pointer stays valid because the buffer (a Vec or an
+    // IoBuf, whose heap block does not move with it) is moved into the op slot until the
+    // completion.
     let ptr = unsafe { buf.as_mut_ptr().add(start) };
     let op = l.push_keep(
         move |ud| {
@@ -96,8 +110,8 @@ pub async fn recv(fd: RawFd, mut buf: Vec<u8>, start: usize) -> (io::Result<usiz
     );
     let (res, keep) = op.with_keep().await;
     let buf = *keep
-        .and_then(|k| k.downcast::<Vec<u8>>().ok())
-        .expect("recv op keeps its Vec");
+        .and_then(|k| k.downcast::<B>().ok())
+        .expect("recv op keeps its buffer");
     (cqe(res), buf)
 }
 

@@ -412,6 +412,44 @@ pub(crate) fn ring_write(l: &Local, fd: RawFd, off: u64, buf: IoBuf, punt: bool)
     )
 }
 
+/// What a gather write points into: the pieces and their iovecs, kept in the op's slot
+/// until the completion.
+struct WritevState {
+    _segs: crate::buf::Segments,
+    iov: Vec<libc::iovec>,
+}
+
+/// A gather write of `segs` at `off` (one Writev; at most IOV_MAX pieces, which the array's
+/// runs never exceed — more are rejected by the kernel with EINVAL, an I/O error).
+pub(crate) fn ring_writev(
+    l: &Local,
+    fd: RawFd,
+    off: u64,
+    segs: crate::buf::Segments,
+    punt: bool,
+) -> RingOp {
+    let iov: Vec<libc::iovec> = segs
+        .iter()
+        .map(|s| libc::iovec {
+            iov_base: s.as_ptr() as *mut libc::c_void,
+            iov_len: s.len(),
+        })
+        .collect();
+    let st = Box::new(WritevState { _segs: segs, iov });
+    let (ptr, n) = (st.iov.as_ptr(), st.iov.len() as u32);
+    l.push_keep(
+        move |ud| {
+            opcode::Writev::new(types::Fd(fd), ptr, n)
+                .offset(off)
+                .build()
+                .flags(member_flags(punt))
+                .user_data(ud)
+        },
+        None,
+        Some(st),
+    )
+}
+
 pub(crate) fn ring_fdatasync(l: &Local, fd: RawFd, punt: bool) -> RingOp {
     l.push(
         move |ud| {

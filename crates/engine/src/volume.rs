@@ -250,7 +250,8 @@ impl<D: BlockDev> Volume<D> {
     }
 
     /// Writes `data` at `off`, filling clear granules it touches first (module docs).
-    pub async fn write(&self, off: u64, data: WriteBuf) -> Result<(), ArrayError> {
+    pub async fn write(&self, off: u64, data: impl Into<WriteBuf>) -> Result<(), ArrayError> {
+        let data: WriteBuf = data.into();
         let len = data.len() as u64;
         self.array.validate(off, len)?;
         if len == 0 {
@@ -323,7 +324,7 @@ impl<D: BlockDev> Volume<D> {
                 let (a, b) = (off.max(s), end.min(e));
                 v[(a - s) as usize..(b - s) as usize]
                     .copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
-                writes.push((s, Arc::new(v)));
+                writes.push((s, WriteBuf::from(v)));
                 if g == g0 {
                     head_end = e.min(end);
                 }
@@ -336,8 +337,8 @@ impl<D: BlockDev> Volume<D> {
             if head_end == off && tail_start == end {
                 writes.push((off, data.clone()));
             } else {
-                let mid = data[(head_end - off) as usize..(tail_start - off) as usize].to_vec();
-                writes.push((head_end, Arc::new(mid)));
+                let mid = &data[(head_end - off) as usize..(tail_start - off) as usize];
+                writes.push((head_end, WriteBuf::from(mid)));
             }
         }
         for r in join_all(writes.into_iter().map(|(o, d)| self.array.write(o, d))).await {

@@ -229,7 +229,22 @@ fn files_through_io_uring_and_reassembly() {
         let plan = assemble::plan(&paths).unwrap();
         let rt = Runtime::new(2, 256, true).unwrap();
         let array = open(&plan, &rt);
-        let image = hammer(&rt, &array, 400, &vec![0; array.size() as usize]);
+        let mut image = hammer(&rt, &array, 400, &vec![0; array.size() as usize]);
+        // A run of whole stripes: every member gets one gather write (writev through the
+        // ring) of the payload's chunks and the parity, checked by the read below and by
+        // the degraded reassembly, which decodes what two missing members held from it.
+        // (Each sector one byte value: `hammer` expects uniform sectors.)
+        let sdb = 4 * 4096usize; // four data chunks of 4 KiB per stripe
+        let run: Vec<u8> = (0..3 * sdb).map(|i| (i / 512 * 7 + 3) as u8).collect();
+        let off = 2 * sdb as u64;
+        let (a, r) = (array.clone(), run.clone());
+        let before = array.array().stats.snapshot().full_stripe_writes;
+        rt.handle()
+            .block_on(0, move || async move { a.write(off, r).await })
+            .unwrap();
+        let runs = array.array().stats.snapshot().full_stripe_writes - before;
+        assert_eq!(runs, 3, "the run was written as whole stripes");
+        image[off as usize..off as usize + run.len()].copy_from_slice(&run);
         assert!(read_all(&rt, &array) == image);
         let a = array.clone();
         rt.handle()

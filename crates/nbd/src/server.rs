@@ -28,7 +28,7 @@ use uraid_engine::metrics::OpCounters;
 use uraid_engine::net::{self, OutPart};
 use uraid_engine::reactor;
 use uraid_engine::shard::{self, Sharded};
-use uraid_engine::{ArrayError, BlockDev, ReadPiece, RuntimeHandle, Volume};
+use uraid_engine::{buf, ArrayError, BlockDev, IoBuf, ReadPiece, RuntimeHandle, Volume};
 
 /// Largest READ or WRITE payload accepted (and advertised as the maximum block size).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
@@ -398,10 +398,11 @@ impl Reader {
         Ok(&b[s..s + n])
     }
 
-    /// The next `n` bytes as an owned vector (payloads of any size up to MAX_PAYLOAD).
-    async fn take_vec(&mut self, n: usize) -> io::Result<Vec<u8>> {
+    /// The next `n` bytes (payloads of any size up to MAX_PAYLOAD) in an aligned buffer that
+    /// the array writes to the members as it is (no zeroing, no copy after the receive).
+    async fn take_buf(&mut self, n: usize) -> io::Result<IoBuf> {
         let have = self.buffered().min(n);
-        let mut v = vec![0u8; n];
+        let mut v = buf::alloc(n);
         {
             let b = self.buf.as_ref().expect("reader buffer present");
             v[..have].copy_from_slice(&b[self.start..self.start + have]);
@@ -609,7 +610,7 @@ async fn handshake<D: BlockDev>(inner: &Inner<D>, rd: &mut Reader) -> io::Result
             .await?;
             continue;
         }
-        let data = rd.take_vec(len as usize).await?;
+        let data = rd.take_buf(len as usize).await?;
         if inner.stopping.load(Ordering::SeqCst) {
             send_now(
                 fd,
@@ -823,7 +824,7 @@ async fn transmission<D: BlockDev>(
                 );
                 continue;
             }
-            match rd.take_vec(req.length as usize).await {
+            match rd.take_buf(req.length as usize).await {
                 Ok(v) => Some(v),
                 Err(e) => {
                     release(conn);
@@ -913,7 +914,7 @@ async fn handle<D: BlockDev>(
     sess: &Session,
     conn: &Rc<Conn>,
     req: Request,
-    payload: Option<Vec<u8>>,
+    payload: Option<IoBuf>,
 ) -> bool {
     use proto::*;
     let array = &inner.array;
@@ -991,7 +992,7 @@ async fn handle<D: BlockDev>(
             return read(inner, sess, conn, &req).await;
         }
         CMD_WRITE => {
-            let data = Arc::new(payload.unwrap_or_default());
+            let data = payload.unwrap_or_else(|| buf::alloc(0));
             array.write(off, data).await
         }
         CMD_FLUSH => array.flush().await,

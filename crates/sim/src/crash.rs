@@ -28,7 +28,7 @@ use uraid_core::format::{pick_superblock_slot, JournalMode, SB_SIZE};
 use uraid_core::geometry::SECTOR;
 use uraid_core::{Geometry, Level};
 use uraid_engine::assemble::{decide, Found};
-use uraid_engine::{Array, Volume};
+use uraid_engine::{Array, Volume, WriteBuf};
 
 /// Small deterministic generator (xorshift64*).
 #[derive(Clone)]
@@ -249,7 +249,7 @@ pub fn trial_journal_size(g: &Geometry) -> usize {
 enum Ev {
     Write {
         off: u64,
-        data: Arc<Vec<u8>>,
+        data: WriteBuf,
         issue: u64,
         ack: Option<u64>,
     },
@@ -365,7 +365,7 @@ fn workload(
                         let mut ev = run.events.borrow_mut();
                         ev.push(Ev::Write {
                             off,
-                            data: Arc::new(vec![0; len as usize]),
+                            data: WriteBuf::from(vec![0; len as usize]),
                             issue: run.now(),
                             ack: None,
                         });
@@ -655,7 +655,7 @@ fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assem
 }
 
 /// A write that may be current in a sector: (bytes, volume offset, issued, acknowledged).
-type Cand<'a> = (&'a Arc<Vec<u8>>, u64, u64, Option<u64>);
+type Cand<'a> = (&'a WriteBuf, u64, u64, Option<u64>);
 
 /// What sector `[lo, hi)` may hold after `events` on top of a volume where it held any of
 /// `before`: the durable floor write and whatever may have replaced it, or, with no floor,

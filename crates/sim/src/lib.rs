@@ -631,14 +631,12 @@ pub fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
 /// Deterministic pseudo-random payload for a write.
 pub fn payload(seed: u64, len: usize) -> WriteBuf {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    Arc::new(
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect(),
-    )
+    let mut b = uraid_engine::buf::alloc(len);
+    for v in b.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *v = x as u8;
+    }
+    WriteBuf::from(b)
 }

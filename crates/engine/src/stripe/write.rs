@@ -3,7 +3,7 @@
 
 use super::{Attempt, PendingWrite, Piece, Turn};
 use crate::array::{Array, ArrayError, WriteBuf};
-use crate::buf::{self, IoBuf};
+use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::reactor;
 use futures::future::join_all;
@@ -96,46 +96,39 @@ impl<D: BlockDev> Array<D> {
         }
         let g = &self.geo;
         let (k, mp, chunk) = (g.data_chunks(), g.parity(), g.chunk as usize);
-        let width = k + mp;
-        let mut bufs: Vec<IoBuf> = (0..width).map(|_| buf::alloc(n as usize * chunk)).collect();
+        // Every member is written once with its chunk of each stripe of the run, back to back:
+        // a gather write of the client's bytes where they are (no copy) for the stripes where
+        // it holds data, of the encoder's output where it holds parity (parity rotates).
+        let mut gathers: Vec<Segments> = (0..k + mp).map(|_| Segments::default()).collect();
         let codec = self.codec.as_ref().expect("parity level has a codec");
         for r in 0..n as usize {
             let stripe = first + r as u64;
-            let at = r * chunk;
-            let mut views: Vec<Option<&mut [u8]>> = bufs
-                .iter_mut()
-                .map(|b| Some(&mut b[at..at + chunk]))
-                .collect();
-            let src = |i: usize| {
-                let s = rel + (r * k + i) * chunk;
-                &data[s..s + chunk]
-            };
-            let mut dsts: Vec<&mut [u8]> = (0..mp)
-                .map(|j| {
-                    views[g.parity_member(stripe, j)]
-                        .take()
-                        .expect("one role per member")
-                })
-                .collect();
-            let srcs: Vec<&[u8]> = (0..k)
-                .map(|i| {
-                    let v = views[g.data_member(stripe, i)]
-                        .take()
-                        .expect("one role per member");
-                    v.copy_from_slice(src(i));
-                    &*v
-                })
-                .collect();
-            codec.encode(&srcs, &mut dsts);
+            let src = |i: usize| rel + (r * k + i) * chunk;
+            let srcs: Vec<&[u8]> = (0..k).map(|i| &data[src(i)..src(i) + chunk]).collect();
+            let mut parity: Vec<IoBuf> = (0..mp).map(|_| buf::alloc(chunk)).collect();
+            {
+                let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+                codec.encode(&srcs, &mut dsts);
+            }
+            for i in 0..k {
+                gathers[g.data_member(stripe, i)]
+                    .parts
+                    .push(data.segment(src(i)..src(i) + chunk));
+            }
+            for (j, p) in parity.into_iter().enumerate() {
+                gathers[g.parity_member(stripe, j)]
+                    .parts
+                    .push((Arc::new(p), 0..chunk));
+            }
         }
         self.stats
             .full_stripe_writes
             .fetch_add(n, Ordering::Relaxed);
         let at = g.member_offset(first, 0);
-        let writes = bufs
+        let writes: Vec<(usize, u64, Segments)> = gathers
             .into_iter()
             .enumerate()
-            .map(|(m, b)| (m, at, b))
+            .map(|(m, segs)| (m, at, segs))
             .collect();
         self.write_members(writes).await;
         unlock();
