@@ -707,11 +707,23 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                     let sqe = opcode::Read::new(types::Fd(shared.efd), ptr, 8)
                         .build()
                         .user_data(EVENTFD_TOKEN);
+                    let mut r = ring.borrow_mut();
                     // SAFETY: efd_buf is a leaked, never-freed u64, and the eventfd stays open
                     // until Shared drops, after this ring is gone.
-                    let pushed = unsafe { ring.borrow_mut().submission().push(&sqe) }.is_ok();
+                    let mut pushed = unsafe { r.submission().push(&sqe) }.is_ok();
+                    if !pushed {
+                        // A full submission queue: hand it over and try again. Sleeping with
+                        // the eventfd unarmed would miss other threads' wake-ups.
+                        shared.count_enter();
+                        let _ = submit(&mut r);
+                        // SAFETY: as for the first push.
+                        pushed = unsafe { r.submission().push(&sqe) }.is_ok();
+                    }
                     local.efd_armed.set(pushed);
                 }
+                // Never sleep without the eventfd read queued (it is how other threads wake
+                // this one); if it could not be queued, go round again without waiting.
+                let more = more || !local.efd_armed.get();
                 let mut ring = ring.borrow_mut();
                 // Still work to do: enter only to hand over queued submissions (completions
                 // are read from the shared queue without a syscall), or when tasks kept
