@@ -78,7 +78,9 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
 /// heap), so the kernel may write into them after it moved into a ring operation's slot.
 ///
 /// # Safety
-/// `deref_mut` must return the same heap memory however the value is moved, until dropped.
+/// `deref_mut` must return the same heap memory, of `len()` bytes, however the value is
+/// moved, until dropped; and the value must own that memory exclusively (nothing else reads
+/// or writes it while the kernel does).
 pub unsafe trait StableBuf: std::ops::DerefMut<Target = [u8]> + 'static {}
 
 // SAFETY: a Vec's bytes are one heap block that moving the Vec does not move.

@@ -231,7 +231,8 @@ fn files_through_io_uring_and_reassembly() {
         let array = open(&plan, &rt);
         let mut image = hammer(&rt, &array, 400, &vec![0; array.size() as usize]);
         // A run of whole stripes: every member gets one gather write (writev through the
-        // ring) of the payload's chunks and the parity, checked by the read below and by
+        // ring when the temp dir is not tmpfs, as on CI; pwritev on tmpfs) of the payload's
+        // chunks and the parity, checked by the read below and by
         // the degraded reassembly, which decodes what two missing members held from it.
         // (Each sector one byte value: `hammer` expects uniform sectors.)
         let sdb = 4 * 4096usize; // four data chunks of 4 KiB per stripe
