@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--runtime", type=float, default=4)
     ap.add_argument("--dir", default="/dev/shm/uraid-nbd")
     ap.add_argument("--out", default="-")
+    ap.add_argument("--no-busy-poll-too", action="store_true",
+                    help="also run each uraid array with --busy-poll 0 (the busy-poll's A/B)")
     a = ap.parse_args()
     workloads = SETS[a.set]
     for tool in ("fio", "nbdkit", "qemu-nbd"):
@@ -124,12 +126,14 @@ def main():
         f.truncate(4 * (MEMBER_MIB - 1) << 20)
 
     servers = []
+    variants = [("", [])] + ([(", no busy-poll", ["--busy-poll", "0"])] if a.no_busy_poll_too else [])
     for name, members in arrays:
-        sock, port = os.path.join(sockdir, name.split()[1] + ".sock"), free_port()
-        base = [URAID, "serve", "--export", "v"]
-        servers.append(Server(name, base + ["--listen", f"unix:{sock}"] + members,
-                              base + ["--listen", f"tcp:127.0.0.1:{port}"] + members,
-                              f"nbd+unix:///v?socket={sock}", f"nbd://127.0.0.1:{port}/v", sock, port))
+        for suffix, extra in variants:
+            sock, port = os.path.join(sockdir, name.split()[1] + suffix[-4:] + ".sock"), free_port()
+            base = [URAID, "serve", "--export", "v"] + extra
+            servers.append(Server(name + suffix, base + ["--listen", f"unix:{sock}"] + members,
+                                  base + ["--listen", f"tcp:127.0.0.1:{port}"] + members,
+                                  f"nbd+unix:///v?socket={sock}", f"nbd://127.0.0.1:{port}/v", sock, port))
     sock, port = os.path.join(sockdir, "nbdkit.sock"), free_port()
     servers.append(Server("nbdkit file", ["nbdkit", "-f", "-U", sock, "file", peer],
                           ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer],
@@ -142,6 +146,8 @@ def main():
 
     # Precondition: every device written end to end (1M sequential writes through the server).
     for s in servers[:-1]:  # qemu-nbd shares nbdkit's file
+        if s.name.endswith("no busy-poll"):  # same members as the one before it
+            continue
         s.start("unix")
         fio(s.uri["unix"], "write", "1m", 8, 0, ["--size=100%"])
         s.stop()

@@ -1346,6 +1346,19 @@ pub fn metrics(state: &State) -> String {
         server.ring_enters(),
     );
     p.family(
+        "uraid_reactor_idle_turns_total",
+        "counter",
+        "Reactor turns with nothing to do, by how they ended: work found while busy-polling, or a sleep in io_uring_enter.",
+    );
+    let (polled, slept) = server.idle_turns();
+    for (how, v) in [("polled", polled), ("slept", slept)] {
+        p.sample(
+            "uraid_reactor_idle_turns_total",
+            &[arr(), ("how", how.to_string())],
+            v,
+        );
+    }
+    p.family(
         "uraid_nbd_request_latency_seconds",
         "histogram",
         "NBD request latency in the server, from request parsed to reply queued.",

@@ -152,6 +152,16 @@ fn status_and_metrics_follow_the_load() {
         655_360.0
     );
     assert!(sample(&text, &format!("uraid_nbd_requests_total{r}")) >= 20.0);
+    // The reactors went idle between qemu-io's requests: each such turn either found the
+    // next request busy-polling or slept.
+    let turns = sample(
+        &text,
+        "uraid_reactor_idle_turns_total{array=\"vol\",how=\"polled\"}",
+    ) + sample(
+        &text,
+        "uraid_reactor_idle_turns_total{array=\"vol\",how=\"slept\"}",
+    );
+    assert!(turns >= 1.0, "no idle turns counted: {text}");
     assert!(sample(&text, &format!("uraid_nbd_request_bytes_total{r}")) >= 81_920.0);
     assert_eq!(
         sample(

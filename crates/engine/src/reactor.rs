@@ -46,14 +46,32 @@ struct Shared {
     tasks_live: AtomicUsize,
     /// io_uring_enter calls made by this reactor (written by its own thread only).
     enters: AtomicU64,
+    /// Busy-poll budget in nanoseconds (0: off); see `RuntimeHandle::set_busy_poll`.
+    busy_poll_ns: AtomicU64,
+    /// Idle turns that found work while busy-polling, and turns that slept (own thread only).
+    polled: AtomicU64,
+    slept: AtomicU64,
 }
 
 impl Shared {
     /// Counts one io_uring_enter; only the reactor's own thread calls it, so a plain load and
     /// store (no locked instruction) is exact.
     fn count_enter(&self) {
-        self.enters
-            .store(self.enters.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        bump(&self.enters);
+    }
+
+    /// Tasks ready to poll or jobs sent to this reactor.
+    fn has_work(&self) -> bool {
+        !self
+            .ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+            || !self
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
     }
 
     fn notify(&self) {
@@ -74,6 +92,11 @@ impl Shared {
             self.notify();
         }
     }
+}
+
+/// Adds one to a counter only its owner thread writes (a plain load and store, exact).
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 impl Drop for Shared {
@@ -303,6 +326,34 @@ fn submit_and_wait(ring: &mut IoUring, want: usize) -> io::Result<usize> {
     ring.submit_and_wait(want)
 }
 
+/// Spins until a completion is posted (a member I/O, a socket receive, or the eventfd read
+/// another thread's wake-up completes), the thread's ready queue fills, or `budget_ns` since
+/// `t0` passes. Completions reach the queue without this thread entering the kernel: the
+/// ring is set up without COOP_TASKRUN, so the kernel interrupts the spinning thread to run
+/// its task work. Returns whether work arrived.
+fn busy_poll(ring: &mut IoUring, shared: &Shared, t0: std::time::Instant, budget_ns: u64) -> bool {
+    let budget = std::time::Duration::from_nanos(budget_ns);
+    let mut n = 0u32;
+    loop {
+        if !ring.completion().is_empty() {
+            return true;
+        }
+        n = n.wrapping_add(1);
+        // The ready queue is filled by this thread only while it runs tasks, and by other
+        // threads together with the eventfd, whose completion the check above sees; the
+        // lock is looked at now and then in case the eventfd write was skipped.
+        if n.is_multiple_of(64) {
+            if shared.has_work() || shared.stop.load(Ordering::Acquire) {
+                return true;
+            }
+            if t0.elapsed() >= budget {
+                return false;
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// A submitted ring operation.
 pub(crate) struct RingOp {
     id: usize,
@@ -504,6 +555,27 @@ impl RuntimeHandle {
             .sum()
     }
 
+    /// Idle turns of all reactors that found work while busy-polling, and turns that slept
+    /// in the kernel (`uraid_reactor_idle_turns_total{how}` in the metrics).
+    pub fn idle_turns(&self) -> (u64, u64) {
+        self.peers.iter().fold((0, 0), |(p, s), r| {
+            (
+                p + r.polled.load(Ordering::Relaxed),
+                s + r.slept.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Busy-poll budget: a reactor with nothing to do spins this long on its completion
+    /// queue before it sleeps in `io_uring_enter`, while its recent sleeps were short (work
+    /// arriving back to back, as at queue depth 1). Zero turns it off.
+    pub fn set_busy_poll(&self, budget: std::time::Duration) {
+        let ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        for s in self.peers.iter() {
+            s.busy_poll_ns.store(ns, Ordering::Relaxed);
+        }
+    }
+
     /// Runs `f` on reactor `index`; `f` typically spawns a local task there.
     pub fn run_on(&self, index: usize, f: impl FnOnce() + Send + 'static) {
         let s = &self.peers[index];
@@ -566,6 +638,9 @@ impl Runtime {
                 stop: AtomicBool::new(false),
                 tasks_live: AtomicUsize::new(0),
                 enters: AtomicU64::new(0),
+                busy_poll_ns: AtomicU64::new(0),
+                polled: AtomicU64::new(0),
+                slept: AtomicU64::new(0),
             }));
         }
         let peers = Arc::new(shared);
@@ -658,6 +733,8 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
     // The eventfd read targets this word. It is leaked (8 bytes per reactor) so that a read
     // still queued when the ring is torn down can never write into freed memory.
     let efd_buf: &'static mut u64 = Box::leak(Box::new(0u64));
+    // Whether the last idle wait was short enough that busy-polling would have caught it.
+    let mut poll_pays = false;
     loop {
         let jobs = std::mem::take(&mut *shared.jobs.lock().unwrap_or_else(|e| e.into_inner()));
         for j in jobs {
@@ -683,16 +760,7 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
             }
         }
         // Work queued meanwhile (tasks woken by completions or other threads, jobs sent).
-        let more = !shared
-            .ready
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-            || !shared
-                .jobs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty();
+        let more = shared.has_work();
         if !more
             && shared.stop.load(Ordering::Acquire)
             && shared.tasks_live.load(Ordering::Relaxed) == 0
@@ -731,8 +799,30 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                 // kernel finishes some completions only when this thread enters it). Nothing
                 // to do: submit and sleep until a completion (or the eventfd) arrives.
                 let r = if !more {
-                    shared.count_enter();
-                    submit_and_wait(&mut ring, 1)
+                    let budget = shared.busy_poll_ns.load(Ordering::Relaxed);
+                    let t0 = std::time::Instant::now();
+                    let mut r = Ok(0);
+                    let mut found = false;
+                    if budget > 0 && poll_pays {
+                        if !ring.submission().is_empty() {
+                            shared.count_enter();
+                            r = submit(&mut ring);
+                        }
+                        found = busy_poll(&mut ring, &shared, t0, budget);
+                    }
+                    if found {
+                        bump(&shared.polled);
+                    } else {
+                        bump(&shared.slept);
+                        shared.count_enter();
+                        r = submit_and_wait(&mut ring, 1);
+                    }
+                    // Sleeps up to a few budgets long mean work comes back to back: poll
+                    // next time. Longer ones (an idle connection) stop the polling until a
+                    // short sleep is seen again.
+                    poll_pays = budget > 0
+                        && t0.elapsed().as_nanos() < u128::from(budget.saturating_mul(4));
+                    r
                 } else if spinning
                     || !ring.submission().is_empty()
                     || ring.submission().cq_overflow()

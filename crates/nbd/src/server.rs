@@ -177,6 +177,11 @@ impl<D: BlockDev> Server<D> {
         self.inner.rt.ring_enters()
     }
 
+    /// Reactor idle turns that found work busy-polling, and turns that slept.
+    pub fn idle_turns(&self) -> (u64, u64) {
+        self.inner.rt.idle_turns()
+    }
+
     /// Connections being served now.
     pub fn open_connections(&self) -> usize {
         self.inner

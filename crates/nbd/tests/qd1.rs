@@ -50,3 +50,52 @@ fn a_request_at_queue_depth_one_costs_one_ring_enter() {
     drop(c);
     f.stop_within(Duration::from_secs(20));
 }
+
+/// With a busy-poll budget the reactor spins for the next request instead of sleeping while
+/// requests arrive back to back (a wake-up saved per request), still at about one enter per
+/// request and with every read right; once the client goes quiet it sleeps again rather
+/// than spinning through idle turns.
+#[test]
+fn busy_poll_catches_back_to_back_requests_and_stops_when_idle() {
+    let f = Fixture::start("busypoll", 16, Config::default());
+    let rt = f.rt.as_ref().expect("runtime").handle();
+    // Generous budget so that a loaded test machine still sees requests inside it.
+    rt.set_busy_poll(Duration::from_millis(2));
+    let mut c = Client::connect(&f.sock);
+    c.go();
+    let mut data = vec![0u8; BS];
+    let before = (rt.ring_enters(), rt.idle_turns());
+    for i in 0..N {
+        let mut msg = header(CMD_WRITE, i, i * BS as u64, BS as u32);
+        msg.extend_from_slice(&block(i + 7, BS));
+        c.s.write_all(&msg).unwrap();
+        assert_eq!(c.simple(), (0, i));
+        c.request(CMD_READ, N + i, i * BS as u64, BS as u32, &[]);
+        assert_eq!(c.simple(), (0, N + i));
+        c.s.read_exact(&mut data).unwrap();
+        assert!(data == block(i + 7, BS), "block {i} read back wrong");
+    }
+    let (enters, (polled, slept)) = (rt.ring_enters(), rt.idle_turns());
+    let (enters, polled, slept) = (enters - before.0, polled - before.1 .0, slept - before.1 .1);
+    let requests = 2 * N;
+    println!("{requests} requests: {enters} enters, {polled} idle turns polled, {slept} slept");
+    assert!(
+        polled > 0,
+        "busy-poll never found the next request ({slept} sleeps)"
+    );
+    assert!(
+        enters <= requests + requests / 20,
+        "{enters} io_uring_enter calls for {requests} requests with busy-poll"
+    );
+    // Idle: after at most a couple of polls that run out, the reactor sleeps until woken.
+    std::thread::sleep(Duration::from_millis(50));
+    let idle0 = rt.idle_turns();
+    std::thread::sleep(Duration::from_millis(300));
+    let idle1 = rt.idle_turns();
+    assert!(
+        idle1.0 - idle0.0 + idle1.1 - idle0.1 <= 4,
+        "an idle reactor kept turning: {idle0:?} -> {idle1:?}"
+    );
+    drop(c);
+    f.stop_within(Duration::from_secs(20));
+}
