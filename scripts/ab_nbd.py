@@ -12,18 +12,12 @@ scrape every second while it runs, --scrape). Usage:
 import argparse, json, os, shutil, signal, statistics, subprocess, sys, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pts import run, wait_socket  # noqa: E402
+from pts import TICK, cpu_ticks, run, wait_socket  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 WORKLOADS = [("4k randread QD32", "randread", "4k", 32), ("4k randwrite QD32", "randwrite", "4k", 32)]
 # --set write: sequential writes (the zero-copy write path); IOPS x block size = throughput.
 WRITES = [("1M seq write QD8", "write", "1m", 8), ("128k seq write QD8", "write", "128k", 8)]
 
-
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def fio(uri, rw, bs, qd, runtime, extra=()):

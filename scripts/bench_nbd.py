@@ -16,11 +16,10 @@ target).
 """
 import argparse, json, os, shutil, signal, statistics, subprocess, sys, time
 
-from pts import free_port, run, wait_socket  # shared with the PTS suite (same directory)
+from pts import TICK, cpu_ticks, free_port, run, wait_socket  # shared with the PTS suite (same directory)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 URAID = os.path.join(ROOT, "target", "release", "uraid")
-TICK = os.sysconf("SC_CLK_TCK")
 MEMBER_MIB = 512  # raid0 members; raid6 members hold the same volume in 8 data shares
 FIO_SIZE = "2000m"
 
@@ -42,12 +41,6 @@ SETS = {
 
 
 UNITS = {"iops": "IOPS", "mbps": "MB/s", "lat": "us mean"}
-
-
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime
 
 
 class Server:
