@@ -42,7 +42,7 @@ fn read_error_is_reconstructed_and_rewritten() {
             "{level}: member failed for one bad sector"
         );
         assert!(
-            vol.array().stats.corrected_reads.load(Ordering::Relaxed) >= 1,
+            vol.array().stats.snapshot().corrected_reads >= 1,
             "{level}: nothing rewritten"
         );
         // Rewritten: the sector reads directly again (the sim repairs sectors on write).

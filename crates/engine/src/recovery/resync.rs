@@ -447,7 +447,7 @@ impl<D: BlockDev> Array<D> {
 
     /// Client reads and writes so far (the throttle's notion of activity).
     pub(crate) fn client_ops(&self) -> u64 {
-        self.stats.reads.load(Ordering::Relaxed) + self.stats.writes.load(Ordering::Relaxed)
+        self.stats.total(|c| &c.reads) + self.stats.total(|c| &c.writes)
     }
 
     /// Stripes whose degraded reads were refused because their parity was not resynced

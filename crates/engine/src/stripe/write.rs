@@ -7,7 +7,6 @@ use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::reactor;
 use futures::future::join_all;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uraid_core::{plan_write, Shard, WritePlan};
 
@@ -121,9 +120,7 @@ impl<D: BlockDev> Array<D> {
                     .push((Arc::new(p), 0..chunk));
             }
         }
-        self.stats
-            .full_stripe_writes
-            .fetch_add(n, Ordering::Relaxed);
+        self.stats.add(|c| &c.full_stripe_writes, n);
         let at = g.member_offset(first, 0);
         let writes: Vec<(usize, u64, Segments)> = gathers
             .into_iter()
@@ -182,9 +179,7 @@ impl<D: BlockDev> Array<D> {
                 reactor::yield_now().await;
                 let batch = self.locks.take_batch(stripe);
                 if batch.len() > 1 {
-                    self.stats
-                        .merged_writes
-                        .fetch_add(batch.len() as u64 - 1, Ordering::Relaxed);
+                    self.stats.add(|c| &c.merged_writes, batch.len() as u64 - 1);
                 }
                 let (r, tail) = if batch.is_empty() {
                     (Ok(()), None)
@@ -297,12 +292,11 @@ impl<D: BlockDev> Array<D> {
                             parity.iter_mut().map(|b| &mut b[..]).collect();
                         codec.encode(&srcs, &mut dsts);
                     }
-                    let counter = if fetch.is_empty() {
-                        &self.stats.full_stripe_writes
+                    if fetch.is_empty() {
+                        self.stats.add(|c| &c.full_stripe_writes, 1);
                     } else {
-                        &self.stats.rcw_writes
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
+                        self.stats.add(|c| &c.rcw_writes, 1);
+                    }
                     // Written: the touched chunks, and fetched ones that had a media error
                     // (decoded from the stripe: writing them back repairs the sector, as a
                     // read would; otherwise every later write here would hit it again).
@@ -344,7 +338,7 @@ impl<D: BlockDev> Array<D> {
                         codec.update(i, &old, &mut dsts);
                         data_out.push((i, new));
                     }
-                    self.stats.rmw_writes.fetch_add(1, Ordering::Relaxed);
+                    self.stats.add(|c| &c.rmw_writes, 1);
                     // Untouched chunks whose read failed with a media error on an earlier
                     // attempt (which turned it into this plan): decoded from the stripe
                     // as it is on disk and written back, which repairs the sector.
