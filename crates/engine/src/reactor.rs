@@ -327,8 +327,8 @@ fn submit_and_wait(ring: &mut IoUring, want: usize) -> io::Result<usize> {
 }
 
 /// Spins until a completion is posted (a member I/O, a socket receive, or the eventfd read
-/// another thread's wake-up completes), the thread's ready queue fills, or `budget_ns` since
-/// `t0` passes. Completions reach the queue without this thread entering the kernel: the
+/// another thread's wake-up completes; stopping the runtime is one), the thread's ready or
+/// job queue fills, or `budget_ns` since `t0` passes. Completions reach the queue without this thread entering the kernel: the
 /// ring is set up without COOP_TASKRUN, so the kernel interrupts the spinning thread to run
 /// its task work. Returns whether work arrived.
 fn busy_poll(ring: &mut IoUring, shared: &Shared, t0: std::time::Instant, budget_ns: u64) -> bool {
@@ -343,7 +343,8 @@ fn busy_poll(ring: &mut IoUring, shared: &Shared, t0: std::time::Instant, budget
         // threads together with the eventfd, whose completion the check above sees; the
         // lock is looked at now and then in case the eventfd write was skipped.
         if n.is_multiple_of(64) {
-            if shared.has_work() || shared.stop.load(Ordering::Acquire) {
+            // (The stop flag needs no check: stopping notifies through the eventfd.)
+            if shared.has_work() {
                 return true;
             }
             if t0.elapsed() >= budget {
@@ -810,18 +811,25 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                         }
                         found = busy_poll(&mut ring, &shared, t0, budget);
                     }
-                    if found {
+                    // Poll again after a poll that found work, or after a sleep short
+                    // enough that a poll might have caught it (under two budgets: the sleep
+                    // includes the wake-up a poll saves). A poll that ran out stops polling
+                    // until such a sleep is seen, so work arriving a little too far apart
+                    // costs at most every other idle turn a wasted budget, and an idle
+                    // reactor sleeps after one.
+                    poll_pays = if found {
                         bump(&shared.polled);
+                        true
                     } else {
+                        let polled = budget > 0 && poll_pays;
                         bump(&shared.slept);
                         shared.count_enter();
+                        let t1 = std::time::Instant::now();
                         r = submit_and_wait(&mut ring, 1);
-                    }
-                    // Sleeps up to a few budgets long mean work comes back to back: poll
-                    // next time. Longer ones (an idle connection) stop the polling until a
-                    // short sleep is seen again.
-                    poll_pays = budget > 0
-                        && t0.elapsed().as_nanos() < u128::from(budget.saturating_mul(4));
+                        !polled
+                            && budget > 0
+                            && t1.elapsed().as_nanos() < u128::from(budget.saturating_mul(2))
+                    };
                     r
                 } else if spinning
                     || !ring.submission().is_empty()
