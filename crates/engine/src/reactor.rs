@@ -328,10 +328,11 @@ fn submit_and_wait(ring: &mut IoUring, want: usize) -> io::Result<usize> {
 
 /// Spins until a completion is posted (a member I/O, a socket receive, or the eventfd read
 /// another thread's wake-up completes; stopping the runtime is one), the thread's ready or
-/// job queue fills, or `budget_ns` since `t0` passes. Completions reach the queue without this thread entering the kernel: the
-/// ring is set up without COOP_TASKRUN, so the kernel interrupts the spinning thread to run
-/// its task work. Returns whether work arrived.
-fn busy_poll(ring: &mut IoUring, shared: &Shared, t0: std::time::Instant, budget_ns: u64) -> bool {
+/// job queue fills, or `budget_ns` passes. Completions reach the queue without this thread
+/// entering the kernel: the ring is set up without COOP_TASKRUN, so the kernel interrupts the
+/// spinning thread to run its task work. Returns whether work arrived.
+fn busy_poll(ring: &mut IoUring, shared: &Shared, budget_ns: u64) -> bool {
+    let t0 = std::time::Instant::now();
     let budget = std::time::Duration::from_nanos(budget_ns);
     let mut n = 0u32;
     loop {
@@ -801,15 +802,15 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                 // to do: submit and sleep until a completion (or the eventfd) arrives.
                 let r = if !more {
                     let budget = shared.busy_poll_ns.load(Ordering::Relaxed);
-                    let t0 = std::time::Instant::now();
+                    let poll = budget > 0 && poll_pays;
                     let mut r = Ok(0);
                     let mut found = false;
-                    if budget > 0 && poll_pays {
+                    if poll {
                         if !ring.submission().is_empty() {
                             shared.count_enter();
                             r = submit(&mut ring);
                         }
-                        found = busy_poll(&mut ring, &shared, t0, budget);
+                        found = busy_poll(&mut ring, &shared, budget);
                     }
                     // Poll again after a poll that found work, or after a sleep short
                     // enough that a poll might have caught it (under two budgets: the sleep
@@ -821,14 +822,13 @@ fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u32, uring: 
                         bump(&shared.polled);
                         true
                     } else {
-                        let polled = budget > 0 && poll_pays;
                         bump(&shared.slept);
                         shared.count_enter();
-                        let t1 = std::time::Instant::now();
+                        let t0 = std::time::Instant::now();
                         r = submit_and_wait(&mut ring, 1);
-                        !polled
+                        !poll
                             && budget > 0
-                            && t1.elapsed().as_nanos() < u128::from(budget.saturating_mul(2))
+                            && t0.elapsed().as_nanos() < u128::from(budget.saturating_mul(2))
                     };
                     r
                 } else if spinning
