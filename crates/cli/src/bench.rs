@@ -1,5 +1,6 @@
 //! `uraid bench`: drives the engine in-process, like fio drives a device: a number of reactor
-//! threads, each running its share of the queue depth as concurrent request loops.
+//! threads, each running its share of the queue depth as concurrent request loops, one task
+//! per loop (`as_tasks`).
 
 use crate::size;
 use anyhow::{bail, Context, Result};
@@ -68,6 +69,30 @@ struct Outcome {
     ops: u64,
     errors: u64,
     hist: Histogram<u64>,
+}
+
+/// Runs each future as its own task on this reactor and returns their outputs (None: the task
+/// was dropped before it finished, as when its reactor stops). Not one task joining them all:
+/// a join polls its futures in order, so when I/O completes inline (tmpfs members) the first
+/// loop spends the task's whole cooperative budget on every poll and the others never run
+/// (`uraid_engine::reactor::coop`).
+async fn as_tasks<T: 'static>(
+    futs: impl Iterator<Item = impl std::future::Future<Output = T> + 'static>,
+) -> Vec<Option<T>> {
+    let rxs: Vec<_> = futs
+        .map(|f| {
+            let (tx, rx) = futures::channel::oneshot::channel();
+            uraid_engine::reactor::spawn_local(async move {
+                let _ = tx.send(f.await);
+            });
+            rx
+        })
+        .collect();
+    futures::future::join_all(rxs)
+        .await
+        .into_iter()
+        .map(Result::ok)
+        .collect()
 }
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -208,7 +233,10 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                             }
                         }
                     });
-                    futures::future::try_join_all(loops).await.map(|_| ())
+                    as_tasks(loops)
+                        .await
+                        .into_iter()
+                        .try_for_each(|r| r.unwrap_or(Err(uraid_engine::ArrayError::Shutdown)))
                 })
             })
             .collect();
@@ -285,7 +313,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                         Outcome { ops, errors, hist }
                     }
                 });
-                let outs = futures::future::join_all(loops).await;
+                let outs = as_tasks(loops).await.into_iter().flatten();
                 let mut total = Outcome {
                     ops: 0,
                     errors: 0,

@@ -19,7 +19,7 @@ pub(crate) struct AllocMap {
     words: Vec<AtomicU64>,
     filling: Mutex<HashMap<u64, Vec<Waker>>>,
     /// Held while a page is written and its bits changed in memory.
-    pub(crate) page_locks: Vec<futures::lock::Mutex<()>>,
+    pub(crate) page_locks: Vec<tokio::sync::Mutex<()>>,
 }
 
 /// A piece of a read: data, or a run that reads as zeros without touching the members.
@@ -48,7 +48,7 @@ impl AllocMap {
             count,
             words: words.into_iter().map(AtomicU64::new).collect(),
             filling: Mutex::new(HashMap::new()),
-            page_locks: (0..pages).map(|_| futures::lock::Mutex::new(())).collect(),
+            page_locks: (0..pages).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
     }
 

@@ -37,9 +37,9 @@ pub(crate) struct WriteIntent {
     touched: Vec<AtomicU64>,
     /// Regions writers wait to have set (the next page write takes them all).
     want: Mutex<BTreeSet<u64>>,
-    io: futures::lock::Mutex<()>,
+    io: tokio::sync::Mutex<()>,
     /// Held by a clearing pass from its selection to its last page write.
-    pass: futures::lock::Mutex<()>,
+    pass: tokio::sync::Mutex<()>,
     frozen: bool,
     /// Page writes that set and that cleared bits (status, metrics, tests).
     pub(crate) set_rounds: AtomicU64,
@@ -67,8 +67,8 @@ impl WriteIntent {
             inflight: (0..regions).map(|_| AtomicU32::new(0)).collect(),
             touched: (0..nwords).map(|_| AtomicU64::new(0)).collect(),
             want: Mutex::new(BTreeSet::new()),
-            io: futures::lock::Mutex::new(()),
-            pass: futures::lock::Mutex::new(()),
+            io: tokio::sync::Mutex::new(()),
+            pass: tokio::sync::Mutex::new(()),
             frozen,
             set_rounds: AtomicU64::new(0),
             clear_rounds: AtomicU64::new(0),

@@ -49,13 +49,13 @@ pub struct Journal<D: BlockDev> {
     epoch: u64,
     st: Mutex<LogState>,
     /// Group commit: whoever holds it flushes for every record written so far.
-    flush_lock: futures::lock::Mutex<()>,
+    flush_lock: tokio::sync::Mutex<()>,
     /// The journal superblock as last written (checkpoints are serialised by it).
-    sb: futures::lock::Mutex<JournalSuper>,
+    sb: tokio::sync::Mutex<JournalSuper>,
     /// Set once an I/O error took the journal out of service (bitmap mode from then on).
     failed: AtomicBool,
     /// Serialises the switch to bitmap mode; true once it is durable (and `fallback_done`).
-    fallback: futures::lock::Mutex<bool>,
+    fallback: tokio::sync::Mutex<bool>,
     fallback_done: AtomicBool,
     /// The failure was logged.
     reported: AtomicBool,
@@ -330,10 +330,10 @@ impl<D: BlockDev> Journal<D> {
             epoch: sb.epoch,
             dev,
             st: Mutex::new(st),
-            flush_lock: futures::lock::Mutex::new(()),
-            sb: futures::lock::Mutex::new(sb),
+            flush_lock: tokio::sync::Mutex::new(()),
+            sb: tokio::sync::Mutex::new(sb),
             failed: AtomicBool::new(false),
-            fallback: futures::lock::Mutex::new(false),
+            fallback: tokio::sync::Mutex::new(false),
             fallback_done: AtomicBool::new(false),
             reported: AtomicBool::new(false),
             health: Default::default(),

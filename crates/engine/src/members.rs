@@ -170,7 +170,9 @@ impl Health {
     /// once the watchdog aborted the device. `watched`: a watchdog runs (else the I/O just
     /// runs). An I/O that completes on its first poll (tmpfs members copy inline) costs one
     /// atomic load; one that waits registers its waker and start time so the watchdog can see
-    /// its age and an abort can wake it.
+    /// its age and an abort can wake it. Every I/O first spends one unit of the task's
+    /// cooperative budget (`reactor::coop`), so a task whose I/O completes inline still yields
+    /// now and then.
     pub(crate) async fn timed<T>(
         &self,
         watched: bool,
@@ -179,6 +181,7 @@ impl Health {
     ) -> T {
         let h = self;
         let timeout = || io::Error::from_raw_os_error(libc::ETIMEDOUT);
+        crate::reactor::coop().await;
         if h.aborted.load(Ordering::Acquire) {
             return aborted(timeout());
         }

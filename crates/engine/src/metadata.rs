@@ -60,9 +60,9 @@ pub struct MemberId {
 }
 
 pub(crate) struct Metadata {
-    pub(crate) state: futures::lock::Mutex<Meta>,
+    pub(crate) state: tokio::sync::Mutex<Meta>,
     /// Serialises the first write's preparation (`ensure_dirty`).
-    first_write: futures::lock::Mutex<()>,
+    first_write: tokio::sync::Mutex<()>,
     /// The failed set the superblocks on disk record.
     persisted: AtomicU64,
     /// Slots whose member was removed (`REMOVED_SLOT`), for status without the lock.
@@ -103,12 +103,12 @@ impl Metadata {
             name: sb.name.clone(),
             uuid: sb.array_uuid,
             ctime: sb.ctime,
-            state: futures::lock::Mutex::new(Meta {
+            state: tokio::sync::Mutex::new(Meta {
                 sb,
                 ids,
                 swap: None,
             }),
-            first_write: futures::lock::Mutex::new(()),
+            first_write: tokio::sync::Mutex::new(()),
             persisted: AtomicU64::new(persisted.bits()),
             removed: AtomicU64::new(removed.bits()),
             dirty: AtomicBool::new(false),
@@ -371,7 +371,7 @@ impl<D: BlockDev> Array<D> {
     /// then every bitmap copy is made equal to memory. The caller rewrites the map pages.
     pub(crate) async fn start_rebuilding_slot(
         &self,
-        mut meta: futures::lock::MutexGuard<'_, Meta>,
+        mut meta: tokio::sync::MutexGuard<'_, Meta>,
         slot: usize,
         uuid: [u8; 16],
         name: &str,

@@ -36,7 +36,7 @@ pub struct Volume<D: BlockDev> {
     map: Arc<AllocMap>,
     /// Every map page written from memory this session (`sync_map`).
     map_synced: std::sync::atomic::AtomicBool,
-    map_sync: futures::lock::Mutex<()>,
+    map_sync: tokio::sync::Mutex<()>,
 }
 
 impl<D: BlockDev> Volume<D> {
@@ -51,7 +51,7 @@ impl<D: BlockDev> Volume<D> {
             array,
             map,
             map_synced: std::sync::atomic::AtomicBool::new(false),
-            map_sync: futures::lock::Mutex::new(()),
+            map_sync: tokio::sync::Mutex::new(()),
         })
     }
 

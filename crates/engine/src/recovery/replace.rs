@@ -431,7 +431,7 @@ impl<D: BlockDev> Array<D> {
     /// `replacement_takes_over` with the superblock lock held.
     async fn takeover_locked(
         &self,
-        mut meta: futures::lock::MutexGuard<'_, crate::metadata::Meta>,
+        mut meta: tokio::sync::MutexGuard<'_, crate::metadata::Meta>,
         r: Replacing,
     ) -> Result<ReplaceOutcome, ArrayError> {
         let i = r.slot;
