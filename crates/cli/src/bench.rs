@@ -72,7 +72,7 @@ struct Outcome {
 }
 
 /// Runs each future as its own task on this reactor and returns their outputs (None: the task
-/// was dropped before it finished, as when its reactor stops). Not one task joining them all:
+/// ended without one, which only a panic does). Not one task joining them all:
 /// a join polls its futures in order, so when I/O completes inline (tmpfs members) the first
 /// loop spends the task's whole cooperative budget on every poll and the others never run
 /// (`uraid_engine::reactor::coop`).
@@ -313,18 +313,19 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                         Outcome { ops, errors, hist }
                     }
                 });
-                let outs = as_tasks(loops).await.into_iter().flatten();
+                let outs = as_tasks(loops).await;
                 let mut total = Outcome {
                     ops: 0,
                     errors: 0,
                     hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
                 };
-                for o in outs {
+                let lost = outs.iter().filter(|o| o.is_none()).count();
+                for o in outs.into_iter().flatten() {
                     total.ops += o.ops;
                     total.errors += o.errors;
                     let _ = total.hist.add(&o.hist);
                 }
-                total
+                (total, lost)
             })
         })
         .collect();
@@ -334,7 +335,10 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
     };
     for r in futures::executor::block_on(futures::future::join_all(futs)) {
-        let o = r.context("reactor stopped")?;
+        let (o, lost) = r.context("reactor stopped")?;
+        if lost > 0 {
+            bail!("{lost} request loop(s) ended without a result");
+        }
         total.ops += o.ops;
         total.errors += o.errors;
         total.hist.add(&o.hist)?;

@@ -29,6 +29,14 @@ pub enum ReadPiece {
     Hole { off: u64, len: u64 },
 }
 
+/// Registers a waiter's waker once (a task polled again while it waits, as a join is whenever
+/// any of its parts wakes, must not add a copy per poll).
+fn park(waiters: &mut Vec<Waker>, w: &Waker) {
+    if !waiters.iter().any(|x| x.will_wake(w)) {
+        waiters.push(w.clone());
+    }
+}
+
 impl AllocMap {
     /// `words`: the map as loaded (bit g of word g/64); None = every granule allocated
     /// (the safe assumption when nothing is known).
@@ -105,7 +113,7 @@ impl AllocMap {
         std::future::poll_fn(|cx| {
             let mut f = self.filling.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(w) = f.get_mut(&g) {
-                w.push(cx.waker().clone());
+                park(w, cx.waker());
                 return Poll::Pending;
             }
             if self.is_set(g) {
@@ -122,7 +130,7 @@ impl AllocMap {
         std::future::poll_fn(|cx| {
             let mut f = self.filling.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(w) = f.get_mut(&g) {
-                w.push(cx.waker().clone());
+                park(w, cx.waker());
                 return Poll::Pending;
             }
             f.insert(g, Vec::new());

@@ -348,6 +348,7 @@ impl<D: BlockDev> Journal<D> {
     /// A write to the journal device, timed out by the array's watchdog.
     async fn dev_write(&self, at: u64, b: IoBuf) -> io::Result<()> {
         let w = self.watched.load(Ordering::Relaxed);
+        crate::reactor::coop().await;
         self.health
             .timed(w, async { self.dev.write(at, b).await.0 }, Err)
             .await
@@ -356,6 +357,7 @@ impl<D: BlockDev> Journal<D> {
     /// A flush of the journal device, timed out by the array's watchdog.
     async fn dev_flush(&self) -> io::Result<()> {
         let w = self.watched.load(Ordering::Relaxed);
+        crate::reactor::coop().await;
         self.health.timed(w, self.dev.flush(), Err).await
     }
 

@@ -170,9 +170,9 @@ impl Health {
     /// once the watchdog aborted the device. `watched`: a watchdog runs (else the I/O just
     /// runs). An I/O that completes on its first poll (tmpfs members copy inline) costs one
     /// atomic load; one that waits registers its waker and start time so the watchdog can see
-    /// its age and an abort can wake it. Every I/O first spends one unit of the task's
-    /// cooperative budget (`reactor::coop`), so a task whose I/O completes inline still yields
-    /// now and then.
+    /// its age and an abort can wake it. Callers spend the task's cooperative budget
+    /// (`reactor::coop`) before they start the I/O's clock, so a task whose I/O completes
+    /// inline still yields now and then, and a yield is not counted as device latency.
     pub(crate) async fn timed<T>(
         &self,
         watched: bool,
@@ -181,7 +181,6 @@ impl Health {
     ) -> T {
         let h = self;
         let timeout = || io::Error::from_raw_os_error(libc::ETIMEDOUT);
-        crate::reactor::coop().await;
         if h.aborted.load(Ordering::Acquire) {
             return aborted(timeout());
         }
@@ -613,6 +612,7 @@ impl<D: BlockDev> Members<D> {
     /// Flushes slot `i`'s replacement generation `gen`.
     pub(crate) async fn flush_gen(&self, i: usize, gen: usize) -> io::Result<()> {
         let (dev, h) = self.gen_dev(i, gen)?;
+        crate::reactor::coop().await;
         let io = h.io.local();
         let t0 = Some(Instant::now());
         let r = self.timed(h, dev.flush(), Err).await;
@@ -629,6 +629,7 @@ impl<D: BlockDev> Members<D> {
     ) -> io::Result<()> {
         let data = data.into();
         let (dev, h) = self.gen_dev(i, gen)?;
+        crate::reactor::coop().await;
         let (io, len) = (h.io.local(), data.len() as u64);
         let t0 = io.sample();
         let r = match data {
@@ -761,6 +762,7 @@ impl<D: BlockDev> Members<D> {
             Ok(d) => d,
             Err(e) => return (Err(e), buf),
         };
+        crate::reactor::coop().await;
         let (io, len) = (h.io.local(), buf.len() as u64);
         let t0 = io.sample();
         // Aborted before the device returned the buffer: hand back an empty one.

@@ -122,7 +122,8 @@ struct TaskWaker {
     id: usize,
     shared: Arc<Shared>,
     /// The task is in the ready queue (set by the wake that queued it, cleared just before
-    /// the task is polled). Further wakes meanwhile queue nothing: a task woken by many
+    /// the task is polled). Further wakes meanwhile queue nothing (only a stale waker of a
+    /// finished task whose slot a new task took can add one spurious poll): a task woken by many
     /// sources at once (the member I/Os of one request completing together, every
     /// sub-future of a join yielding to `coop`) is polled once, not once per wake: the
     /// duplicates were real polls, each with a fresh budget, and they multiplied, so one
@@ -183,9 +184,11 @@ thread_local! {
 
 /// Spends one unit of the running task's budget; once it is spent, yields (the task is woken
 /// at once and polled again, with a fresh budget, after the other ready tasks and the ring's
-/// completions). Called by every member I/O, so a task whose I/O completes inline still lets
-/// the rest of its reactor run.
-pub async fn coop() {
+/// completions). Called by every member and journal I/O before it starts, so a task whose I/O
+/// completes inline still lets the rest of its reactor run. Only for futures polled by a
+/// reactor task or off the reactors: an executor nested inside a task's poll (none exists)
+/// would see a spent budget and spin.
+pub(crate) async fn coop() {
     std::future::poll_fn(|cx| {
         BUDGET.with(|b| match b.get() {
             0 => {
