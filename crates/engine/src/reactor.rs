@@ -183,8 +183,8 @@ thread_local! {
 }
 
 /// Spends one unit of the running task's budget; once it is spent, yields (the task is woken
-/// at once and polled again, with a fresh budget, after the other ready tasks and the ring's
-/// completions). Called by every member and journal I/O before it starts, so a task whose I/O
+/// at once and polled again, with a fresh budget, after the tasks already ready; the ring's
+/// completions are reaped before that, and the tasks they wake queue behind it). Called by every member and journal I/O before it starts, so a task whose I/O
 /// completes inline still lets the rest of its reactor run. Only for futures polled by a
 /// reactor task or off the reactors: an executor nested inside a task's poll (none exists)
 /// would see a spent budget and spin.
