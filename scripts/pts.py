@@ -1090,7 +1090,7 @@ def report(s, files, path, json_rel):
           "lower is better). Server CPU per request is utime+stime from /proc/PID/stat around the 4k "
           "random read cell of the IOPS test (run on its own), over the requests fio completed. The "
           "QD1 write targets on RAID0/RAID1 are measured by `scripts/bench_nbd.py --set qd1`; its "
-          "latest run is in the issue 13 section at the end of this page.\n")
+          "latest run is in the issue 13 section (\"Where each target stands\").\n")
         w("| target | needed | measured | | met |\n|---|---:|---:|---|---|")
         for name, need, got, detail, higher in r2:
             met = got >= need if higher else got <= need
