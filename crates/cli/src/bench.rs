@@ -71,28 +71,23 @@ struct Outcome {
     hist: Histogram<u64>,
 }
 
-/// Runs each future as its own task on this reactor and returns their outputs (None: the task
-/// ended without one, which only a panic does). Not one task joining them all:
-/// a join polls its futures in order, so when I/O completes inline (tmpfs members) the first
-/// loop spends the task's whole cooperative budget on every poll and the others never run
+/// Runs each request loop as its own task on this reactor and returns their outputs; an error
+/// if any task ended without one (only a panic does). Not one task joining them all: a join
+/// polls its futures in order, so when I/O completes inline (tmpfs members) the first loop
+/// spends the task's whole cooperative budget on every poll and the others never run
 /// (`uraid_engine::reactor::coop`).
 async fn as_tasks<T: 'static>(
     futs: impl Iterator<Item = impl std::future::Future<Output = T> + 'static>,
-) -> Vec<Option<T>> {
+) -> Result<Vec<T>> {
     let rxs: Vec<_> = futs
-        .map(|f| {
-            let (tx, rx) = futures::channel::oneshot::channel();
-            uraid_engine::reactor::spawn_local(async move {
-                let _ = tx.send(f.await);
-            });
-            rx
-        })
+        .map(uraid_engine::reactor::spawn_local_output)
         .collect();
-    futures::future::join_all(rxs)
-        .await
-        .into_iter()
-        .map(Result::ok)
-        .collect()
+    let outs: Vec<_> = futures::future::join_all(rxs).await;
+    let lost = outs.iter().filter(|o| o.is_err()).count();
+    if lost > 0 {
+        bail!("{lost} request loop(s) ended without a result");
+    }
+    Ok(outs.into_iter().flatten().collect())
 }
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -233,10 +228,10 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                             }
                         }
                     });
-                    as_tasks(loops)
-                        .await
-                        .into_iter()
-                        .try_for_each(|r| r.unwrap_or(Err(uraid_engine::ArrayError::Shutdown)))
+                    for r in as_tasks(loops).await? {
+                        r.context("preconditioning write failed")?;
+                    }
+                    Ok::<(), anyhow::Error>(())
                 })
             })
             .collect();
@@ -246,8 +241,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
             let _ = t.join();
         }
         for r in results {
-            r.context("reactor stopped")?
-                .context("preconditioning write failed")?;
+            r.context("reactor stopped")??;
         }
         if !args.json {
             eprintln!(
@@ -313,19 +307,18 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
                         Outcome { ops, errors, hist }
                     }
                 });
-                let outs = as_tasks(loops).await;
+                let outs = as_tasks(loops).await?;
                 let mut total = Outcome {
                     ops: 0,
                     errors: 0,
                     hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
                 };
-                let lost = outs.iter().filter(|o| o.is_none()).count();
-                for o in outs.into_iter().flatten() {
+                for o in outs {
                     total.ops += o.ops;
                     total.errors += o.errors;
                     let _ = total.hist.add(&o.hist);
                 }
-                (total, lost)
+                Ok::<Outcome, anyhow::Error>(total)
             })
         })
         .collect();
@@ -335,10 +328,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
         hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
     };
     for r in futures::executor::block_on(futures::future::join_all(futs)) {
-        let (o, lost) = r.context("reactor stopped")?;
-        if lost > 0 {
-            bail!("{lost} request loop(s) ended without a result");
-        }
+        let o = r.context("reactor stopped")??;
         total.ops += o.ops;
         total.errors += o.errors;
         total.hist.add(&o.hist)?;

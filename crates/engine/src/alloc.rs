@@ -6,7 +6,7 @@
 //! (`Volume::persist_page`): what any request observes in memory is already on the members.
 
 use crate::buf::{self, IoBuf, Segments};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Poll, Waker};
@@ -17,7 +17,7 @@ pub(crate) struct AllocMap {
     pub(crate) granule: u64,
     pub(crate) count: u64,
     words: Vec<AtomicU64>,
-    filling: Mutex<HashMap<u64, Vec<Waker>>>,
+    filling: Mutex<HashMap<u64, VecDeque<Waker>>>,
     /// Held while a page is written and its bits changed in memory.
     pub(crate) page_locks: Vec<tokio::sync::Mutex<()>>,
 }
@@ -27,14 +27,6 @@ pub(crate) struct AllocMap {
 pub enum ReadPiece {
     Data { off: u64, data: Segments },
     Hole { off: u64, len: u64 },
-}
-
-/// Registers a waiter's waker once (a task polled again while it waits, as a join is whenever
-/// any of its parts wakes, must not add a copy per poll).
-fn park(waiters: &mut Vec<Waker>, w: &Waker) {
-    if !waiters.iter().any(|x| x.will_wake(w)) {
-        waiters.push(w.clone());
-    }
 }
 
 impl AllocMap {
@@ -113,13 +105,13 @@ impl AllocMap {
         std::future::poll_fn(|cx| {
             let mut f = self.filling.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(w) = f.get_mut(&g) {
-                park(w, cx.waker());
+                crate::reactor::park(w, cx.waker());
                 return Poll::Pending;
             }
             if self.is_set(g) {
                 return Poll::Ready(false);
             }
-            f.insert(g, Vec::new());
+            f.insert(g, VecDeque::new());
             Poll::Ready(true)
         })
         .await
@@ -130,10 +122,10 @@ impl AllocMap {
         std::future::poll_fn(|cx| {
             let mut f = self.filling.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(w) = f.get_mut(&g) {
-                park(w, cx.waker());
+                crate::reactor::park(w, cx.waker());
                 return Poll::Pending;
             }
-            f.insert(g, Vec::new());
+            f.insert(g, VecDeque::new());
             Poll::Ready(())
         })
         .await

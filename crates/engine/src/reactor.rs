@@ -16,6 +16,7 @@ use crate::buf::IoBuf;
 use io_uring::{opcode, types, IoUring};
 use slab::Slab;
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::os::fd::RawFd;
@@ -184,10 +185,11 @@ thread_local! {
 
 /// Spends one unit of the running task's budget; once it is spent, yields (the task is woken
 /// at once and polled again, with a fresh budget, after the tasks already ready; the ring's
-/// completions are reaped before that, and the tasks they wake queue behind it). Called by every member and journal I/O before it starts, so a task whose I/O
-/// completes inline still lets the rest of its reactor run. Only for futures polled by a
-/// reactor task or off the reactors: an executor nested inside a task's poll (none exists)
-/// would see a spent budget and spin.
+/// completions are reaped before that, and the tasks they wake queue behind it). Called by
+/// every member and journal I/O before it starts, so a task whose I/O completes inline still
+/// lets the rest of its reactor run. Only for futures polled by a reactor task or off the
+/// reactors: an executor nested inside a task's poll (none exists) would see a spent budget
+/// and spin.
 pub(crate) async fn coop() {
     std::future::poll_fn(|cx| {
         BUDGET.with(|b| match b.get() {
@@ -217,6 +219,27 @@ pub fn current() -> Option<(usize, usize)> {
 pub fn spawn_local(fut: impl Future<Output = ()> + 'static) {
     let l = local().expect("spawn_local called outside a reactor thread");
     l.spawn(Box::pin(fut));
+}
+
+/// `spawn_local` for a future with an output, which arrives through the channel (cancelled if
+/// the task ends without one: a panic, or the reactor stopping first).
+pub fn spawn_local_output<T: 'static>(
+    fut: impl Future<Output = T> + 'static,
+) -> futures::channel::oneshot::Receiver<T> {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    spawn_local(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx
+}
+
+/// Registers a waiter's waker once: a task re-polled while it waits (a join is polled
+/// whenever any of its parts is woken) would otherwise add a copy on every poll, and a long
+/// wait turns the copies into a wake-up storm.
+pub(crate) fn park(waiters: &mut VecDeque<Waker>, w: &Waker) {
+    if !waiters.iter().any(|x| x.will_wake(w)) {
+        waiters.push_back(w.clone());
+    }
 }
 
 impl Local {

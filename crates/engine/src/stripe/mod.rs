@@ -57,14 +57,10 @@ struct StripeSlot {
 }
 
 impl StripeSlot {
-    /// Registers a waiter's waker once: a task re-polled while it waits (a join of many
-    /// requests is polled whenever any of them is woken) would otherwise add a copy on every
-    /// poll, and a long hold (a write-back journal's deferred member writes) turned that into
-    /// a wake-up storm.
+    /// Registers a waiter's waker once (`reactor::park`; a long hold, a write-back journal's
+    /// deferred member writes, once turned the copies into a wake-up storm).
     fn park(&mut self, w: &Waker) {
-        if !self.waiters.iter().any(|x| x.will_wake(w)) {
-            self.waiters.push_back(w.clone());
-        }
+        crate::reactor::park(&mut self.waiters, w);
     }
 }
 
