@@ -160,8 +160,9 @@ pub struct Array<D: BlockDev> {
     /// The replace started last (recovery/replace.rs); current while its slot has that
     /// replacement generation.
     pub(crate) replacing: std::sync::Mutex<Option<crate::recovery::Replacing>>,
-    /// Whether a unit may hold data (the volume's allocation map; unset: every unit).
-    allocation: std::sync::OnceLock<Box<dyn Fn(u64) -> bool + Send + Sync>>,
+    /// Whether a unit may hold data (the volume's allocation map; unset: every unit); the
+    /// flag says whether a unit whose first write is filling it counts.
+    allocation: std::sync::OnceLock<Box<dyn Fn(u64, bool) -> bool + Send + Sync>>,
     pub(crate) scrub_counts: crate::recovery::ScrubCounts,
     /// The throttle of background work (recovery/mod.rs), shared with the running walks.
     pub(crate) throttle: Arc<std::sync::Mutex<crate::recovery::Throttle>>,
@@ -265,7 +266,7 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Tells the array which units may hold data (`Volume::new`: from the allocation map).
-    pub(crate) fn set_allocation(&self, f: Box<dyn Fn(u64) -> bool + Send + Sync>) {
+    pub(crate) fn set_allocation(&self, f: Box<dyn Fn(u64, bool) -> bool + Send + Sync>) {
         let _ = self.allocation.set(f);
     }
 
@@ -275,7 +276,15 @@ impl<D: BlockDev> Array<D> {
     /// returns zeros from the map) and its first write fills whole stripes, so what any
     /// member holds there does not matter.
     pub(crate) fn skippable(&self, unit: u64) -> bool {
-        self.allocation.get().is_some_and(|f| !f(unit)) && !self.resync.unsynced(unit)
+        self.allocation.get().is_some_and(|f| !f(unit, true)) && !self.resync.unsynced(unit)
+    }
+
+    /// `skippable`, except that a unit whose first write is still filling it counts as
+    /// empty: for a check under the unit's lock (scrub), where the fill has not reached the
+    /// unit yet (it holds whatever the member held: garbage, not a mismatch) or has written
+    /// it whole already (consistent); either way nothing there to verify yet.
+    pub(crate) fn empty_under_lock(&self, unit: u64) -> bool {
+        self.allocation.get().is_some_and(|f| !f(unit, false)) && !self.resync.unsynced(unit)
     }
 
     pub fn geometry(&self) -> &Geometry {

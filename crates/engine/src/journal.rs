@@ -88,6 +88,9 @@ struct LogState {
     unwritten: BTreeMap<u64, ()>,
     /// Every record up to this sequence number is durable.
     durable: u64,
+    /// Per member slot: one past the newest record that writes it (0: none this session).
+    /// A slot is retired up to here before a new device takes it (`journal_retire_slot`).
+    last_with: Vec<u64>,
 }
 
 /// A snapshot for status and metrics.
@@ -322,6 +325,7 @@ impl<D: BlockDev> Journal<D> {
             inflight: BTreeMap::new(),
             unwritten: BTreeMap::new(),
             durable: sb.tail_seq - 1,
+            last_with: Vec::new(),
         };
         let j = Journal {
             mode,
@@ -597,6 +601,13 @@ impl<D: BlockDev> Array<D> {
                     st.head = pos + size;
                     st.inflight.insert(seq, pos);
                     st.unwritten.insert(seq, ());
+                    for e in &entries {
+                        let m = e.member as usize;
+                        if st.last_with.len() <= m {
+                            st.last_with.resize(m + 1, 0);
+                        }
+                        st.last_with[m] = seq + 1;
+                    }
                     break (seq, pos);
                 }
             }
@@ -793,6 +804,34 @@ impl<D: BlockDev> Array<D> {
             if self.locks.is_locked(st) {
                 self.locks.lock(st).await;
                 self.locks.unlock(st, false);
+            }
+        }
+    }
+
+    /// Before a new device takes failed slot `slot` (an add, a hot spare, a replacement
+    /// taking over): every record that wrote the slot's old member is checkpointed away,
+    /// durably. Replay writes a record's entries to whatever device fills the slot at
+    /// assembly; a record from before the failure would write the old member's chunk over
+    /// what the rebuild put on the new device (stale data, or parity that no longer matches
+    /// the stripe) — records after the failure leave the slot out, so nothing would repair
+    /// it. Call it once the slot's failure is durable (no later record writes the slot),
+    /// without holding the superblock lock. Found by the interaction simulator.
+    pub(crate) async fn journal_retire_slot(&self, slot: usize) {
+        let Some(j) = self.journal_active() else {
+            return;
+        };
+        let upto = j.lock().last_with.get(slot).copied().unwrap_or(0);
+        if upto == 0 {
+            return;
+        }
+        // The records up to `upto` finish their member writes...
+        while j.active() && j.lock().inflight.range(..upto).next().is_some() {
+            crate::reactor::yield_now().await;
+        }
+        // ...and the durable tail passes them (members flushed first: journal_checkpoint).
+        while j.active() && self.is_serving() && j.sb.lock().await.tail_seq < upto {
+            if !self.journal_checkpoint().await {
+                crate::reactor::yield_now().await;
             }
         }
     }

@@ -303,15 +303,29 @@ impl<D: BlockDev> Array<D> {
             return Err("the array has no failed or missing member to replace".into());
         }
         self.clear_metadata_area(&dev).await?;
-        let mut meta = self.meta.state.lock().await;
-        // A slot whose old member failed during a replace is its replacement's.
-        let Some(slot) = self
-            .members
-            .failed()
-            .iter()
-            .find(|&i| self.members.replacement(i).is_none())
-        else {
-            return Err("the array has no failed or missing member to replace".into());
+        // No journal record that wrote a failed slot's old member may be replayed onto the
+        // new device (journal_retire_slot): the failures durable, then those records
+        // checkpointed away, before the slot is chosen (again, if another failed meanwhile).
+        let mut retired = MemberSet::EMPTY;
+        let (mut meta, slot) = loop {
+            self.failure_barrier().await;
+            for i in self.members.failed().minus(retired).iter() {
+                self.journal_retire_slot(i).await;
+                retired = retired.with(i);
+            }
+            let meta = self.meta.state.lock().await;
+            // A slot whose old member failed during a replace is its replacement's.
+            let Some(slot) = self
+                .members
+                .failed()
+                .iter()
+                .find(|&i| self.members.replacement(i).is_none())
+            else {
+                return Err("the array has no failed or missing member to replace".into());
+            };
+            if retired.contains(slot) {
+                break (meta, slot);
+            }
         };
         if !self.members.can_install(slot) {
             return Err(format!(

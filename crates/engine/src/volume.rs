@@ -46,7 +46,14 @@ impl<D: BlockDev> Volume<D> {
         let map = Arc::new(AllocMap::new(array.geometry(), map));
         // Background walks (rebuild, replace, scrub) skip units no granule data is in.
         let (m, sdb) = (map.clone(), array.geometry().stripe_data_bytes());
-        array.set_allocation(Box::new(move |unit| m.in_use(unit * sdb / m.granule)));
+        array.set_allocation(Box::new(move |unit, filling| {
+            let g = unit * sdb / m.granule;
+            if filling {
+                m.in_use(g)
+            } else {
+                m.is_set_in_range(g)
+            }
+        }));
         Arc::new(Volume {
             array,
             map,

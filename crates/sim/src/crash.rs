@@ -246,7 +246,7 @@ pub fn trial_journal_size(g: &Geometry) -> usize {
 }
 
 #[derive(Debug, Clone)]
-enum Ev {
+pub(crate) enum Ev {
     Write {
         off: u64,
         data: WriteBuf,
@@ -487,10 +487,27 @@ pub fn reassemble_with(
     present: &[bool],
     make_dev: impl Fn(usize, Vec<u8>) -> MemDev,
 ) -> Result<Arc<Volume<MemDev>>, String> {
-    let plan = plan_from(images, present)?;
+    let journal = (images.len() > present.len()).then_some(present.len());
+    reassemble_on(images, present, journal, None, sim_options(), make_dev)
+}
+
+/// `reassemble_with` where the journal is image `journal` (if the array has one; that image
+/// is never taken for a member), the array runs on `rt`'s reactors with `opts`.
+pub fn reassemble_on(
+    images: &[Vec<u8>],
+    present: &[bool],
+    journal: Option<usize>,
+    rt: Option<uraid_engine::RuntimeHandle>,
+    opts: uraid_engine::ArrayOptions,
+    make_dev: impl Fn(usize, Vec<u8>) -> MemDev,
+) -> Result<Arc<Volume<MemDev>>, String> {
+    let mut present = present.to_vec();
+    if let Some(j) = journal.filter(|&j| j < present.len()) {
+        present[j] = false;
+    }
+    let plan = plan_from(images, &present, journal.is_some())?;
     plan.can_start()
         .map_err(|e| format!("{e}; refused: {:?}", plan.refused))?;
-    let members = present.len();
     let g = plan.sb.geometry;
     let mo = uraid_core::alloc::MAP_OFFSET as usize;
     let len = uraid_core::alloc::pages(&g) * uraid_core::alloc::PAGE;
@@ -508,19 +525,10 @@ pub fn reassemble_with(
     }
     let (words, _) = uraid_engine::alloc::merge_map_copies(&g, &copies);
     // The journal (the image after the members'), replayed as `assemble::open_volume` does.
-    let build = |sb, devs| {
-        Array::new(
-            sb,
-            plan.ids(),
-            devs,
-            None,
-            sim_options(),
-            plan.bitmap.clone(),
-        )
-    };
-    let array = match (plan.sb.journal, images.get(members)) {
+    let build = |sb, devs| Array::new(sb, plan.ids(), devs, rt.clone(), opts, plan.bitmap.clone());
+    let array = match (plan.sb.journal, journal.and_then(|j| images.get(j))) {
         (Some((_, mode)), Some(img)) => {
-            let jdev = make_dev(members, img.clone());
+            let jdev = make_dev(journal.expect("journal image"), img.clone());
             uraid_engine::journal::replay(jdev, mode, &plan.sb, devs, build)
                 .map_err(|e| format!("journal replay: {e}"))?
         }
@@ -606,12 +614,17 @@ pub fn resync_images(
 /// Whether the product refuses to start from these members without
 /// `--start-dirty-degraded` (`Plan::check_dirty_degraded`).
 pub fn dirty_degraded_refused(images: &[Vec<u8>], present: &[bool]) -> bool {
-    plan_from(images, present).is_ok_and(|p| p.check_dirty_degraded(false).is_err())
+    plan_from(images, present, images.len() > present.len())
+        .is_ok_and(|p| p.check_dirty_degraded(false).is_err())
 }
 
 /// The product's assembly decision (`assemble::decide`, no --force) for the member images
 /// given (`present[i]`), named memN.
-fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assemble::Plan, String> {
+fn plan_from(
+    images: &[Vec<u8>],
+    present: &[bool],
+    journal_given: bool,
+) -> Result<uraid_engine::assemble::Plan, String> {
     let mut found = Vec::new();
     let mut refused = Vec::new();
     for (i, img) in images.iter().enumerate().take(present.len()) {
@@ -628,7 +641,7 @@ fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assem
         }
     }
     let mut plan = decide(found, refused, false).map_err(|e| e.to_string())?;
-    if plan.sb.journal.is_some() && images.len() > present.len() {
+    if plan.sb.journal.is_some() && journal_given {
         plan.journal = Some("journal".into());
     }
     // The write-intent bitmap as the product loads it: the union of the usable members'
@@ -655,12 +668,12 @@ fn plan_from(images: &[Vec<u8>], present: &[bool]) -> Result<uraid_engine::assem
 }
 
 /// A write that may be current in a sector: (bytes, volume offset, issued, acknowledged).
-type Cand<'a> = (&'a WriteBuf, u64, u64, Option<u64>);
+pub(crate) type Cand<'a> = (&'a WriteBuf, u64, u64, Option<u64>);
 
 /// What sector `[lo, hi)` may hold after `events` on top of a volume where it held any of
 /// `before`: the durable floor write and whatever may have replaced it, or, with no floor,
 /// any of `before` and every write of the history. Also the candidates and the floor.
-fn allowed_values<'a>(
+pub(crate) fn allowed_values<'a>(
     events: &'a [Ev],
     lo: u64,
     hi: u64,

@@ -4,6 +4,7 @@
 //! by the product itself.
 
 pub mod crash;
+pub mod interaction;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};

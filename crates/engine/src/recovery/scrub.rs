@@ -284,7 +284,16 @@ impl<D: BlockDev> Array<D> {
                 });
             }
             self.locks.lock(unit).await;
-            let r = self.scrub_unit(unit, mode).await;
+            // Checked again under the lock: a first write may have begun filling the unit's
+            // granule since (it is not verified until the fill is complete and recorded).
+            let r = if self.empty_under_lock(unit) {
+                Ok(UnitResult {
+                    skipped: true,
+                    ..Default::default()
+                })
+            } else {
+                self.scrub_unit(unit, mode).await
+            };
             self.locks.unlock(unit, false);
             r
         }))
