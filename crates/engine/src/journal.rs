@@ -467,6 +467,9 @@ pub(crate) struct Applied<'a, D: BlockDev> {
     j: &'a Journal<D>,
     seq: u64,
     done: bool,
+    /// The members the record writes: the operation's writes to any other member (failed
+    /// since it was planned) must be left out too.
+    pub(crate) kept: MemberSet,
 }
 
 impl<D: BlockDev> Applied<'_, D> {
@@ -569,31 +572,45 @@ impl<D: BlockDev> Array<D> {
             self.journal_failed_wait().await;
             return Ok(None);
         }
-        // Members left out of this record because they failed must be recorded failed
-        // before the record can be durable: else a cut brings them back trusted, and replay
-        // makes parity over their stale chunks "consistent" (two atomic loads when nothing
-        // failed since the last round).
-        self.failure_barrier().await;
-        let entries: Vec<Entry> = writes
-            .iter()
-            .map(|(m, at, b)| Entry {
-                member: *m as u16,
-                len: b.len() as u32,
-                off: *at,
-            })
-            .collect();
-        let plen: u64 = writes.iter().map(|w| w.2.len() as u64).sum();
-        let size = fmt::HEADER as u64 + fmt::align_up(plen);
-        // Reserve space (checkpointing when the log is full).
-        let (seq, pos) = loop {
+        // Reserve space (checkpointing when the log is full). Members left out of this
+        // record because they failed must be recorded failed before the record can be
+        // durable: else a cut brings them back trusted, and replay makes parity over their
+        // stale chunks "consistent" (two atomic loads when nothing failed since the last
+        // round). The record leaves out exactly the members failed when it is reserved
+        // (taken again under the log lock), so a member that failed after this operation
+        // was planned gets no entry: `journal_retire_slot` reads `last_with` under the same
+        // lock, so no record reserved after a slot's failure can write its next device.
+        let (seq, pos, kept, entries, plen) = loop {
             if !j.active() {
                 self.journal_failed_wait().await;
                 return Ok(None);
             }
             // An array past its tolerance frees no space (checkpoints stop): fail the write.
             self.check_serving()?;
+            self.failure_barrier().await;
+            let failed = self.members.failed();
+            let kept: MemberSet = writes
+                .iter()
+                .map(|w| w.0)
+                .filter(|&m| !failed.contains(m))
+                .collect();
+            let entries: Vec<Entry> = writes
+                .iter()
+                .filter(|w| kept.contains(w.0))
+                .map(|(m, at, b)| Entry {
+                    member: *m as u16,
+                    len: b.len() as u32,
+                    off: *at,
+                })
+                .collect();
+            let plen: u64 = entries.iter().map(|e| e.len as u64).sum();
+            let size = fmt::HEADER as u64 + fmt::align_up(plen);
             {
                 let mut st = j.lock();
+                if self.members.failed() != failed {
+                    // Another member failed meanwhile: make that durable first.
+                    continue;
+                }
                 let pos = fmt::next_lap(st.head, size, j.log_len);
                 if pos + size - st.tail <= j.log_len {
                     let seq = st.next_seq;
@@ -608,7 +625,7 @@ impl<D: BlockDev> Array<D> {
                         }
                         st.last_with[m] = seq + 1;
                     }
-                    break (seq, pos);
+                    break (seq, pos, kept, entries, plen);
                 }
             }
             if !self.journal_checkpoint().await {
@@ -624,7 +641,11 @@ impl<D: BlockDev> Array<D> {
             armed: true,
         };
         let mut rec = Vec::new();
-        let payload: Vec<&[u8]> = writes.iter().map(|w| &w.2[..]).collect();
+        let payload: Vec<&[u8]> = writes
+            .iter()
+            .filter(|w| kept.contains(w.0))
+            .map(|w| &w.2[..])
+            .collect();
         fmt::encode_record(j.epoch, seq, pos, &entries, &payload, &mut rec);
         let at = fmt::LOG_START + pos % j.log_len;
         let r = j.dev_write(at, buf::copy_of(&rec)).await;
@@ -652,6 +673,7 @@ impl<D: BlockDev> Array<D> {
             j,
             seq,
             done: false,
+            kept,
         }))
     }
 
@@ -817,7 +839,7 @@ impl<D: BlockDev> Array<D> {
     /// it. Call it once the slot's failure is durable (no later record writes the slot),
     /// without holding the superblock lock. Found by the interaction simulator.
     pub(crate) async fn journal_retire_slot(&self, slot: usize) {
-        let Some(j) = self.journal_active() else {
+        let Some(j) = self.journal.get() else {
             return;
         };
         let upto = j.lock().last_with.get(slot).copied().unwrap_or(0);
@@ -833,6 +855,12 @@ impl<D: BlockDev> Array<D> {
             if !self.journal_checkpoint().await {
                 crate::reactor::yield_now().await;
             }
+        }
+        if !j.active() {
+            // A failed journal is replayed no more once "no journal" is durable: wait for
+            // that round (else the install round could persist while the superblocks still
+            // name the journal, and a cut would replay the records kept above).
+            self.journal_failed_wait().await;
         }
     }
 

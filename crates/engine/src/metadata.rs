@@ -313,6 +313,9 @@ impl<D: BlockDev> Array<D> {
                 self.journal_retire_slot(i).await;
                 retired = retired.with(i);
             }
+            // Past the tolerance the records stay (a forced assembly may want them), so no
+            // device may take a slot they wrote.
+            self.check_serving().map_err(|e| e.to_string())?;
             let meta = self.meta.state.lock().await;
             // A slot whose old member failed during a replace is its replacement's.
             let Some(slot) = self

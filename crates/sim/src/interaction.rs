@@ -173,9 +173,26 @@ struct Media {
 
 /// The model: the volume's contents when the stage began, per sector possibly unknown
 /// (a refused stripe), and the stage's history.
+#[derive(Clone)]
 struct Base {
     bytes: Vec<u8>,
     unknown: Vec<bool>,
+    /// Other values a sector may show without a write (the previous histories allowed
+    /// them and the read-back happened to show another): after a power cut a mirror row
+    /// not yet resynced reads as its first copy, and as another copy once the first is lost
+    /// (md does the same); cleared by a clean stop (every row in sync).
+    alts: std::collections::HashMap<usize, Vec<Vec<u8>>>,
+}
+
+impl Base {
+    fn may_be(&self, s: usize, have: &[u8]) -> bool {
+        let lo = s * SECTOR as usize;
+        have == &self.bytes[lo..lo + SECTOR as usize]
+            || self
+                .alts
+                .get(&s)
+                .is_some_and(|a| a.iter().any(|v| v == have))
+    }
 }
 
 struct Hist {
@@ -199,8 +216,8 @@ struct Stage {
     clock: Arc<Clock>,
     base: Base,
     hist: Mutex<Hist>,
-    /// Member fault switches by slot (as assembled) and the journal's.
-    faults: Vec<Option<Arc<crate::Faults>>>,
+    /// Fault switches of every device on this stage's clock, by name; the journal's.
+    faults: Mutex<Vec<(String, Arc<crate::Faults>)>>,
     journal_faults: Option<Arc<crate::Faults>>,
     /// Media errors planted this stage (member slots).
     bad: Mutex<Vec<usize>>,
@@ -226,6 +243,18 @@ impl Stage {
     fn fail(&self, e: String) {
         self.error.lock().expect("error").get_or_insert(e);
         self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// The fault switch of the device serving slot `slot` now.
+    fn faults_of(&self, slot: usize) -> Option<Arc<crate::Faults>> {
+        let a = self.vol.array();
+        let name = a.member_name(slot)?;
+        self.faults
+            .lock()
+            .expect("faults")
+            .iter()
+            .find(|f| f.0 == name)
+            .map(|f| f.1.clone())
     }
 
     fn over(&self) -> bool {
@@ -276,9 +305,8 @@ impl Stage {
     }
 
     /// Checks a read's bytes against what the history allows while serving (module docs).
-    fn check_live(&self, off: u64, got: &[u8], issue: u64) -> Result<(), String> {
+    fn check_live(&self, off: u64, got: &[u8], issue: u64, done: u64) -> Result<(), String> {
         let h = self.hist.lock().expect("hist");
-        let done = h.time;
         for (k, have) in got.chunks(SECTOR as usize).enumerate() {
             let lo = off + k as u64 * SECTOR;
             let s = (lo / SECTOR) as usize;
@@ -315,12 +343,13 @@ impl Stage {
                 continue;
             }
             let base = &self.base.bytes[lo as usize..(lo + SECTOR) as usize];
-            let ok = (base_ok && have == base)
+            let ok = (base_ok && self.base.may_be(s, have))
                 || cands.iter().any(|c| !superseded(c) && bytes(c) == have);
             if !ok {
                 return Err(format!(
-                    "read while serving: sector {s} (volume offset {lo}) holds bytes no write \
+                    "read while serving: sector {s} (volume offset {lo}) holds {} no write \
                      allows ({} candidate writes, read issued at t={issue}, done t={done})",
+                    describe(have, base),
                     cands.len()
                 ));
             }
@@ -340,10 +369,14 @@ impl Stage {
                 let sdb = g.stripe_data_bytes();
                 let unsynced = (off / sdb..=(off + len - 1) / sdb).any(|st| a.stripe_unsynced(st));
                 // A media error plus lost members can exceed one stripe's redundancy.
-                let planted = self.bad.lock().expect("bad").len()
-                    + a.failed().len()
-                    + a.rebuild_state().len()
-                    > g.fault_tolerance();
+                let lost = self
+                    .bad
+                    .lock()
+                    .expect("bad")
+                    .iter()
+                    .chain(a.rebuild_state().iter().map(|r| &r.0))
+                    .fold(a.failed(), |s, &m| s.with(m));
+                let planted = lost.len() > g.fault_tolerance();
                 unsynced || planted
             }
             ArrayError::Failed { .. } => !a.is_serving() && self.cfg.beyond,
@@ -372,6 +405,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
     let mut base = Base {
         bytes: vec![0; size as usize],
         unknown: vec![false; (size / SECTOR) as usize],
+        alts: Default::default(),
     };
     let mut report = SimReport::default();
     let mut rng = Rng::new(cfg.seed);
@@ -448,7 +482,7 @@ fn run_stage(
                 media.images[order[k]] = img;
             }
             rt.shutdown();
-            return verify(cfg, media, &[], base).map(Some);
+            return verify(cfg, media, &[], base, false).map(Some);
         }
         Err(e) if cfg.beyond => {
             report.actions.push(format!("assembly refused: {e}"));
@@ -461,16 +495,11 @@ fn run_stage(
     // follow that order: map back to device indexes.
     let devs = devs.into_inner().expect("devs");
     let a = vol.array().clone();
-    let g = *a.geometry();
     // Check what the media hold against the model (the previous stage's history is folded
     // into `base` by `verify`), then take the read-back as this stage's base.
-    let faults: Vec<Option<Arc<crate::Faults>>> = (0..g.members)
-        .map(|s| {
-            let name = a.member_name(s)?;
-            devs.iter()
-                .find(|d| d.1.name() == name)
-                .map(|d| d.1.faults.clone())
-        })
+    let faults: Vec<(String, Arc<crate::Faults>)> = devs
+        .iter()
+        .map(|d| (d.1.name().to_string(), d.1.faults.clone()))
         .collect();
     let journal_faults = media
         .journal
@@ -485,7 +514,7 @@ fn run_stage(
             done: Vec::new(),
             time: 0,
         }),
-        faults,
+        faults: Mutex::new(faults),
         journal_faults,
         bad: Mutex::new(Vec::new()),
         clients_done: AtomicUsize::new(0),
@@ -547,16 +576,34 @@ fn run_stage(
         }
     }
     if let Some(e) = st.error.lock().expect("error").take() {
+        report
+            .actions
+            .extend(st.actions.lock().expect("actions").drain(..));
         return Err(format!("stage {stage}: {e}"));
     }
     // The stage ends: cleanly in one of three, else the power goes now (if it did not yet).
     let mut clean = false;
     if !clock.is_off() && rng.below(3) == 0 {
+        // A clean stop is a FLUSH of everything acknowledged before it.
+        let i = {
+            let mut h = st.hist.lock().expect("hist");
+            let issue = h.now();
+            h.events.push(Ev::Flush { issue, ack: None });
+            h.done.push(None);
+            h.events.len() - 1
+        };
         let v = vol.clone();
         let r = rt
             .handle()
             .block_on(0, move || async move { v.close().await });
         clean = r.is_ok() && !clock.is_off();
+        if clean {
+            let mut h = st.hist.lock().expect("hist");
+            let t = h.now();
+            if let Ev::Flush { ack, .. } = &mut h.events[i] {
+                *ack = Some(t);
+            }
+        }
         st.log(format!("clean stop: {r:?}"));
     }
     clock.power_cut();
@@ -591,21 +638,24 @@ fn run_stage(
     report
         .actions
         .extend(st.actions.lock().expect("actions").drain(..));
-    let old_base = Base {
-        bytes: st.base.bytes.clone(),
-        unknown: st.base.unknown.clone(),
-    };
+    let old_base = st.base.clone();
     drop(st);
     drop(a);
     drop(vol);
     rt.shutdown();
-    verify(cfg, media, &hist.events, old_base).map(Some)
+    verify(cfg, media, &hist.events, old_base, clean).map(Some)
 }
 
 /// Reassembles from the media (no power clock), reads every stripe and checks each sector
 /// against `events` on top of `base`; returns the next base. Beyond the tolerance, a refusal
 /// to assemble or a read error is clean; wrong bytes never are.
-fn verify(cfg: &SimConfig, media: &Media, events: &[Ev], base: Base) -> Result<Base, String> {
+fn verify(
+    cfg: &SimConfig,
+    media: &Media,
+    events: &[Ev],
+    base: Base,
+    clean: bool,
+) -> Result<Base, String> {
     let vol = match reassemble_on(
         &media.images,
         &media.present,
@@ -647,12 +697,12 @@ fn verify(cfg: &SimConfig, media: &Media, events: &[Ev], base: Base) -> Result<B
                 |i, img| MemDev::from_image(format!("mem{i}"), img),
             )
             .map_err(|e| format!("does not assemble with member {out} left out: {e}"))?;
-            let known = Base {
-                bytes: next.bytes.clone(),
-                unknown: next.unknown.clone(),
-            };
-            read_back(cfg, &vol, &[], &known, &format!("member {out} left out"))?;
+            read_back(cfg, &vol, &[], &next, &format!("member {out} left out"))?;
         }
+    }
+    let mut next = next;
+    if clean {
+        next.alts.clear();
     }
     Ok(next)
 }
@@ -669,10 +719,7 @@ fn read_back(
     let a = vol.array().clone();
     let g = *a.geometry();
     let sdb = g.stripe_data_bytes();
-    let mut next = Base {
-        bytes: base.bytes.clone(),
-        unknown: base.unknown.clone(),
-    };
+    let mut next = base.clone();
     for stripe in 0..g.units() {
         let off = stripe * sdb;
         match futures::executor::block_on(vol.read(off, sdb)) {
@@ -682,14 +729,16 @@ fn read_back(
                     let lo = off + k as u64 * SECTOR;
                     let s = (lo / SECTOR) as usize;
                     let before = &base.bytes[lo as usize..(lo + SECTOR) as usize];
-                    let (allowed, cands, floor) =
-                        allowed_values(events, lo, lo + SECTOR, vec![before.to_vec()]);
+                    let mut was = vec![before.to_vec()];
+                    was.extend(base.alts.get(&s).cloned().unwrap_or_default());
+                    let (allowed, cands, floor) = allowed_values(events, lo, lo + SECTOR, was);
                     let unknown_ok = base.unknown[s] && floor.is_none();
                     if !unknown_ok && !allowed.iter().any(|v| v == have) {
                         return Err(format!(
                             "after reassembly ({how}) sector {s} (volume offset {lo}, stripe \
-                             {stripe}) holds bytes the history does not allow ({} candidate \
+                             {stripe}) holds {} the history does not allow ({} candidate \
                              writes, durable floor {:?}); members {:?}",
+                            describe(have, before),
                             cands.len(),
                             floor.map(|f| (f.2, f.3)),
                             (0..g.members).map(|m| a.member_name(m)).collect::<Vec<_>>()
@@ -697,6 +746,17 @@ fn read_back(
                     }
                     next.bytes[lo as usize..(lo + SECTOR) as usize].copy_from_slice(have);
                     next.unknown[s] = false;
+                    let mut others: Vec<Vec<u8>> = Vec::new();
+                    for v in allowed {
+                        if v != have && !others.contains(&v) {
+                            others.push(v);
+                        }
+                    }
+                    if others.is_empty() {
+                        next.alts.remove(&s);
+                    } else {
+                        next.alts.insert(s, others);
+                    }
                 }
             }
             Err(ArrayError::Unreadable { .. }) if a.stripe_unsynced(stripe) || cfg.beyond => {
@@ -718,6 +778,23 @@ fn read_back(
         }
     }
     Ok(next)
+}
+
+/// What wrong bytes look like (for failure messages).
+fn describe(have: &[u8], base: &[u8]) -> String {
+    if have.iter().all(|&b| b == 0) {
+        "zeros".into()
+    } else if have.iter().all(|&b| b == 0xEE) {
+        "a new device's fill (0xEE)".into()
+    } else if base.iter().all(|&b| b == 0) {
+        format!("bytes {:02x?}.. where zeros were", &have[..8])
+    } else {
+        format!(
+            "bytes {:02x?}.. where {:02x?}.. were",
+            &have[..8],
+            &base[..8]
+        )
+    }
 }
 
 /// One client connection: a seeded mix of operations, every read checked.
@@ -762,10 +839,12 @@ async fn client(st: &Stage, seed: u64) {
             }
             50..=84 => {
                 let issue = st.hist.lock().expect("hist").now();
-                match st.vol.read(off, len).await {
+                let r = st.vol.read(off, len).await;
+                let done = st.hist.lock().expect("hist").now();
+                match r {
                     Ok(seg) => {
                         st.reads.fetch_add(1, Ordering::Relaxed);
-                        if let Err(e) = st.check_live(off, &seg.to_vec(), issue) {
+                        if let Err(e) = st.check_live(off, &seg.to_vec(), issue, done) {
                             st.fail(e);
                             return;
                         }
@@ -806,6 +885,10 @@ fn new_device(st: &Stage) -> (usize, MemDev) {
     d.faults.yield_ops.store(true, Ordering::Relaxed);
     d.faults.jitter.store(true, Ordering::Relaxed);
     st.new_devs.lock().expect("new devs").push((i, d.share()));
+    st.faults
+        .lock()
+        .expect("faults")
+        .push((d.name().to_string(), d.faults.clone()));
     (i, d)
 }
 
@@ -869,7 +952,7 @@ async fn chaos(st: &Stage, seed: u64) {
             }
             1 if lost < limit => {
                 if let Some(v) = pick(&mut r) {
-                    if let Some(f) = &st.faults[v] {
+                    if let Some(f) = &st.faults_of(v) {
                         let after = r.below(8) as i64;
                         if after == 0 {
                             f.kill();
@@ -884,7 +967,7 @@ async fn chaos(st: &Stage, seed: u64) {
             }
             2 if lost < limit && tol > 0 => {
                 if let Some(v) = pick(&mut r) {
-                    if let Some(f) = &st.faults[v] {
+                    if let Some(f) = &st.faults_of(v) {
                         let at = DATA_OFFSET + r.below(g.member_data / SECTOR) * SECTOR;
                         f.bad_range(at, at + SECTOR * (1 + r.below(8)));
                         st.bad.lock().expect("bad").push(v);
@@ -910,7 +993,19 @@ async fn chaos(st: &Stage, seed: u64) {
                     let res = st.vol.replace_member(v, d, uuid_of(i, st.cfg.seed)).await;
                     st.log(format!("replace {v} by mem{i}: {res:?}"));
                     if res.is_ok() {
-                        let o = st.vol.replace_run(&st.stop).await;
+                        // Sometimes the member being replaced dies meanwhile: the
+                        // replacement takes its slot and is rebuilt.
+                        let dies = (r.below(3) == 0).then(|| r.below(200));
+                        let old = st.faults_of(v);
+                        let kill = async {
+                            if let (Some(after), Some(f)) = (dies, &old) {
+                                pause(after).await;
+                                f.kill();
+                                st.bad.lock().expect("bad").push(v);
+                                st.log(format!("member {v} dies during its replace"));
+                            }
+                        };
+                        let (o, ()) = futures::join!(st.vol.replace_run(&st.stop), kill);
                         st.log(format!("replace run: {o:?}"));
                     }
                 }

@@ -366,7 +366,10 @@ impl<D: BlockDev> Array<D> {
         }
         let mut meta = self.meta.state.lock().await;
         if self.members.is_failed(i) {
-            return self.takeover_locked(meta, r).await;
+            {
+                drop(meta);
+                return self.takeover(r).await;
+            }
         }
         if self.members.replacement(i).map(|x| x.0) != Some(r.gen) {
             return Err(ArrayError::Refused(format!(
@@ -396,14 +399,20 @@ impl<D: BlockDev> Array<D> {
             if self.members.is_failed(i) {
                 // The old device failed before the promotion: writes meanwhile skipped the
                 // slot, so the new device is rebuilt.
-                return self.takeover_locked(meta, r).await;
+                {
+                    drop(meta);
+                    return self.takeover(r).await;
+                }
             }
             return Ok(ReplaceOutcome::Replaced { slot: i });
         }
         self.members.end_swap(i);
         if swap != Some(Swap::Failed) {
             // The slot failed before the round: it kept its old identity.
-            return self.takeover_locked(meta, r).await;
+            {
+                drop(meta);
+                return self.takeover(r).await;
+            }
         }
         // Its superblock could not be written: the round named the old device again (one
         // event past the replacement's); what failed on it is on the old one.
@@ -419,13 +428,19 @@ impl<D: BlockDev> Array<D> {
         self: &Arc<Self>,
         r: Replacing,
     ) -> Result<ReplaceOutcome, ArrayError> {
-        self.on_reactor(move |a| async move {
-            a.failure_barrier().await;
-            let meta = a.meta.state.lock().await;
-            a.takeover_locked(meta, r).await
-        })
-        .await
-        .unwrap_or(Err(ArrayError::Shutdown))
+        self.on_reactor(move |a| async move { a.takeover(r).await })
+            .await
+            .unwrap_or(Err(ArrayError::Shutdown))
+    }
+
+    /// The take-over itself: the slot's failure durable, then every journal record that
+    /// wrote its old member checkpointed away (`journal_retire_slot`: replay must never
+    /// write one onto the replacement), then, under the superblock lock, the add protocol.
+    async fn takeover(&self, r: Replacing) -> Result<ReplaceOutcome, ArrayError> {
+        self.failure_barrier().await;
+        self.journal_retire_slot(r.slot).await;
+        let meta = self.meta.state.lock().await;
+        self.takeover_locked(meta, r).await
     }
 
     /// `replacement_takes_over` with the superblock lock held.

@@ -375,6 +375,11 @@ impl<D: BlockDev> Array<D> {
             // With a journal: the whole update is durable there before any member sees it.
             let record = self.journal_log(&writes).await?;
             if let Some(r) = record {
+                // Members that failed since the plan: not in the record, not written.
+                let writes: Vec<(usize, u64, IoBuf)> = writes
+                    .into_iter()
+                    .filter(|w| r.kept.contains(w.0))
+                    .collect();
                 if self.can_defer() {
                     let region = self.intent_deferred_begin(stripe);
                     return Ok(Some(r.defer(writes, region)));
