@@ -2,7 +2,7 @@
 """A/B engine benchmark: two uraid binaries side by side on the same kind of /dev/shm members.
 
 Used to show that a change leaves the engine's speed unchanged within run-to-run noise
-(docs/perf-notes.md). Each binary gets its own member files (its own on-disk format version),
+(docs/investigations/perf-notes.md). Each binary gets its own member files (its own on-disk format version),
 created and preconditioned (whole volume written) by that binary; then every workload runs
 alternately A, B, A, B... and the medians, the ratio B/A and each side's spread
 ((max - min) / median, the noise) are reported. Usage:

@@ -2,7 +2,8 @@
 """A/B over NBD: two uraid binaries serving the same members in turn, fio (ioengine=nbd, one
 connection, Unix socket) against each, alternating A, B, A, B...; medians of IOPS and of the
 server's CPU time per request (utime+stime from /proc/PID/stat around the run), the ratio B/A
-and each side's spread ((max - min) / median). Used for the metrics cost in docs/perf-notes.md
+and each side's spread ((max - min) / median). Used for the metrics cost in
+docs/investigations/perf-notes.md
 (A = the build before the change, B = with it; with B's control socket and a Prometheus
 scrape every second while it runs, --scrape). Usage:
 

@@ -9,7 +9,7 @@ and reports medians. Usage:
     scripts/bench_engine.py [--runs 3] [--runtime 5] [--size 1G] [--dir /dev/shm/uraid-bench]
                             [--out docs/bench-engine.md]
 
-The Markdown it writes is pasted into docs/perf-notes.md.
+The Markdown it writes is pasted into docs/investigations/perf-notes.md.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 

@@ -1019,8 +1019,8 @@ def report(s, files, path, json_rel):
     w(f"This page, its plots and the raw numbers are produced by one command on a fresh machine ({took}):\n")
     w("```sh\n./scripts/setup.sh && python3 scripts/pts.py\n```\n")
     w(f"Machine-readable results: [{os.path.basename(json_rel)}]({json_rel}). "
-      "Deeper one-off investigations (CPU per request, profiles, RAID0/RAID5) are in "
-      "[perf-notes.md](perf-notes.md).\n")
+      "Deeper one-off investigations (CPU per request, profiles, RAID0/RAID5, performance round 2) are in "
+      "[perf-notes.md](investigations/perf-notes.md) and [round2-performance.md](investigations/round2-performance.md).\n")
     if s.quick:
         w("**Quick mode** (smoke run: reduced matrix, one short round; numbers are not comparable).\n")
     w("## Machine\n")
@@ -1077,7 +1077,7 @@ def report(s, files, path, json_rel):
     if checks:
         w("Targets from the engine (issue 2) and NBD server (issue 3) issues that this suite measures "
           "(the NBD issue's RAID0 and CPU-per-request targets need `scripts/bench_nbd.py`; see "
-          "perf-notes.md)." + (" The raw baseline here is fio psync, which on tmpfs runs about twice as "
+          "investigations/perf-notes.md)." + (" The raw baseline here is fio psync, which on tmpfs runs about twice as "
           "fast as the fio io_uring baseline the engine targets were first measured against, so these "
           "ratios are stricter than the issue's." if getattr(s, "raw_engine", None) == "psync" else "") + "\n")
         w("| target | needed | measured | | met |\n|---|---:|---:|---|---|")
@@ -1090,7 +1090,7 @@ def report(s, files, path, json_rel):
           "lower is better). Server CPU per request is utime+stime from /proc/PID/stat around the 4k "
           "random read cell of the IOPS test (run on its own), over the requests fio completed. The "
           "QD1 write targets on RAID0/RAID1 are measured by `scripts/bench_nbd.py --set qd1`; its "
-          "latest run is in the issue 13 section (\"Where each target stands\").\n")
+          "latest run is in [round2-performance.md](investigations/round2-performance.md) (\"Where each target stands\").\n")
         w("| target | needed | measured | | met |\n|---|---:|---:|---|---|")
         for name, need, got, detail, higher in r2:
             met = got >= need if higher else got <= need
