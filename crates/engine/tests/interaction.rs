@@ -87,9 +87,28 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
         failures.join("\n\n")
     );
     let count = |what: &str| total.actions.iter().filter(|a| a.contains(what)).count();
+    // The mix really happened (a configuration change that drops a fault class fails here).
+    for what in [
+        "added into a failed slot: Ok",
+        "takes over: Ok",
+        "replace run: Ok",
+        "rebuild: Ok",
+        "resync: Ok",
+        "scrub Repair: Ok",
+        "planted corruption",
+        "dies after",
+        "media error",
+        "journal device dies",
+        "clean stop: Ok",
+        "operator fails",
+        "remove",
+    ] {
+        assert!(count(what) > 0, "no '{what}' in {} stages", total.stages);
+    }
+    assert!(total.power_cuts * 2 > total.stages, "{total:?}");
     eprintln!(
         "{} stages, {} power cuts, {} writes acknowledged, {} reads checked; adds {}, \
-         replaces {}, rebuilds {}, resyncs {}, scrubs {}, removes {}",
+         replaces {}, rebuilds {}, resyncs {}, scrubs {}, removes {}, planted {}",
         total.stages,
         total.power_cuts,
         total.acked_writes,
@@ -99,7 +118,8 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
         count("rebuild:"),
         count("resync:"),
         count("scrub"),
-        count("remove")
+        count("remove"),
+        count("planted")
     );
 }
 

@@ -175,6 +175,8 @@ struct Media {
     /// Devices the array may be assembled from (old replaced ones stay: assembly must
     /// refuse them by uuid).
     present: Vec<bool>,
+    /// The last stage stopped cleanly (every stripe in sync).
+    clean: bool,
 }
 
 /// The model: the volume's contents when the stage began, per sector possibly unknown
@@ -406,6 +408,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
         images,
         journal,
         present: vec![true; n],
+        clean: true,
     };
     let size = g.volume_size();
     let mut base = Base {
@@ -477,6 +480,7 @@ fn run_stage(
             report
                 .actions
                 .push(format!("power cut during assembly: {e}"));
+            media.clean = false;
             report.power_cuts += 1;
             let order: Vec<usize> = devs.lock().expect("devs").iter().map(|d| d.0).collect();
             for (k, img) in clock
@@ -538,6 +542,31 @@ fn run_stage(
         a.rebuild_state(),
         a.needs_resync()
     ));
+    // Planted corruption: after a clean stop, on a level whose scrub can locate one bad
+    // chunk (two or more parities), a sector of one chunk of an allocated stripe is flipped
+    // on its member's medium; a scrub in repair mode must locate and repair it before any
+    // client reads (a healthy read does not check parity, so it would serve the flip).
+    let quiet = a.failed().is_empty() && a.rebuild_state().is_empty() && !a.needs_resync();
+    if media.clean && quiet && a.geometry().parity() >= 2 && rng.below(3) == 0 {
+        if let Some(what) = plant(&vol, &devs, rng) {
+            let a2 = a.clone();
+            let r = rt.handle().block_on(0, move || async move {
+                a2.scrub_run(ScrubMode::Repair, &AtomicBool::new(false))
+                    .await
+            });
+            st.log(format!("planted corruption at {what}; scrub repair: {r:?}"));
+            let fixed = matches!(&r, Ok(rep) if rep.located >= 1 && rep.repaired >= 1);
+            if !fixed && !clock.is_off() {
+                report
+                    .actions
+                    .extend(st.actions.lock().expect("actions").drain(..));
+                return Err(format!(
+                    "stage {stage}: planted corruption at {what} not located and repaired: \
+                     {r:?}"
+                ));
+            }
+        }
+    }
     let (tx, rx) = mpsc::channel::<()>();
     let tasks = cfg.conns + 2;
     for c in 0..cfg.conns {
@@ -614,6 +643,7 @@ fn run_stage(
     }
     clock.power_cut();
     report.power_cuts += usize::from(!clean);
+    media.clean = clean;
     let out = clock.images().expect("the power went");
     // Clock order → device index.
     let mut order: Vec<usize> = devs.iter().map(|d| d.0).collect();
@@ -784,6 +814,41 @@ fn read_back(
         }
     }
     Ok(next)
+}
+
+/// Flips one sector of one chunk of an allocated stripe on its member's medium (`devs`: the
+/// stage's devices); returns where.
+fn plant(vol: &Volume<MemDev>, devs: &[(usize, MemDev)], rng: &mut Rng) -> Option<String> {
+    let g = *vol.geometry();
+    let sdb = g.stripe_data_bytes();
+    let runs = vol.allocation(0, vol.size()).ok()?;
+    let stripes: Vec<u64> = (0..g.units())
+        .filter(|&s| {
+            runs.iter()
+                .any(|r| r.allocated && r.off <= s * sdb && (s + 1) * sdb <= r.off + r.len)
+        })
+        .collect();
+    if stripes.is_empty() {
+        return None;
+    }
+    let stripe = stripes[rng.below(stripes.len() as u64) as usize];
+    let slot = rng.below(g.members as u64) as usize;
+    let name = vol.array().member_name(slot)?;
+    let d = devs.iter().find(|d| d.1.name() == name)?;
+    let at =
+        (DATA_OFFSET + g.member_offset(stripe, 0) + rng.below(g.chunk / SECTOR) * SECTOR) as usize;
+    let mut state = d.1.state.lock().expect("device state");
+    for b in &mut state.data[at..at + SECTOR as usize] {
+        *b ^= 0x5A;
+    }
+    if let Some(medium) = state.durable.as_mut() {
+        for b in &mut medium[at..at + SECTOR as usize] {
+            *b ^= 0x5A;
+        }
+    }
+    Some(format!(
+        "stripe {stripe}, member {slot}, device offset {at}"
+    ))
 }
 
 /// What wrong bytes look like (for failure messages).
