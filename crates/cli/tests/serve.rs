@@ -11,6 +11,7 @@ use std::time::Duration;
 
 mod common;
 use common::*;
+use uraid_testkit::nbd::Client;
 
 /// Creates a raid6 over `n` sparse member files of `size` bytes in `dir`.
 fn create(dir: &Path, n: usize, size: &str) -> Vec<PathBuf> {
@@ -395,118 +396,6 @@ impl Drop for Fuse {
     }
 }
 
-// ---------------------------------------------------------------- hand-written client
-
-struct Raw {
-    s: UnixStream,
-}
-
-const IHAVEOPT: &[u8; 8] = b"IHAVEOPT";
-
-impl Raw {
-    /// Connects and finishes the greeting (client flags: fixed newstyle + no zeroes).
-    fn connect(sock: &Path) -> Raw {
-        let mut s = UnixStream::connect(sock).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut g = [0u8; 18];
-        s.read_exact(&mut g).unwrap();
-        assert_eq!(&g[..8], b"NBDMAGIC");
-        assert_eq!(&g[8..16], IHAVEOPT);
-        assert_eq!(u16::from_be_bytes([g[16], g[17]]), 3);
-        s.write_all(&3u32.to_be_bytes()).unwrap();
-        Raw { s }
-    }
-
-    fn option(&mut self, opt: u32, data: &[u8]) {
-        let mut v = IHAVEOPT.to_vec();
-        v.extend_from_slice(&opt.to_be_bytes());
-        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        v.extend_from_slice(data);
-        self.s.write_all(&v).unwrap();
-    }
-
-    /// One option reply: (type, data).
-    fn opt_reply(&mut self) -> (u32, Vec<u8>) {
-        let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(&h[..8], &0x0003_e889_0455_65a9u64.to_be_bytes());
-        let typ = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        let mut d = vec![0u8; len as usize];
-        self.s.read_exact(&mut d).unwrap();
-        (typ, d)
-    }
-
-    /// NBD_OPT_GO on "vol"; returns the transmission flags.
-    fn go(&mut self) -> u16 {
-        let mut d = 3u32.to_be_bytes().to_vec();
-        d.extend_from_slice(b"vol");
-        d.extend_from_slice(&0u16.to_be_bytes());
-        self.option(7, &d);
-        let mut flags = 0;
-        loop {
-            let (t, d) = self.opt_reply();
-            match t {
-                3 if d[..2] == [0, 0] => flags = u16::from_be_bytes([d[10], d[11]]),
-                3 => {}
-                1 => return flags,
-                _ => panic!("GO failed: {t:#x}"),
-            }
-        }
-    }
-
-    fn request(&mut self, flags: u16, typ: u16, handle: u64, off: u64, len: u32, data: &[u8]) {
-        let mut v = 0x2560_9513u32.to_be_bytes().to_vec();
-        v.extend_from_slice(&flags.to_be_bytes());
-        v.extend_from_slice(&typ.to_be_bytes());
-        v.extend_from_slice(&handle.to_be_bytes());
-        v.extend_from_slice(&off.to_be_bytes());
-        v.extend_from_slice(&len.to_be_bytes());
-        v.extend_from_slice(data);
-        self.s.write_all(&v).unwrap();
-    }
-
-    /// A simple reply: (error, handle).
-    fn simple(&mut self) -> (u32, u64) {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(&h[..4], &0x6744_6698u32.to_be_bytes());
-        (
-            u32::from_be_bytes(h[4..8].try_into().unwrap()),
-            u64::from_be_bytes(h[8..16].try_into().unwrap()),
-        )
-    }
-
-    /// One structured reply chunk: (flags, type, handle, payload).
-    fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
-        let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(&h[..4], &0x668e_33efu32.to_be_bytes());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        let mut d = vec![0u8; len as usize];
-        self.s.read_exact(&mut d).unwrap();
-        (
-            u16::from_be_bytes([h[4], h[5]]),
-            u16::from_be_bytes([h[6], h[7]]),
-            u64::from_be_bytes(h[8..16].try_into().unwrap()),
-            d,
-        )
-    }
-
-    /// A structured error chunk that ends its reply: (error, handle).
-    fn error_chunk(&mut self) -> (u32, u64) {
-        let (flags, typ, handle, d) = self.chunk();
-        assert_eq!(flags & 1, 1, "error chunk ends the reply");
-        assert_eq!(typ, 0x8001, "NBD_REPLY_TYPE_ERROR");
-        (u32::from_be_bytes(d[..4].try_into().unwrap()), handle)
-    }
-
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
-    }
-}
-
 #[test]
 fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     const EPERM: u32 = 1;
@@ -519,7 +408,7 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     let s = Srv::start(&dir, &m, &[]);
 
     // Handshake: unknown option, malformed GO, unknown export, then a good GO.
-    let mut c = Raw::connect(&s.sock);
+    let mut c = Client::connect(&s.sock);
     c.option(0x4242, b"xyz");
     assert_eq!(c.opt_reply().0, 0x8000_0001, "unknown option -> ERR_UNSUP");
     c.option(7, &[0, 0, 0, 200, b'v']);
@@ -641,12 +530,12 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     let mut b = [0u8; 1];
     assert!(matches!(c2.read(&mut b), Ok(0) | Err(_)));
     // Garbage instead of an option header closes it too.
-    let mut c3 = Raw::connect(&s.sock);
+    let mut c3 = Client::connect(&s.sock);
     c3.s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     assert!(c3.closed());
     // With structured replies: an oversized read is EINVAL too, unless it asks not to be
     // fragmented (DF), which is EOVERFLOW; a DF read within the maximum is served whole.
-    let mut c4 = Raw::connect(&s.sock);
+    let mut c4 = Client::connect(&s.sock);
     c4.option(8, &[]);
     assert_eq!(c4.opt_reply().0, 1, "structured replies acknowledged");
     let flags = c4.go();
@@ -675,7 +564,7 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
 
     // Read-only export: writes, trims and zeroes get EPERM.
     let s = Srv::start(&dir, &m, &["--read-only"]);
-    let mut c = Raw::connect(&s.sock);
+    let mut c = Client::connect(&s.sock);
     let flags = c.go();
     assert!(flags & 2 != 0, "read-only flag");
     c.request(0, 1, 1, 0, 512, &sector);
@@ -698,7 +587,7 @@ fn sighup_stops_the_server_cleanly() {
     let dir = tmp("hup");
     let m = create(&dir, 6, "16M");
     let mut s = Srv::start(&dir, &m, &[]);
-    let mut c = Raw::connect(&s.sock);
+    let mut c = Client::connect(&s.sock);
     c.go();
     let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
     c.request(0, 1, 1, 65536, data.len() as u32, &data);
@@ -717,7 +606,7 @@ fn sighup_stops_the_server_cleanly() {
         assert!(examine_clean(member), "{} not clean", member.display());
     }
     let s = Srv::start(&dir, &m, &[]);
-    let mut c = Raw::connect(&s.sock);
+    let mut c = Client::connect(&s.sock);
     c.go();
     c.request(0, 0, 2, 65536, data.len() as u32, &[]);
     assert_eq!(c.simple(), (0, 2));
@@ -744,7 +633,7 @@ fn idle_clients_do_not_hold_up_shutdown() {
         .unwrap();
     let mut g = [0u8; 18];
     quiet_unix.read_exact(&mut g).unwrap();
-    let mut idle = Raw::connect(&s.sock);
+    let mut idle = Client::connect(&s.sock);
     idle.go();
     // More clients keep connecting (and then say nothing) while the signal arrives.
     let sock = s.sock.clone();
