@@ -16,9 +16,9 @@ the write-intent bitmap's cost:
     scripts/ab_engine.py --a target/release/uraid --b target/release/uraid \
         --create-a="--bitmap-chunk none" --only "raid6"
 """
-import argparse, json, os, shutil, statistics, subprocess, sys
+import argparse, json, os, shutil, statistics, sys
 
-from pts import write_report  # shared with the PTS suite (same directory)
+from benchlib import run, spread, write_report
 
 WORKLOADS = [
     # name, uraid bench args, metric
@@ -38,13 +38,6 @@ WORKLOADS = [
 ]
 
 ARRAYS = [("raid6 8+2", "6", 10), ("raid0 x4", "0", 4), ("raid10 x4", "10", 4)]
-
-
-def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"command failed: {' '.join(cmd)}\n{p.stderr}")
-    return p.stdout
 
 
 def write_flag(binary):
@@ -105,7 +98,6 @@ def main():
            f"median of one side's runs.{opts}\n",
            "| array | workload | A (baseline) | B (candidate) | B / A | spread A | spread B |",
            "|---|---|---:|---:|---:|---:|---:|"]
-    spread = lambda v: (max(v) - min(v)) / statistics.median(v)
     for aname, wname, metric, ra, rb in rows:
         ma, mb = statistics.median(ra), statistics.median(rb)
         out.append(f"| {aname} | {wname} | {ma:,.0f} {unit[metric]} | {mb:,.0f} {unit[metric]} | {mb / ma:.2f} | "

@@ -10,10 +10,9 @@ scrape every second while it runs, --scrape). Usage:
     scripts/ab_nbd.py --a OLD/uraid --b target/release/uraid [--runs 7] [--runtime 3] [--scrape]
         [--set random|write]
 """
-import argparse, json, os, shutil, signal, statistics, subprocess, sys, threading, time
+import argparse, os, shutil, statistics, subprocess, sys, threading
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pts import TICK, cpu_ticks, run, wait_socket  # noqa: E402
+from benchlib import TICK, Server, cpu_ticks, fio_json, run, spread
 
 WORKLOADS = [("4k randread QD32", "randread", "4k", 32), ("4k randwrite QD32", "randwrite", "4k", 32)]
 # --set write: sequential writes (the zero-copy write path); IOPS x block size = throughput.
@@ -25,8 +24,7 @@ def fio(uri, rw, bs, qd, runtime, extra=()):
     cmd = ["fio", "--name=nbd", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={qd}", "--output-format=json", "--norandommap", "--randrepeat=0",
            f"--runtime={runtime}", "--time_based", "--size=100%"] + list(extra)
-    out = run(cmd)
-    j = json.loads(out[out.index("{"):])["jobs"][0]
+    j = fio_json(cmd)["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
     return side["iops"], side["total_ios"]
 
@@ -52,18 +50,13 @@ def main():
     has_control = {b: "--control" in run([b, "serve", "--help"]) for b in (a.a, a.b)}
 
     def start(binary):
-        if os.path.exists(sock):
-            os.unlink(sock)
         argv = [binary, "serve", "--listen", f"unix:{sock}"]
         if has_control[binary]:
             argv += ["--control", f"unix:{ctl}"]
-        p = subprocess.Popen(argv + members, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_socket(unix=sock, proc=p)
-        return p
+        return Server(argv + members, sock=sock).start()
 
     def stop(p):
-        p.send_signal(signal.SIGTERM)
-        p.wait(timeout=30)
+        p.stop(timeout=30, check=True)
 
     p = start(a.b)
     fio(uri, "write", "1m", 8, 0.1, ["--time_based=0", "--runtime=0"])  # precondition: whole volume
@@ -87,7 +80,6 @@ def main():
                 print(f"run {r} {side} {wl}: {iops:.0f} IOPS {cpu:.2f} us/req", file=sys.stderr)
             stop_scrape.set()
             stop(p)
-    spread = lambda v: (max(v) - min(v)) / statistics.median(v)
     print(f"{a.runs} alternating runs of {a.runtime:g} s, raid6 8+2 over 256M /dev/shm files, fio nbd "
           f"(one connection, Unix socket); medians; spread = (max - min) / median.\n")
     print("| workload | A IOPS | B IOPS | B / A | spread A | spread B | A CPU us/req | B CPU us/req | B / A |")

@@ -11,9 +11,9 @@ and reports medians. Usage:
 
 The Markdown it writes is pasted into docs/investigations/perf-notes.md.
 """
-import argparse, json, os, shutil, statistics, subprocess, sys, time
+import argparse, json, os, shutil, statistics, sys, time
 
-URAID = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "uraid")
+from benchlib import URAID, fio_json, run, write_report
 
 WORKLOADS = [
     # name, uraid args, fio rw, bs, total qd, metric
@@ -24,13 +24,6 @@ WORKLOADS = [
 ]
 
 ARRAYS = [("raid0", "0", 4, []), ("raid5", "5", 5, []), ("raid6", "6", 10, [])]
-
-
-def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"command failed: {' '.join(cmd)}\n{p.stderr}")
-    return p.stdout
 
 
 def uraid_run(members, extra, runtime, threads):
@@ -45,7 +38,7 @@ def fio_run(members, rw, bs, qd, runtime, threads):
            f"--iodepth={qd // threads}", f"--numjobs={threads}", "--group_reporting", "--thread",
            f"--runtime={runtime}", "--time_based", "--output-format=json", "--norandommap",
            "--randrepeat=0", "--offset=1m", "--filename=" + ":".join(members)]
-    j = json.loads(run(cmd))["jobs"][0]
+    j = fio_json(cmd)["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
     return side["iops"], side["bw_bytes"] / 1e6, cmd
 
@@ -107,12 +100,7 @@ def main():
     bound = 1 / (3 / R + 3 / W)
     u = cell("raid6", "4k randwrite QD32")[0]
     out.append(f"| raid6 4k randwrite ≥ 0.8 × 1/(3/R + 3/W) | ≥ 0.80 | {u / bound:.2f} ({u:,.0f} vs bound {bound:,.0f} IOPS; R={R:,.0f}, W={W:,.0f}) | {'yes' if u / bound >= 0.8 else 'no'} |")
-    text = "\n".join(out) + "\n"
-    if a.out == "-":
-        sys.stdout.write(text)
-    else:
-        with open(a.out, "w") as fh:
-            fh.write(text)
+    write_report(a.out, "\n".join(out) + "\n")
 
 
 if __name__ == "__main__":

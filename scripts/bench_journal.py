@@ -20,30 +20,11 @@ fdatasync, QD1. Modes rotate order every run; medians over --runs.
 
     scripts/bench_journal.py [--runs 3] [--seconds 6] [--size 512M] [--out -]
 """
-import argparse, json, os, shutil, signal, statistics, subprocess, time
+import argparse, json, os, shutil, statistics
 
-from pts import run, wait_socket, write_report, is_tmpfs
+from benchlib import URAID, fio_json, is_tmpfs, run, spread, uraid_serve, write_report
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-URAID = os.path.join(ROOT, "target", "release", "uraid")
 MODES = ["none", "write-through", "write-back"]
-
-
-class Serve:
-    def __init__(self, d, paths):
-        self.sock = os.path.join(d, "nbd.sock")
-        if os.path.exists(self.sock):
-            os.unlink(self.sock)
-        self.proc = subprocess.Popen([URAID, "serve", f"--listen=unix:{self.sock}",
-                                      "--control", "none", *paths],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_socket(unix=self.sock, proc=self.proc)
-        self.uri = f"nbd+unix:///jb?socket={self.sock}"
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        if self.proc.wait(timeout=120) != 0:
-            raise RuntimeError("uraid serve did not stop cleanly")
 
 
 def fio_nbd(uri, jobs, fsync, seconds, size):
@@ -53,8 +34,7 @@ def fio_nbd(uri, jobs, fsync, seconds, size):
            "--time_based", "--output-format=json"]
     if fsync:
         cmd.append("--fsync=1")
-    out = run(cmd)
-    j = json.loads(out[out.index("{"):])["jobs"][0]
+    j = fio_json(cmd)["jobs"][0]
     w = j["write"]
     r = {"iops": w["iops"], "write_us": w["lat_ns"]["mean"] / 1e3,
          "write_p99_us": w["clat_ns"]["percentile"]["99.000000"] / 1e3}
@@ -67,10 +47,9 @@ def fio_nbd(uri, jobs, fsync, seconds, size):
 
 
 def fio_raw(path, seconds):
-    out = run(["fio", "--name=raw", "--ioengine=io_uring", "--direct=1", f"--filename={path}",
-               "--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=1", "--offset=1m",
-               "--size=256m", f"--runtime={seconds}", "--time_based", "--output-format=json"])
-    j = json.loads(out[out.index("{"):])["jobs"][0]
+    j = fio_json(["fio", "--name=raw", "--ioengine=io_uring", "--direct=1", f"--filename={path}",
+                  "--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=1", "--offset=1m",
+                  "--size=256m", f"--runtime={seconds}", "--time_based", "--output-format=json"])["jobs"][0]
     return {"write_us": j["write"]["lat_ns"]["mean"] / 1e3,
             "sync_us": j["sync"]["lat_ns"]["mean"] / 1e3}
 
@@ -111,13 +90,13 @@ def main():
             set_mode(members, jn, cur, mode)
             cur = mode
             paths = members + ([jn] if mode != "none" else [])
-            s = Serve(a.dir, paths)
+            s = uraid_serve(a.dir, paths, "jb", control=False).start()
             try:
                 res[mode]["qd1-sync"].append(fio_nbd(s.uri, 1, True, a.seconds, vol))
                 res[mode]["qd32-sync"].append(fio_nbd(s.uri, 32, True, a.seconds, vol))
                 res[mode]["qd32"].append(fio_nbd(s.uri, 32, False, a.seconds, vol))
             finally:
-                s.stop()
+                s.stop(timeout=120, check=True)
     # Raw context on a scratch file beside the members (same disk).
     scratch = os.path.join(a.dir, "scratch")
     run(["truncate", "-s", "300M", scratch])
@@ -158,9 +137,8 @@ def main():
     v = [m(x, "qd32", "iops") for x in MODES]
     row("4k write, 32 clients, no FLUSH: IOPS", v, v[2] / v[0], iops)
     w("")
-    spread = lambda xs: (max(xs) - min(xs)) / statistics.median(xs) if xs else 0
-    sp = ", ".join(f"{mode} {spread([x['op_us'] for x in res[mode]['qd1-sync']]) * 100:.0f}%"
-                   for mode in MODES)
+    qd1 = {mode: [x["op_us"] for x in res[mode]["qd1-sync"]] for mode in MODES}
+    sp = ", ".join(f"{mode} {(spread(qd1[mode]) if qd1[mode] else 0) * 100:.0f}%" for mode in MODES)
     w(f"Run-to-run spread of the QD1 operation time ((max - min) / median): {sp}.")
     w("")
     with open(os.path.join(a.dir, "results.json"), "w") as f:

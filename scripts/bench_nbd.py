@@ -14,12 +14,9 @@ depth 1 with mean and p99 latency (issue 13's QD1 targets: uraid against nbdkit,
 and RAID6); `cpu` 4k random read at QD32 with the server's CPU per request (issue 13's CPU
 target).
 """
-import argparse, json, os, shutil, signal, statistics, subprocess, sys, time
+import argparse, json, os, shutil, statistics, sys
 
-from pts import TICK, cpu_ticks, free_port, run, wait_socket  # shared with the PTS suite (same directory)
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-URAID = os.path.join(ROOT, "target", "release", "uraid")
+from benchlib import TICK, URAID, Server, cpu_ticks, fio_json, free_port, run, write_report
 MEMBER_MIB = 512  # raid0 members; raid6 members hold the same volume in 8 data shares
 FIO_SIZE = "2000m"
 
@@ -43,31 +40,20 @@ SETS = {
 UNITS = {"iops": "IOPS", "mbps": "MB/s", "lat": "us mean"}
 
 
-class Server:
+class Peer:
+    """One server compared, started over a Unix socket or TCP loopback for each run."""
+
     def __init__(self, name, argv_unix, argv_tcp, uri_unix, uri_tcp, sock, port):
         self.name = name
-        self.argv = {"unix": argv_unix, "tcp": argv_tcp}
+        self.server = {"unix": Server(argv_unix, sock=sock), "tcp": Server(argv_tcp, port=port)}
         self.uri = {"unix": uri_unix, "tcp": uri_tcp}
-        self.sock, self.port = sock, port
         self.proc = None
 
     def start(self, transport):
-        if self.sock and os.path.exists(self.sock):
-            os.unlink(self.sock)
-        self.proc = subprocess.Popen(self.argv[transport], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        if transport == "unix":
-            wait_socket(unix=self.sock)
-        else:
-            wait_socket(port=self.port)
+        self.proc = self.server[transport].start()
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.stop(timeout=30)
 
 
 def fio(uri, rw, bs, qd, runtime, extra=()):
@@ -76,8 +62,7 @@ def fio(uri, rw, bs, qd, runtime, extra=()):
            "--randrepeat=0"] + list(extra)
     if runtime:
         cmd += [f"--runtime={runtime}", "--time_based"]
-    out = run(cmd)
-    j = json.loads(out[out.index("{"):])["jobs"][0]
+    j = fio_json(cmd)["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
     pct = side.get("clat_ns", {}).get("percentile", {})
     lat = (side["lat_ns"]["mean"] / 1000, pct.get("99.000000", 0) / 1000)
@@ -124,16 +109,16 @@ def main():
         for suffix, extra in variants:
             sock, port = os.path.join(sockdir, name.split()[1] + suffix[-4:] + ".sock"), free_port()
             base = [URAID, "serve", "--export", "v"] + extra
-            servers.append(Server(name + suffix, base + ["--listen", f"unix:{sock}"] + members,
+            servers.append(Peer(name + suffix, base + ["--listen", f"unix:{sock}"] + members,
                                   base + ["--listen", f"tcp:127.0.0.1:{port}"] + members,
                                   f"nbd+unix:///v?socket={sock}", f"nbd://127.0.0.1:{port}/v", sock, port))
     sock, port = os.path.join(sockdir, "nbdkit.sock"), free_port()
-    servers.append(Server("nbdkit file", ["nbdkit", "-f", "-U", sock, "file", peer],
+    servers.append(Peer("nbdkit file", ["nbdkit", "-f", "-U", sock, "file", peer],
                           ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer],
                           f"nbd+unix:///?socket={sock}", f"nbd://127.0.0.1:{port}/", sock, port))
     sock, port = os.path.join(sockdir, "qemu.sock"), free_port()
     q = ["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16"]
-    servers.append(Server("qemu-nbd", q + ["-k", sock, peer],
+    servers.append(Peer("qemu-nbd", q + ["-k", sock, peer],
                           q + ["-b", "127.0.0.1", "-p", str(port), peer],
                           f"nbd+unix:///?socket={sock}", f"nbd://127.0.0.1:{port}/", sock, port))
 
@@ -210,13 +195,9 @@ def main():
                     c = statistics.median(x[1] for x in rs) / statistics.median(x[1] for x in ref)
                     lines.append(f"| {wl} | {s.name} | {c:.2f}× |")
         lines.append("")
-    text = "\n".join(lines) + "\n"
     json_out = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}
-    if a.out == "-":
-        sys.stdout.write(text)
-    else:
-        with open(a.out, "w") as f:
-            f.write(text)
+    write_report(a.out, "\n".join(lines) + "\n")
+    if a.out != "-":
         with open(a.out + ".json", "w") as f:
             json.dump(json_out, f, indent=1)
     shutil.rmtree(d, ignore_errors=True)

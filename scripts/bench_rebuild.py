@@ -27,11 +27,9 @@ Runs repeat; medians. The client rows carry fio's p99 completion latency too. Th
 """
 import argparse, json, os, shutil, statistics, sys, time
 
-from bench_resync import Serve, events, size_bytes, status
-from pts import run, write_report
+from bench_resync import serve
+from benchlib import URAID, events, fio_json, run, size_bytes, status, write_report
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-URAID = os.path.join(ROOT, "target", "release", "uraid")
 CHUNK = 64 << 10
 # The throttles compared under client load: key, `uraid serve` flags, label.
 LOADS = [
@@ -60,10 +58,9 @@ def raw_rebuild_io(survivors, new, span):
 
 def fio_nbd(uri, seconds):
     """fio's nbd engine, 4k random reads QD32: (IOPS, p99 completion latency in µs)."""
-    out = run(["fio", "--name=c", "--ioengine=nbd", f"--uri={uri}", "--rw=randread", "--bs=4k",
-               "--iodepth=32", "--size=2000m", "--norandommap", "--randrepeat=0",
-               f"--runtime={seconds}", "--time_based", "--output-format=json"])
-    j = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    j = fio_json(["fio", "--name=c", "--ioengine=nbd", f"--uri={uri}", "--rw=randread", "--bs=4k",
+                  "--iodepth=32", "--size=2000m", "--norandommap", "--randrepeat=0",
+                  f"--runtime={seconds}", "--time_based", "--output-format=json"])["jobs"][0]["read"]
     return j["iops"], j["clat_ns"]["percentile"]["99.000000"] / 1000
 
 
@@ -132,16 +129,16 @@ def main():
         # Idle rebuild.
         gen += 1
         members = replace(members, os.path.join(a.dir, f"new{gen}"), size)
-        s = Serve(a.dir, members)
+        s = serve(a.dir, members)
         res["idle_s"].append(finished_in(s.ctl, "rebuild"))
-        s.stop()
+        s.stop(timeout=120, check=True)
         # Degraded, no rebuild: the client's reads.
         run([URAID, "fail", str(SLOT), *members])
-        s = Serve(a.dir, members)
+        s = serve(a.dir, members)
         iops, p99 = fio_nbd(s.uri, a.load_seconds)
         res["degraded"].append(iops)
         res["degraded_p99"].append(p99)
-        s.stop()
+        s.stop(timeout=120, check=True)
         # A new member, rebuilding under the same client: the default throttle, then md's.
         for n, (key, extra, _) in enumerate(LOADS):
             if n > 0:
@@ -152,7 +149,7 @@ def main():
                 f.truncate(size)
             run([URAID, "add", new, *members])
             members[SLOT] = new
-            s = Serve(a.dir, members, extra)
+            s = serve(a.dir, members, extra)
             rb0 = [b for b in status(s.ctl)["background"] if b["op"] == "rebuild"]
             d0 = rb0[0]["done"] if rb0 else 0
             t0 = time.monotonic()
@@ -164,30 +161,30 @@ def main():
             done = rb[0]["done"] if rb else units
             res[key + "_units"].append((done - d0) / (t1 - t0))
             finished_in(s.ctl, "rebuild")
-            s.stop()
+            s.stop(timeout=120, check=True)
         # Scrub, idle, on the healthy array.
-        s = Serve(a.dir, members)
+        s = serve(a.dir, members)
         run([URAID, "scrub", "--wait", f"--control=unix:{s.ctl}", *members])
         res["scrub_s"].append(finished_in(s.ctl, "scrub (check)"))
-        s.stop()
+        s.stop(timeout=120, check=True)
         drop_unused_new(a.dir, members)
         print(f"run {r}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in res.items()), file=sys.stderr)
     # Half full: the array created again, half of its volume written, rebuilt idle.
     drop_unused_new(a.dir, [])
     members = [os.path.join(a.dir, f"m{i}") for i in range(MEMBERS)]
     run([URAID, "create", "--level", "6", "--size", a.size, "-N", "res", "--force"] + members)
-    s = Serve(a.dir, members)
+    s = serve(a.dir, members)
     half = status(s.ctl)["volume_size"] // 2
     run(["fio", "--name=h", "--ioengine=nbd", f"--uri={s.uri}", "--rw=write", "--bs=1m",
          "--iodepth=8", f"--size={half}", "--output-format=json"])
-    s.stop()
+    s.stop(timeout=120, check=True)
     res["half_s"] = []
     for r in range(a.runs):
         gen += 1
         members = replace(members, os.path.join(a.dir, f"new{gen}"), size)
-        s = Serve(a.dir, members)
+        s = serve(a.dir, members)
         res["half_s"].append(finished_in(s.ctl, "rebuild"))
-        s.stop()
+        s.stop(timeout=120, check=True)
         drop_unused_new(a.dir, members)
         print(f"half run {r}: {res['half_s'][-1]:.4g} s", file=sys.stderr)
     shutil.rmtree(a.dir, ignore_errors=True)

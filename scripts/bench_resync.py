@@ -17,54 +17,23 @@ sequential 1M writes. Runs alternate; medians.
 
     scripts/bench_resync.py [--runs 3] [--size 1G] [--load-seconds 8] [--out -]
 """
-import argparse, json, os, shutil, signal, statistics, subprocess, sys, time
+import argparse, json, os, shutil, statistics, sys, time
 
-from pts import run, wait_socket, write_report
+from benchlib import URAID, events, fio_json, run, status, uraid_serve, write_report
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-URAID = os.path.join(ROOT, "target", "release", "uraid")
 CHUNK = 64 << 10
 MEMBERS = 10
 
 
-def size_bytes(s):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * mult[s[-1]] if s[-1] in mult else int(s)
-
-
-def status(ctl):
-    return json.loads(run(["curl", "-sS", "--unix-socket", ctl, "http://uraid/status"]))
-
-
-def events(ctl):
-    return json.loads(run(["curl", "-sS", "--unix-socket", ctl, "http://uraid/events"]))["events"]
-
-
-class Serve:
-    def __init__(self, d, members, extra=()):
-        self.sock, self.ctl = os.path.join(d, "nbd.sock"), os.path.join(d, "ctl.sock")
-        for p in (self.sock, self.ctl):
-            if os.path.exists(p):
-                os.unlink(p)
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([URAID, "serve", f"--listen=unix:{self.sock}",
-                                      f"--control=unix:{self.ctl}", *extra, *members],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_socket(unix=self.sock, proc=self.proc)
-        self.uri = f"nbd+unix:///res?socket={self.sock}"
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
+def serve(d, members, extra=()):
+    """`uraid serve` of the array ("res") on D/nbd.sock with its control socket at D/ctl.sock,
+    started; stop it with `.stop(timeout=120, check=True)`."""
+    return uraid_serve(d, members, "res", extra).start()
 
 
 def dirty_everything(d, members, volume, region_volume_bytes):
     """Writes 4 KiB into every bitmap region, then SIGKILL: every region dirty."""
-    s = Serve(d, members)
+    s = serve(d, members)
     cmds = []
     for off in range(0, volume, region_volume_bytes):
         cmds += ["-c", f"write -P 0x5a {off} 4k"]
@@ -87,10 +56,9 @@ def wait_resync(s, timeout=600):
 
 
 def fio_nbd(uri, rw, seconds):
-    out = run(["fio", "--name=c", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", "--bs=4k",
-               "--iodepth=32", "--size=2000m", "--norandommap", "--randrepeat=0",
-               f"--runtime={seconds}", "--time_based", "--output-format=json"])
-    j = json.loads(out[out.index("{"):])["jobs"][0]
+    j = fio_json(["fio", "--name=c", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", "--bs=4k",
+                  "--iodepth=32", "--size=2000m", "--norandommap", "--randrepeat=0",
+                  f"--runtime={seconds}", "--time_based", "--output-format=json"])["jobs"][0]
     return (j["read"] if rw == "randread" else j["write"])["iops"]
 
 
@@ -99,8 +67,7 @@ def fio_members(members, rw, bs, qd, size):
            f"--iodepth={qd}", f"--size={size}", "--group_reporting", "--output-format=json"]
     for i, m in enumerate(members):
         cmd += [f"--name=m{i}", f"--filename={m}", "--offset=1m"]
-    out = run(cmd)
-    j = json.loads(out[out.index("{"):])["jobs"][0]
+    j = fio_json(cmd)["jobs"][0]
     return (j["read"] if rw == "read" else j["write"])["bw_bytes"]
 
 
@@ -131,14 +98,14 @@ def main():
         # fio's raw writes scribbled over the data areas: precondition again so parity holds.
         run([URAID, "bench", "--precondition", "--runtime", "0.1", "--allow-writes"] + members)
         dirty_everything(a.dir, members, volume, region_volume)
-        s = Serve(a.dir, members)
+        s = serve(a.dir, members)
         res["idle_s"].append(wait_resync(s))
-        s.stop()
+        s.stop(timeout=120, check=True)
         for rw, key in (("randread", "r"), ("randwrite", "w")):
             dirty_everything(a.dir, members, volume, region_volume)
             # Idle rate capped so that resync is still running when fio starts; while fio
             # runs the throttle applies --resync-min (default 50 MiB/s).
-            s = Serve(a.dir, members, ["--resync-max", "200"])
+            s = serve(a.dir, members, ["--resync-max", "200"])
             d0, t0 = status(s.ctl)["background"][0]["done"], time.monotonic()
             during = fio_nbd(s.uri, rw, a.load_seconds)
             bg, t1 = status(s.ctl)["background"], time.monotonic()
@@ -146,12 +113,12 @@ def main():
             # Member bytes resync read per second while the client ran.
             res[f"rate_{key}"].append((bg[0]["done"] - d0) * MEMBERS * CHUNK / (t1 - t0))
             res[f"ioload_{key}"].append(during)
-            s.stop()
+            s.stop(timeout=120, check=True)
             # The same client on the same array once resync has finished.
-            s = Serve(a.dir, members)
+            s = serve(a.dir, members)
             wait_resync(s)
             res[f"ioafter_{key}"].append(fio_nbd(s.uri, rw, a.load_seconds))
-            s.stop()
+            s.stop(timeout=120, check=True)
         print(f"run {r}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in res.items()), file=sys.stderr)
     shutil.rmtree(a.dir, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in res.items()}

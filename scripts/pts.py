@@ -21,11 +21,10 @@ fixed count in quick mode) and the median of the measurement window is reported.
     scripts/pts.py --quick --out DIR        CI smoke: small matrix, short rounds; exits 1 unless
                                             every cell of every target produced a number
 """
-import argparse, glob, datetime, json, math, os, platform, shutil, signal, socket, statistics
+import argparse, glob, datetime, json, math, os, platform, shutil, signal, statistics
 import subprocess, sys, tempfile, time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-KIB, MIB = 1 << 10, 1 << 20
+from benchlib import KIB, MIB, ROOT, TICK, URAID, Server, cpu_ticks, fio_json, free_port, is_tmpfs, run
 
 FULL = dict(
     iops_bs=["4k", "8k", "16k", "32k", "64k", "128k", "1m"],
@@ -101,10 +100,6 @@ def md_note():
             "so there is no md target.")
 
 
-def size_bytes(s):
-    return int(s[:-1]) * {"k": KIB, "m": MIB}[s[-1]]
-
-
 def mix_label(r):
     return f"R{r}/W{100 - r}"
 
@@ -119,56 +114,6 @@ def cells(cfg, test):
 
 def key(cell):
     return f"{cell[0]}/{cell[1]}"
-
-
-def run(cmd, **kw):
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if p.returncode != 0:
-        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return p.stdout
-
-
-def write_report(path, text):
-    """Writes a report to `path`, or to stdout for "-"."""
-    if path == "-":
-        sys.stdout.write(text)
-    else:
-        with open(path, "w") as f:
-            f.write(text)
-
-
-def is_tmpfs(path):
-    best, fs = "", ""
-    with open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            mnt = parts[1]
-            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                best, fs = mnt, parts[2]
-    return fs == "tmpfs"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_socket(unix=None, port=None, proc=None, timeout=30):
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before listening")
-        try:
-            s = socket.socket(socket.AF_UNIX) if unix else socket.socket()
-            s.connect(unix if unix else ("127.0.0.1", port))
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"server did not come up ({unix or port})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,15 +131,7 @@ def fio_result(job):
     }
 
 
-TICK = os.sysconf("SC_CLK_TCK")
 CPU_CELL = ("4k", 100)
-
-
-def cpu_ticks(pid):
-    """utime + stime of a process (all its threads, live and exited), in clock ticks."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def fio_jobfile(glob, jobs):
@@ -210,8 +147,7 @@ def fio_run(glob, jobs, tmp):
     path = os.path.join(tmp, "job.fio")
     with open(path, "w") as f:
         f.write(fio_jobfile(glob, jobs))
-    out = run(["fio", "--output-format=json", path])
-    data = json.loads(out[out.index("{"):])
+    data = fio_json(["fio", "--output-format=json", path])
     return {j["jobname"]: fio_result(j) for j in data["jobs"]}
 
 
@@ -297,37 +233,10 @@ class FioTarget(Target):
             self.stop()
 
 
-class Server:
-    """An NBD server process, started for each fio run and stopped (SIGTERM) after it."""
-
-    def __init__(self, argv, logdir, sock=None, port=None):
-        self.argv, self.sock, self.port, self.proc = argv, sock, port, None
-        self.logpath = os.path.join(logdir, f"server-{os.path.basename(argv[0])}.log")
-
-    def start(self):
-        if self.sock and os.path.exists(self.sock):
-            os.unlink(self.sock)
-        self.log = open(self.logpath, "a")
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log)
-        try:
-            wait_socket(unix=self.sock, port=self.port, proc=self.proc)
-        except RuntimeError as e:
-            self.log.flush()
-            with open(self.logpath) as f:
-                tail = f.read()[-2000:]
-            raise RuntimeError(f"{' '.join(self.argv)}: {e}\n{tail}") from None
-
-    def stop(self):
-        if self.proc is None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-        self.log.close()
+def nbd_server(argv, logdir, **kw):
+    """An NBD server (benchlib.Server) started for each fio run and stopped (SIGTERM) after it;
+    its output is appended to LOGDIR/server-PROGRAM.log."""
+    return Server(argv, log=os.path.join(logdir, f"server-{os.path.basename(argv[0])}.log"), **kw)
 
 
 class NbdTarget(FioTarget):
@@ -507,11 +416,11 @@ class Suite:
         targets = {}
         sock = lambda name: os.path.join(self.tmp, name + ".sock")
         uraid_srv = {
-            "unix": Server([self.uraid, "serve", "--export", "v", "--listen", f"unix:{sock('uraid')}"] + arr,
+            "unix": nbd_server([self.uraid, "serve", "--export", "v", "--listen", f"unix:{sock('uraid')}"] + arr,
                            self.tmp, sock=sock("uraid")),
         }
         port = free_port()
-        uraid_srv["tcp"] = Server([self.uraid, "serve", "--export", "v", "--listen", f"tcp:127.0.0.1:{port}"] + arr,
+        uraid_srv["tcp"] = nbd_server([self.uraid, "serve", "--export", "v", "--listen", f"tcp:127.0.0.1:{port}"] + arr,
                                   self.tmp, port=port)
         uri = {"unix": f"nbd+unix:///v?socket={sock('uraid')}", "tcp": f"nbd://127.0.0.1:{port}/v"}
         uraid_srv["unix"].start()
@@ -555,14 +464,14 @@ class Suite:
                 f.truncate(self.volume)
             for t in ("unix", "tcp"):
                 if t == "unix":
-                    nk = Server(["nbdkit", "-f", "-U", sock("nbdkit"), "file", peer], self.tmp, sock=sock("nbdkit"))
-                    qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
+                    nk = nbd_server(["nbdkit", "-f", "-U", sock("nbdkit"), "file", peer], self.tmp, sock=sock("nbdkit"))
+                    qn = nbd_server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
                                  "-k", sock("qemu"), peer], self.tmp, sock=sock("qemu"))
                     nu, qu = f"nbd+unix:///?socket={sock('nbdkit')}", f"nbd+unix:///?socket={sock('qemu')}"
                 else:
                     port, p2 = free_port(), free_port()
-                    nk = Server(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer], self.tmp, port=port)
-                    qn = Server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
+                    nk = nbd_server(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer], self.tmp, port=port)
+                    qn = nbd_server(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-t", "-e", "16",
                                  "-b", "127.0.0.1", "-p", str(p2), peer], self.tmp, port=p2)
                     nu, qu = f"nbd://127.0.0.1:{port}/", f"nbd://127.0.0.1:{p2}/"
                 targets[f"nbdkit-{t}"] = NbdTarget(f"nbdkit-{t}", self, nk, nu, self.volume)
@@ -1221,7 +1130,7 @@ def main():
     ap.add_argument("--runtime", type=float, help="seconds per cell per round (full: 1, quick: 0.1)")
     ap.add_argument("--rounds", type=int, help="fixed number of rounds instead of steady-state detection")
     ap.add_argument("--dir", help="where the member files go (default: a directory in /dev/shm)")
-    ap.add_argument("--uraid", default=os.path.join(ROOT, "target", "release", "uraid"))
+    ap.add_argument("--uraid", default=URAID)
     ap.add_argument("--render", metavar="RESULTS_JSON",
                     help="measure nothing: redraw the report and plots from a results.json")
     a = ap.parse_args()

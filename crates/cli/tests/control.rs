@@ -3,79 +3,24 @@
 //! Prometheus output passes `promtool check metrics`, malformed requests get 4xx without
 //! disturbing the data path, and only root or the server's user may ask.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::*;
 
-struct Srv {
-    child: Child,
-    nbd: PathBuf,
-    ctl: PathBuf,
-    metrics: String,
-}
-
-impl Srv {
-    fn start(dir: &Path, members: &[PathBuf]) -> Srv {
-        Srv::start_with(dir, members, &[])
-    }
-
-    fn start_with(dir: &Path, members: &[PathBuf], extra: &[&str]) -> Srv {
-        let (nbd, ctl) = (dir.join("nbd.sock"), dir.join("ctl.sock"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
-            .arg("serve")
-            .arg(format!("--listen=unix:{}", nbd.display()))
-            .arg(format!("--control=unix:{}", ctl.display()))
-            .arg("--metrics=tcp:127.0.0.1:0")
-            .args(extra)
-            .args(members)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start uraid serve");
-        let mut metrics = String::new();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        for line in out.lines() {
-            let line = line.expect("server stdout");
-            if let Some(u) = line.strip_prefix("uraid: Prometheus metrics at ") {
-                metrics = u.to_string();
-            }
-            if line.contains("stop with") {
-                break;
-            }
-        }
-        assert!(
-            !metrics.is_empty(),
-            "server did not report its metrics address"
-        );
-        Srv {
-            child,
-            nbd,
-            ctl,
-            metrics,
-        }
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd+unix:///vol?socket={}", self.nbd.display())
-    }
-
-    fn stop(mut self) {
-        run(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "uraid serve exited with {st}");
-    }
-}
-
-impl Drop for Srv {
-    fn drop(&mut self) {
-        kill_if_running(&mut self.child);
-    }
+/// `uraid serve` of `members` in `dir` (NBD on `dir/nbd.sock`, control on `dir/ctl.sock`),
+/// with its Prometheus endpoint on a loopback port and `extra` options.
+fn serve(dir: &Path, members: &[PathBuf], extra: &[&str]) -> Server {
+    Serve::new(dir)
+        .metrics()
+        .args(extra)
+        .members(members)
+        .start()
 }
 
 fn create(dir: &Path) -> Vec<PathBuf> {
@@ -130,7 +75,7 @@ fn qemu_io(uri: &str, cmds: &[String]) {
 fn status_and_metrics_follow_the_load() {
     let dir = tmp("load");
     let m = create(&dir);
-    let srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     let mode = std::fs::metadata(&srv.ctl).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
     let unix = format!("{}", srv.ctl.display());
@@ -186,7 +131,7 @@ fn status_and_metrics_follow_the_load() {
         );
         assert!(sample(&text, &l) > 0.0, "{l}");
     }
-    let tcp = curl(&[&srv.metrics]);
+    let tcp = curl(&[srv.metrics_url()]);
     assert!(tcp.contains("uraid_nbd_requests_total"), "{tcp}");
     promtool_check(&dir, &tcp);
     // The TCP listener serves metrics only.
@@ -195,7 +140,7 @@ fn status_and_metrics_follow_the_load() {
         "/dev/null",
         "-w",
         "%{http_code}",
-        &srv.metrics.replace("/metrics", "/status"),
+        &srv.metrics_url().replace("/metrics", "/status"),
     ]);
     assert_eq!(st, "404");
 
@@ -270,7 +215,7 @@ fn raw(sock: &Path, bytes: &[u8]) -> u16 {
 fn malformed_requests_get_4xx_and_the_data_path_keeps_serving() {
     let dir = tmp("malformed");
     let m = create(&dir);
-    let srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     let c = &srv.ctl;
     assert_eq!(raw(c, b"\x16\x03\x01\x02garbage\r\n\r\n"), 400);
     assert_eq!(raw(c, b"GET /status HTTP/7.0\r\n\r\n"), 400);
@@ -331,7 +276,7 @@ fn another_user_is_refused() {
     }
     let dir = tmp("uid");
     let m = create(&dir);
-    let srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     let as_nobody = |extra: &[&str]| {
         Command::new("setpriv")
             .args([
@@ -368,7 +313,7 @@ fn another_user_is_refused() {
     srv.stop();
 }
 
-fn status_json(srv: &Srv) -> serde_json::Value {
+fn status_json(srv: &Server) -> serde_json::Value {
     serde_json::from_str(&curl(&[
         "--unix-socket",
         &srv.ctl.display().to_string(),
@@ -384,11 +329,9 @@ fn status_json(srv: &Srv) -> serde_json::Value {
 fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
     let dir = tmp("resync");
     let m = create(&dir);
-    let mut srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     qemu_io(&srv.uri(), &["write -P 0x5a 0 1M".into()]);
-    srv.child.kill().unwrap(); // power-cut-like: no clean stop
-    srv.child.wait().unwrap();
-    drop(srv);
+    srv.kill(); // power-cut-like: no clean stop
     assert!(!examine_clean(&m[0]), "killed server left the array dirty");
 
     // Dirty and degraded: refused, with the reason and the way out.
@@ -407,7 +350,7 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
     // Asked for, it starts (and cannot resync without every member). Chunks on present
     // members read back; chunks that would be rebuilt from the dirty region's untrusted
     // parity fail with EIO instead of returning whatever the parity gives.
-    let srv = Srv::start_with(&dir, &m[..5], &["--start-dirty-degraded"]);
+    let srv = serve(&dir, &m[..5], &["--start-dirty-degraded"]);
     let (mut served, mut refused) = (0, 0);
     for c in 0..16u64 {
         let o = Command::new("qemu-io")
@@ -440,7 +383,7 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
 
     // Whole: resync runs in the background, throttled to 1 MB/s while clients are active
     // and unlimited when idle; status shows it until it is done.
-    let srv = Srv::start_with(&dir, &m, &["--resync-min", "1"]);
+    let srv = serve(&dir, &m, &["--resync-min", "1"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let j = status_json(&srv);
@@ -482,7 +425,7 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
 fn idle_regions_are_cleared_so_a_later_crash_leaves_nothing_to_resync() {
     let dir = tmp("bitmapd");
     let m = create(&dir);
-    let mut srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     qemu_io(&srv.uri(), &["write -P 0x6b 0 1M".into(), "flush".into()]);
     let j = status_json(&srv);
     assert_eq!(j["bitmap"]["dirty_regions"], 1, "{j}");
@@ -500,9 +443,7 @@ fn idle_regions_are_cleared_so_a_later_crash_leaves_nothing_to_resync() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    srv.child.kill().unwrap();
-    srv.child.wait().unwrap();
-    drop(srv);
+    srv.kill();
     assert!(!examine_clean(&m[0]), "killed: not clean");
     let st = ok(&uraid(
         &[
@@ -514,7 +455,7 @@ fn idle_regions_are_cleared_so_a_later_crash_leaves_nothing_to_resync() {
     ));
     assert!(st.contains("nothing to resync"), "{st}");
     // Degraded and not clean, but no region dirty: it starts unasked and serves every byte.
-    let srv = Srv::start(&dir, &m[..5]);
+    let srv = serve(&dir, &m[..5], &[]);
     qemu_io(&srv.uri(), &["read -P 0x6b 0 1M".into()]);
     srv.stop();
 }
@@ -539,7 +480,7 @@ fn journal_shows_in_status_and_metrics_and_a_clean_stop_empties_it() {
         .args(&m));
     let mut all = m.clone();
     all.push(jn.clone());
-    let srv = Srv::start(&dir, &all);
+    let srv = serve(&dir, &all, &[]);
     let flushes_before: u64 = status_json(&srv)["slots"]
         .as_array()
         .unwrap()
@@ -577,7 +518,7 @@ fn journal_shows_in_status_and_metrics_and_a_clean_stop_empties_it() {
         "member flushes {} for 40 client FLUSHes: write-back should absorb them",
         flushes - flushes_before
     );
-    let metrics = curl(&[&srv.metrics]);
+    let metrics = curl(&[srv.metrics_url()]);
     assert!(sample(&metrics, "uraid_journal_records_total{array=\"vol\"}") >= 40.0);
     promtool_check(&dir, &metrics);
     assert_eq!(
@@ -610,7 +551,7 @@ fn journal_shows_in_status_and_metrics_and_a_clean_stop_empties_it() {
     assert!(ex["tail_seq"].as_u64().unwrap() > 40, "checkpointed: {ex}");
     assert!(examine_clean(&m[0]));
     // Restarted: nothing to replay, the data is there.
-    let srv = Srv::start(&dir, &all);
+    let srv = serve(&dir, &all, &[]);
     let v = status_json(&srv);
     assert_eq!(v["journal"]["replayed_records"], 0, "{v}");
     qemu_io(&srv.uri(), &["read -P 7 -q 49152 4k".to_string()]);
@@ -639,11 +580,11 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
     let dir = tmp("rebuild");
     let m = create(&dir);
     let mib = 124; // 4 data members x 31 MiB
-    let srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     qemu_io(&srv.uri(), &pattern_cmds(mib, 0, "write"));
     srv.stop();
     // Member 5 is gone; the array is written degraded.
-    let srv = Srv::start(&dir, &m[..5]);
+    let srv = serve(&dir, &m[..5], &[]);
     qemu_io(&srv.uri(), &pattern_cmds(8, 100, "write"));
     srv.stop();
     let new = dir.join("new5");
@@ -684,7 +625,7 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
     ));
     assert!(out.contains("as a hot spare"), "{out}");
     // Slow enough to be caught in the middle (20 MiB/s of member I/O: about 9 s).
-    let mut srv = Srv::start_with(&dir, &members, &["--resync-max", "20"]);
+    let srv = serve(&dir, &members, &["--resync-max", "20"]);
     let t0 = Instant::now();
     loop {
         let j = status_json(&srv);
@@ -693,7 +634,7 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
         let done = j["background"][0]["done"].as_u64().unwrap_or(0);
         // Past 3 s the checkpoint has been persisted at least once.
         if done > 0 && t0.elapsed() > Duration::from_secs(3) {
-            let text = curl(&[&srv.metrics]);
+            let text = curl(&[srv.metrics_url()]);
             assert_eq!(
                 sample(
                     &text,
@@ -713,9 +654,7 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(2500));
-    srv.child.kill().unwrap();
-    srv.child.wait().unwrap();
-    drop(srv);
+    srv.kill();
     let mut st: Vec<&str> = vec!["status", "--json", "--offline"];
     let ms: Vec<String> = members.iter().map(s).collect();
     st.extend(ms.iter().map(String::as_str));
@@ -727,7 +666,7 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
         "a checkpoint was persisted before the kill: {j}"
     );
     // The next start resumes there and finishes.
-    let srv = Srv::start(&dir, &members);
+    let srv = serve(&dir, &members, &[]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let j = status_json(&srv);
@@ -751,7 +690,7 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
     assert!(ev.contains("fully redundant again"), "{ev}");
     srv.stop();
     // Members 0 and 1 taken away: the new member is needed for every stripe.
-    let srv = Srv::start(&dir, &members[2..]);
+    let srv = serve(&dir, &members[2..], &[]);
     let mut want = pattern_cmds(8, 100, "read");
     want.extend(pattern_cmds(mib, 0, "read").into_iter().skip(8));
     qemu_io(&srv.uri(), &want);
@@ -776,7 +715,7 @@ fn scrub_names_a_planted_corruption_and_repairs_it() {
         v
     };
     let run_uraid = |v: Vec<String>| uraid(&v.iter().map(String::as_str).collect::<Vec<_>>(), &dir);
-    let srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     qemu_io(&srv.uri(), &pattern_cmds(16, 7, "write"));
     // 40 bytes of member 4's data area at offset 70000 change behind the server's back.
     let at = (1u64 << 20) + 70000;
@@ -805,7 +744,7 @@ fn scrub_names_a_planted_corruption_and_repairs_it() {
     let j = status_json(&srv);
     assert_eq!(j["scrub"]["located"], 1, "{j}");
     assert_eq!(j["scrub"]["state"], "finished", "{j}");
-    let text = curl(&[&srv.metrics]);
+    let text = curl(&[srv.metrics_url()]);
     assert_eq!(sample(&text, "uraid_scrub_located{array=\"vol\"}"), 1.0);
     let out = ok(&run_uraid(with(&["scrub", "--repair", "--wait"], &srv.ctl)));
     assert!(out.contains("1 located, 1 repaired"), "{out}");
@@ -835,7 +774,7 @@ fn scrub_names_a_planted_corruption_and_repairs_it() {
     assert!(out.contains("0 mismatched column(s)"), "{out}");
 
     // Slow (1 MiB/s): caught running, paused, resumed, cancelled.
-    let srv = Srv::start_with(&dir, &m, &["--resync-max", "1", "--resync-min", "1"]);
+    let srv = serve(&dir, &m, &["--resync-max", "1", "--resync-min", "1"]);
     ok(&run_uraid(with(&["scrub"], &srv.ctl)));
     let again = one_line_error(&run_uraid(with(&["scrub"], &srv.ctl)));
     assert!(again.contains("a scrub is running"), "{again}");
@@ -869,7 +808,7 @@ fn scrub_names_a_planted_corruption_and_repairs_it() {
 /// An offline check of the stopped array (members 0 and 2..5; member 1 failed) still reads
 /// the patterns: the repairs and the failure kept the data.
 fn qemu_io_check_offline(dir: &Path, m: &[PathBuf]) {
-    let srv = Srv::start(dir, m);
+    let srv = serve(dir, m, &[]);
     qemu_io(&srv.uri(), &pattern_cmds(16, 7, "read"));
     srv.stop();
 }
@@ -900,7 +839,7 @@ fn raid6_loses_two_members_under_fio_verify_and_recovers_on_spares() {
     }
     let mut all = m.clone();
     all.extend(spares.iter().cloned());
-    let srv = Srv::start_with(&dir, &all, &["--resync-min", "20"]);
+    let srv = serve(&dir, &all, &["--resync-min", "20"]);
     let j = status_json(&srv);
     assert_eq!(j["spares"].as_array().unwrap().len(), 2, "{j}");
     let uri = srv.uri();
@@ -942,7 +881,7 @@ fn raid6_loses_two_members_under_fio_verify_and_recovers_on_spares() {
     // Members 0 and 2 away: every stripe needs the spares' rebuilt chunks.
     let mut rest: Vec<PathBuf> = vec![m[1].clone(), m[3].clone(), m[4].clone(), m[5].clone()];
     rest.extend(spares.iter().cloned());
-    let srv = Srv::start(&dir, &rest);
+    let srv = serve(&dir, &rest, &[]);
     fio_job(&dir, "w", &srv.uri(), "rw=randwrite\nverify_only=1");
     srv.stop();
 }
@@ -971,7 +910,7 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
         v
     };
     let run_uraid = |v: Vec<String>| uraid(&v.iter().map(String::as_str).collect::<Vec<_>>(), &dir);
-    let srv = Srv::start(&dir, &m);
+    let srv = serve(&dir, &m, &[]);
     qemu_io(&srv.uri(), &pattern_cmds(16, 7, "write"));
 
     let out = ok(&run_uraid(with(&["throttle"], &srv.ctl, &ms)));
@@ -1095,7 +1034,7 @@ fn a_member_is_replaced_while_serving_and_offline() {
     };
     let run_uraid = |v: Vec<String>| uraid(&v.iter().map(String::as_str).collect::<Vec<_>>(), &dir);
     // 10 MB/s of copying: the replace is caught running.
-    let srv = Srv::start_with(&dir, &m, &["--resync-max", "10"]);
+    let srv = serve(&dir, &m, &["--resync-max", "10"]);
     qemu_io(&srv.uri(), &pattern_cmds(16, 7, "write"));
     let out = ok(&run_uraid(with(
         &["replace", "2", "--with", &s(&new2)],
@@ -1166,7 +1105,7 @@ fn a_member_is_replaced_while_serving_and_offline() {
     assert!(out.contains("member 4 of array 'vol' replaced by"), "{out}");
     members[4] = new4.clone();
     // Members 0 and 1 away: new2 and new4 are needed for every stripe.
-    let srv = Srv::start(&dir, &members[2..]);
+    let srv = serve(&dir, &members[2..], &[]);
     let mut want = pattern_cmds(4, 50, "read");
     want.extend(pattern_cmds(16, 7, "read").into_iter().skip(4));
     qemu_io(&srv.uri(), &want);

@@ -4,12 +4,9 @@
 //! array it was not allowed to write: `--fail` in a read-only run leaves every member
 //! byte-identical.
 
-use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::{Command, Output};
 
 mod common;
 use common::*;
@@ -27,59 +24,6 @@ fn run(args: &[String], cwd: &Path) -> Output {
     uraid(&a, cwd)
 }
 
-/// `uraid serve` on a Unix socket, killed on drop if the test fails first.
-struct Srv {
-    child: Child,
-}
-
-impl Srv {
-    fn start(dir: &Path, sock: &Path, members: &[String]) -> Srv {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .args(["--control", "unix:ctl.sock"])
-            .args(members)
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start uraid serve");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in out.lines() {
-                let Ok(line) = line else { break };
-                if line.contains("stop with") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        let srv = Srv { child };
-        rx.recv_timeout(Duration::from_secs(20))
-            .expect("uraid serve did not start");
-        srv
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGTERM; the server must exit 0.
-    fn stop(mut self) {
-        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "uraid serve exited with {st}");
-    }
-}
-
-impl Drop for Srv {
-    fn drop(&mut self) {
-        kill_if_running(&mut self.child);
-    }
-}
-
 fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("m{i}")).collect()
 }
@@ -92,7 +36,7 @@ fn second_serve_bench_and_create_are_refused_while_serving() {
         &with(&["create", "--level", "6", "--size", "16M", "-N", "v"], &m),
         &dir,
     ));
-    let s = Srv::start(&dir, &dir.join("s1"), &m);
+    let s = Serve::new(&dir).sock(&dir.join("s1")).members(&m).start();
     let held = format!("is in use by pid {} (uraid)", s.pid());
 
     // A second server on the same members, listening elsewhere: refused before it binds.
@@ -336,7 +280,10 @@ fn loop_device_members_are_opened_exclusively() {
         ),
         &dir,
     ));
-    let s = Srv::start(&dir, &dir.join("s1"), &devs);
+    let s = Serve::new(&dir)
+        .sock(&dir.join("s1"))
+        .members(&devs)
+        .start();
     // O_EXCL records no owner: the refusal says so, and names the server as a process that
     // has the device open.
     let e = one_line_error(&run(&with(&["serve", "--listen", "unix:s2"], &devs), &dir));

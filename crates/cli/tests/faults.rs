@@ -6,11 +6,9 @@
 //! Every process and mount a `FaultyMember` starts is torn down when it is dropped, also when
 //! the test panics (nbdkit additionally exits with the test process).
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -306,70 +304,15 @@ fn faulty_member_takes_o_direct_io_and_fails_on_demand() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `uraid serve` on a Unix socket with its stderr in `log`; killed on drop.
-struct Srv {
-    child: Child,
-}
-
-impl Srv {
-    fn start(dir: &Path, sock: &Path, log: &Path, members: &[PathBuf]) -> Srv {
-        Srv::start_with(dir, sock, log, members, &[])
-    }
-
-    /// `start` with extra `uraid serve` options.
-    fn start_with(dir: &Path, sock: &Path, log: &Path, members: &[PathBuf], extra: &[&str]) -> Srv {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .args(["--control", "unix:ctl.sock"])
-            .args(extra)
-            .args(members)
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("start uraid serve");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in out.lines() {
-                let Ok(line) = line else { break };
-                if line.contains("stop with") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        let srv = Srv { child };
-        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
-            panic!(
-                "uraid serve did not start: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        srv
-    }
-
-    /// SIGTERM; the server must exit 0 within 20 s.
-    fn stop(mut self) {
-        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        assert!(
-            wait_for(Duration::from_secs(20), || !matches!(
-                self.child.try_wait(),
-                Ok(None)
-            )),
-            "uraid serve did not stop"
-        );
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "uraid serve exited with {st}");
-    }
-}
-
-impl Drop for Srv {
-    fn drop(&mut self) {
-        kill_if_running(&mut self.child);
-    }
+/// `uraid serve` of `members` in `dir` on the Unix socket `sock`, its stderr in `log`, with
+/// `extra` options.
+fn serve(dir: &Path, sock: &Path, log: &Path, members: &[PathBuf], extra: &[&str]) -> Server {
+    Serve::new(dir)
+        .sock(sock)
+        .log(log)
+        .args(extra)
+        .members(members)
+        .start()
 }
 
 /// Fills `v[off..off + len]` with xorshift bytes.
@@ -431,7 +374,7 @@ fn raid5_member_write_errors_mark_it_faulty_and_data_survives() {
     let sock = dir.join("uraid.sock");
     let uri = format!("nbd+unix:///f?socket={}", sock.display());
     let log = dir.join("serve.log");
-    let s = Srv::start(&dir, &sock, &log, &members);
+    let s = serve(&dir, &sock, &log, &members, &[]);
     let vol = 3 * (SIZE as usize - (1 << 20));
     let mut image = vec![0u8; vol];
     const MIB: usize = 1 << 20;
@@ -482,7 +425,7 @@ fn raid5_member_write_errors_mark_it_faulty_and_data_survives() {
 
     // Restart with every member given: member 3 is refused as failed, the data is all there.
     faulty.fail_writes(false);
-    let s = Srv::start(&dir, &sock, &log, &members);
+    let s = serve(&dir, &sock, &log, &members, &[]);
     let server_log = std::fs::read_to_string(&log).unwrap();
     assert!(
         server_log.contains("member 3 is marked failed"),
@@ -523,7 +466,7 @@ fn raid5_with_faulty_member(tag: &str) -> (PathBuf, FaultyMember, Vec<PathBuf>, 
     }
     let sock = dir.join("uraid.sock");
     let uri = format!("nbd+unix:///f?socket={}", sock.display());
-    let s = Srv::start(&dir, &sock, &dir.join("setup.log"), &members);
+    let s = serve(&dir, &sock, &dir.join("setup.log"), &members, &[]);
     write_ranges(&dir, &uri, &image, &ranges, "setup");
     s.stop();
     (dir, faulty, members, image)
@@ -548,7 +491,7 @@ fn raid5_member_read_errors_are_corrected_until_the_budget_is_spent() {
     let log = dir.join("serve.log");
 
     // Generous budget: corrected, member kept.
-    let s = Srv::start_with(
+    let s = serve(
         &dir,
         &sock,
         &log,
@@ -580,7 +523,7 @@ fn raid5_member_read_errors_are_corrected_until_the_budget_is_spent() {
 
     // Budget of 2: the member is failed on the third error, reads still all right.
     let log2 = dir.join("serve2.log");
-    let s = Srv::start_with(&dir, &sock, &log2, &members, &["--max-read-errors", "2"]);
+    let s = serve(&dir, &sock, &log2, &members, &["--max-read-errors", "2"]);
     faulty.fail_reads(true);
     assert!(
         read_volume(&dir, &uri) == image,
@@ -611,7 +554,7 @@ fn hung_member_is_timed_out_and_reads_complete() {
     let sock = dir.join("uraid.sock");
     let uri = format!("nbd+unix:///f?socket={}", sock.display());
     let log = dir.join("serve.log");
-    let s = Srv::start_with(&dir, &sock, &log, &members, &["--io-timeout", "1"]);
+    let s = serve(&dir, &sock, &log, &members, &["--io-timeout", "1"]);
     let pid = faulty.nbdkit.id() as i32;
     // SAFETY: kill(2) on the pid of a child this test spawned.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -686,7 +629,7 @@ fn power_cut_behind_volatile_caches_then_resync_then_member_lost() {
     assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(e.contains("not stopped cleanly and is degraded"), "{e}");
     // Whole: resync, then a clean stop.
-    let srv = Srv::start(&dir, &sock, &log, &paths);
+    let srv = serve(&dir, &sock, &log, &paths, &[]);
     assert!(
         wait_for(Duration::from_secs(60), || {
             std::fs::read_to_string(&log).is_ok_and(|l| l.contains("resync finished"))
@@ -704,7 +647,7 @@ fn power_cut_behind_volatile_caches_then_resync_then_member_lost() {
             .filter(|&i| i != lost)
             .map(|i| paths[i].clone())
             .collect();
-        let srv = Srv::start_with(&dir, &sock, &log, &some, &["--read-only"]);
+        let srv = serve(&dir, &sock, &log, &some, &["--read-only"]);
         let got = read_volume(&dir, &uri);
         srv.stop();
         for blk in 0..vol_len / 4096 {
@@ -739,7 +682,7 @@ fn base_then_power_cut(
     let (sock, log) = (dir.join("nbd.sock"), dir.join("serve.log"));
     let mut base = vec![0u8; vol_len];
     random_into(&mut base, 0, vol_len, seed);
-    let mut srv = Srv::start(dir, &sock, &log, paths);
+    let srv = serve(dir, &sock, &log, paths, &[]);
     write_ranges(dir, uri, &base, &[(0, vol_len)], "base");
     // nbdcopy does not flush unless asked: an explicit NBD FLUSH makes the base durable.
     run(Command::new("qemu-io")
@@ -772,14 +715,12 @@ fn base_then_power_cut(
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(700));
-    let _ = srv.child.kill();
-    let _ = srv.child.wait();
+    srv.kill();
     for m in &mut mems {
         m.power_cut();
     }
     let _ = writer.kill();
     let _ = writer.wait();
-    drop(srv);
     drop(mems); // unmounts nbdfuse
     (base, touched)
 }
@@ -844,7 +785,7 @@ fn power_cut_with_a_journal_then_degraded_at_once() {
             .filter(|&i| i != lost)
             .map(|i| paths[i].clone())
             .collect();
-        let srv = Srv::start(&run_dir, &sock, &log, &some);
+        let srv = serve(&run_dir, &sock, &log, &some, &[]);
         let got = read_volume(&run_dir, &uri);
         srv.stop();
         let l = std::fs::read_to_string(&log).unwrap_or_default();
@@ -914,7 +855,7 @@ fn raid6_member_returning_eio_under_fio_verify_is_rebuilt_onto_a_spare() {
     let sock = dir.join("uraid.sock");
     let uri = format!("nbd+unix:///f?socket={}", sock.display());
     let log = dir.join("serve.log");
-    let s = Srv::start_with(&dir, &sock, &log, &all, &["--resync-min", "20"]);
+    let s = serve(&dir, &sock, &log, &all, &["--resync-min", "20"]);
     let writer = {
         let (dir, uri) = (dir.clone(), uri.clone());
         std::thread::spawn(move || fio_job(&dir, "w", &uri, "rw=randwrite\ndo_verify=1"))
@@ -949,7 +890,7 @@ fn raid6_member_returning_eio_under_fio_verify_is_rebuilt_onto_a_spare() {
     // Members 0 and 1 away (and the failed device): every stripe needs the spare.
     let mut rest: Vec<PathBuf> = members[3..].to_vec();
     rest.push(spare.clone());
-    let s = Srv::start(&dir, &sock, &dir.join("verify.log"), &rest);
+    let s = serve(&dir, &sock, &dir.join("verify.log"), &rest, &[]);
     fio_job(&dir, "w", &uri, "rw=randwrite\nverify_only=1");
     s.stop();
     drop(faulty);

@@ -3,7 +3,7 @@
 //! Every test starts its own server on a Unix socket and an ephemeral loopback port in a
 //! temp dir, and stops it with SIGTERM (checking the clean exit).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,6 +11,7 @@ use std::time::Duration;
 
 mod common;
 use common::*;
+use uraid_testkit::nbd::Client;
 
 /// Creates a raid6 over `n` sparse member files of `size` bytes in `dir`.
 fn create(dir: &Path, n: usize, size: &str) -> Vec<PathBuf> {
@@ -23,84 +24,10 @@ fn create(dir: &Path, n: usize, size: &str) -> Vec<PathBuf> {
     m
 }
 
-struct Srv {
-    child: Child,
-    sock: PathBuf,
-    tcp: String,
-}
-
-impl Srv {
-    fn start(dir: &Path, members: &[PathBuf], extra: &[&str]) -> Srv {
-        let sock = dir.join("nbd.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .args(["--listen", "tcp:127.0.0.1:0"])
-            .arg("--control")
-            .arg(format!("unix:{}", dir.join("ctl.sock").display()))
-            .args(extra)
-            .args(members)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start uraid serve");
-        let mut tcp = String::new();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        for line in out.lines() {
-            let line = line.expect("server stdout");
-            if let Some(u) = line.strip_prefix("uraid: listening on nbd://") {
-                tcp = u.split('/').next().unwrap().to_string();
-            }
-            if line.contains("stop with") {
-                break;
-            }
-        }
-        assert!(!tcp.is_empty(), "server did not report its TCP address");
-        Srv { child, sock, tcp }
-    }
-
-    fn unix_uri(&self) -> String {
-        format!("nbd+unix:///vol?socket={}", self.sock.display())
-    }
-
-    fn tcp_uri(&self) -> String {
-        format!("nbd://{}/vol", self.tcp)
-    }
-
-    /// SIGTERM, and the server must exit 0 (in-flight finished, array flushed and clean).
-    fn stop(mut self) {
-        run(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "uraid serve exited with {st}");
-    }
-
-    fn signal(&self, sig: &str) {
-        run(Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]));
-    }
-
-    /// Waits for the server to exit; panics (and Drop kills it) if it is still running after
-    /// `within`.
-    fn exit_within(&mut self, within: Duration) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "uraid serve still running {within:?} after the signal"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Srv {
-    /// A failing test must not leave its server behind.
-    fn drop(&mut self) {
-        kill_if_running(&mut self.child);
-    }
+/// `uraid serve` of `members` in `dir` on `dir/nbd.sock` and a loopback TCP port, with
+/// `extra` options.
+fn serve(dir: &Path, members: &[PathBuf], extra: &[&str]) -> Server {
+    Serve::new(dir).tcp().args(extra).members(members).start()
 }
 
 fn random_file(path: &Path, len: usize, seed: u64) {
@@ -120,7 +47,7 @@ fn random_file(path: &Path, len: usize, seed: u64) {
 fn nbdinfo_shows_the_export_and_its_capabilities() {
     let dir = tmp("info");
     let m = create(&dir, 6, "64M");
-    let s = Srv::start(&dir, &m, &[]);
+    let s = serve(&dir, &m, &[]);
     let o = run(Command::new("nbdinfo").args(["--json", &s.tcp_uri()]));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let e = &j["exports"][0];
@@ -149,7 +76,7 @@ fn nbdinfo_shows_the_export_and_its_capabilities() {
     assert!(e["contexts"].to_string().contains("base:allocation"));
     assert!(e["description"].as_str().unwrap().contains("raid6"));
     // NBD_OPT_LIST over the Unix socket.
-    let o = run(Command::new("nbdinfo").args(["--list", "--json", &s.unix_uri()]));
+    let o = run(Command::new("nbdinfo").args(["--list", "--json", &s.uri()]));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["exports"][0]["export-name"], "vol");
     // A fresh volume is one hole; nbdinfo --map reads base:allocation.
@@ -161,7 +88,7 @@ fn nbdinfo_shows_the_export_and_its_capabilities() {
     );
     s.stop();
     // Read-only serving advertises it.
-    let s = Srv::start(&dir, &m, &["--read-only"]);
+    let s = serve(&dir, &m, &["--read-only"]);
     let o = run(Command::new("nbdinfo").args(["--json", &s.tcp_uri()]));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["exports"][0]["is_read_only"], true);
@@ -176,7 +103,7 @@ fn qemu_img_and_nbdcopy_round_trip_with_holes_and_degraded_restart() {
     let size = 4 * (64u64 << 20) - 4 * (1 << 20);
     let img = dir.join("src.img");
     random_file(&img, 48 << 20, 7);
-    let s = Srv::start(&dir, &m, &[]);
+    let s = serve(&dir, &m, &[]);
     run(Command::new("qemu-img")
         .args(["convert", "-n", "-f", "raw", "-O", "raw"])
         .arg(&img)
@@ -184,12 +111,12 @@ fn qemu_img_and_nbdcopy_round_trip_with_holes_and_degraded_restart() {
     run(Command::new("qemu-img")
         .args(["compare", "-f", "raw", "-F", "raw"])
         .arg(&img)
-        .arg(s.unix_uri()));
+        .arg(s.uri()));
     // nbdcopy back out over 4 connections (multi-conn) and in again to another offset range
     // through a second file.
     let back = dir.join("back.img");
     run(Command::new("nbdcopy")
-        .args(["--connections=4", &s.unix_uri()])
+        .args(["--connections=4", &s.uri()])
         .arg(&back));
     let got = std::fs::read(&back).unwrap();
     assert_eq!(got.len() as u64, size);
@@ -223,11 +150,11 @@ fn qemu_img_and_nbdcopy_round_trip_with_holes_and_degraded_restart() {
         .arg(s.tcp_uri()));
     s.stop();
     // Restart with two of the six members gone: same data.
-    let s = Srv::start(&dir, &m[2..], &[]);
+    let s = serve(&dir, &m[2..], &[]);
     run(Command::new("qemu-img")
         .args(["compare", "-f", "raw", "-F", "raw"])
         .arg(&full)
-        .arg(s.unix_uri()));
+        .arg(s.uri()));
     s.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -236,8 +163,8 @@ fn qemu_img_and_nbdcopy_round_trip_with_holes_and_degraded_restart() {
 fn fio_random_writes_verify_over_tcp_and_unix() {
     let dir = tmp("fio");
     let m = create(&dir, 6, "64M");
-    let s = Srv::start(&dir, &m, &[]);
-    for (name, uri) in [("tcp", s.tcp_uri()), ("unix", s.unix_uri())] {
+    let s = serve(&dir, &m, &[]);
+    for (name, uri) in [("tcp", s.tcp_uri()), ("unix", s.uri())] {
         // fio writes its verify state file into its working directory: keep it in the temp dir.
         let o = run(Command::new("fio").current_dir(&dir).args([
             &format!("--name={name}"),
@@ -283,8 +210,8 @@ fn ext4_on_the_volume_survives_restart_and_two_missing_members() {
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
 
-    let s = Srv::start(&dir, &m, &[]);
-    let fuse = Fuse::mount(&dir, &s.unix_uri(), false);
+    let s = serve(&dir, &m, &[]);
+    let fuse = Fuse::mount(&dir, &s.uri(), false);
     run(Command::new("mkfs.ext4")
         .args(["-q", "-F"])
         .arg(&fuse.loopdev));
@@ -298,8 +225,8 @@ fn ext4_on_the_volume_survives_restart_and_two_missing_members() {
     s.stop();
 
     for members in [&m[..], &m[2..]] {
-        let s = Srv::start(&dir, members, &["--read-only"]);
-        let fuse = Fuse::mount(&dir, &s.unix_uri(), true);
+        let s = serve(&dir, members, &["--read-only"]);
+        let fuse = Fuse::mount(&dir, &s.uri(), true);
         run(Command::new("e2fsck").args(["-fn"]).arg(&fuse.loopdev));
         run(Command::new("mount")
             .args(["-o", "ro,noload"])
@@ -395,118 +322,6 @@ impl Drop for Fuse {
     }
 }
 
-// ---------------------------------------------------------------- hand-written client
-
-struct Raw {
-    s: UnixStream,
-}
-
-const IHAVEOPT: &[u8; 8] = b"IHAVEOPT";
-
-impl Raw {
-    /// Connects and finishes the greeting (client flags: fixed newstyle + no zeroes).
-    fn connect(sock: &Path) -> Raw {
-        let mut s = UnixStream::connect(sock).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut g = [0u8; 18];
-        s.read_exact(&mut g).unwrap();
-        assert_eq!(&g[..8], b"NBDMAGIC");
-        assert_eq!(&g[8..16], IHAVEOPT);
-        assert_eq!(u16::from_be_bytes([g[16], g[17]]), 3);
-        s.write_all(&3u32.to_be_bytes()).unwrap();
-        Raw { s }
-    }
-
-    fn option(&mut self, opt: u32, data: &[u8]) {
-        let mut v = IHAVEOPT.to_vec();
-        v.extend_from_slice(&opt.to_be_bytes());
-        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        v.extend_from_slice(data);
-        self.s.write_all(&v).unwrap();
-    }
-
-    /// One option reply: (type, data).
-    fn opt_reply(&mut self) -> (u32, Vec<u8>) {
-        let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(&h[..8], &0x0003_e889_0455_65a9u64.to_be_bytes());
-        let typ = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        let mut d = vec![0u8; len as usize];
-        self.s.read_exact(&mut d).unwrap();
-        (typ, d)
-    }
-
-    /// NBD_OPT_GO on "vol"; returns the transmission flags.
-    fn go(&mut self) -> u16 {
-        let mut d = 3u32.to_be_bytes().to_vec();
-        d.extend_from_slice(b"vol");
-        d.extend_from_slice(&0u16.to_be_bytes());
-        self.option(7, &d);
-        let mut flags = 0;
-        loop {
-            let (t, d) = self.opt_reply();
-            match t {
-                3 if d[..2] == [0, 0] => flags = u16::from_be_bytes([d[10], d[11]]),
-                3 => {}
-                1 => return flags,
-                _ => panic!("GO failed: {t:#x}"),
-            }
-        }
-    }
-
-    fn request(&mut self, flags: u16, typ: u16, handle: u64, off: u64, len: u32, data: &[u8]) {
-        let mut v = 0x2560_9513u32.to_be_bytes().to_vec();
-        v.extend_from_slice(&flags.to_be_bytes());
-        v.extend_from_slice(&typ.to_be_bytes());
-        v.extend_from_slice(&handle.to_be_bytes());
-        v.extend_from_slice(&off.to_be_bytes());
-        v.extend_from_slice(&len.to_be_bytes());
-        v.extend_from_slice(data);
-        self.s.write_all(&v).unwrap();
-    }
-
-    /// A simple reply: (error, handle).
-    fn simple(&mut self) -> (u32, u64) {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(&h[..4], &0x6744_6698u32.to_be_bytes());
-        (
-            u32::from_be_bytes(h[4..8].try_into().unwrap()),
-            u64::from_be_bytes(h[8..16].try_into().unwrap()),
-        )
-    }
-
-    /// One structured reply chunk: (flags, type, handle, payload).
-    fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
-        let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(&h[..4], &0x668e_33efu32.to_be_bytes());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        let mut d = vec![0u8; len as usize];
-        self.s.read_exact(&mut d).unwrap();
-        (
-            u16::from_be_bytes([h[4], h[5]]),
-            u16::from_be_bytes([h[6], h[7]]),
-            u64::from_be_bytes(h[8..16].try_into().unwrap()),
-            d,
-        )
-    }
-
-    /// A structured error chunk that ends its reply: (error, handle).
-    fn error_chunk(&mut self) -> (u32, u64) {
-        let (flags, typ, handle, d) = self.chunk();
-        assert_eq!(flags & 1, 1, "error chunk ends the reply");
-        assert_eq!(typ, 0x8001, "NBD_REPLY_TYPE_ERROR");
-        (u32::from_be_bytes(d[..4].try_into().unwrap()), handle)
-    }
-
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
-    }
-}
-
 #[test]
 fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     const EPERM: u32 = 1;
@@ -516,10 +331,10 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     let dir = tmp("bad");
     let m = create(&dir, 6, "16M");
     let size = 4 * (16u64 << 20) - 4 * (1 << 20);
-    let s = Srv::start(&dir, &m, &[]);
+    let s = serve(&dir, &m, &[]);
 
     // Handshake: unknown option, malformed GO, unknown export, then a good GO.
-    let mut c = Raw::connect(&s.sock);
+    let mut c = Client::connect(&s.sock);
     c.option(0x4242, b"xyz");
     assert_eq!(c.opt_reply().0, 0x8000_0001, "unknown option -> ERR_UNSUP");
     c.option(7, &[0, 0, 0, 200, b'v']);
@@ -641,12 +456,12 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
     let mut b = [0u8; 1];
     assert!(matches!(c2.read(&mut b), Ok(0) | Err(_)));
     // Garbage instead of an option header closes it too.
-    let mut c3 = Raw::connect(&s.sock);
+    let mut c3 = Client::connect(&s.sock);
     c3.s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     assert!(c3.closed());
     // With structured replies: an oversized read is EINVAL too, unless it asks not to be
     // fragmented (DF), which is EOVERFLOW; a DF read within the maximum is served whole.
-    let mut c4 = Raw::connect(&s.sock);
+    let mut c4 = Client::connect(&s.sock);
     c4.option(8, &[]);
     assert_eq!(c4.opt_reply().0, 1, "structured replies acknowledged");
     let flags = c4.go();
@@ -669,13 +484,13 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
         );
     }
     // Everyone else is still served.
-    let o = run(Command::new("nbdinfo").args(["--size", &s.unix_uri()]));
+    let o = run(Command::new("nbdinfo").args(["--size", &s.uri()]));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
     s.stop();
 
     // Read-only export: writes, trims and zeroes get EPERM.
-    let s = Srv::start(&dir, &m, &["--read-only"]);
-    let mut c = Raw::connect(&s.sock);
+    let s = serve(&dir, &m, &["--read-only"]);
+    let mut c = Client::connect(&s.sock);
     let flags = c.go();
     assert!(flags & 2 != 0, "read-only flag");
     c.request(0, 1, 1, 0, 512, &sector);
@@ -697,8 +512,8 @@ fn bad_input_gets_the_spec_errors_and_the_server_stays_up() {
 fn sighup_stops_the_server_cleanly() {
     let dir = tmp("hup");
     let m = create(&dir, 6, "16M");
-    let mut s = Srv::start(&dir, &m, &[]);
-    let mut c = Raw::connect(&s.sock);
+    let mut s = serve(&dir, &m, &[]);
+    let mut c = Client::connect(&s.sock);
     c.go();
     let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
     c.request(0, 1, 1, 65536, data.len() as u32, &data);
@@ -709,15 +524,15 @@ fn sighup_stops_the_server_cleanly() {
         "array dirty while serving after a write"
     );
     // The client stays connected (idle) across the signal.
-    s.signal("HUP");
+    s.signal(libc::SIGHUP);
     let st = s.exit_within(Duration::from_secs(10));
     assert!(st.success(), "uraid serve exited with {st} after SIGHUP");
     assert!(c.closed(), "the idle connection was closed");
     for member in &m {
         assert!(examine_clean(member), "{} not clean", member.display());
     }
-    let s = Srv::start(&dir, &m, &[]);
-    let mut c = Raw::connect(&s.sock);
+    let s = serve(&dir, &m, &[]);
+    let mut c = Client::connect(&s.sock);
     c.go();
     c.request(0, 0, 2, 65536, data.len() as u32, &[]);
     assert_eq!(c.simple(), (0, 2));
@@ -736,19 +551,19 @@ fn sighup_stops_the_server_cleanly() {
 fn idle_clients_do_not_hold_up_shutdown() {
     let dir = tmp("idle");
     let m = create(&dir, 6, "16M");
-    let mut s = Srv::start(&dir, &m, &[]);
-    let quiet_tcp = std::net::TcpStream::connect(&s.tcp).unwrap();
+    let mut s = serve(&dir, &m, &[]);
+    let quiet_tcp = std::net::TcpStream::connect(s.tcp_addr()).unwrap();
     let mut quiet_unix = UnixStream::connect(&s.sock).unwrap();
     quiet_unix
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let mut g = [0u8; 18];
     quiet_unix.read_exact(&mut g).unwrap();
-    let mut idle = Raw::connect(&s.sock);
+    let mut idle = Client::connect(&s.sock);
     idle.go();
     // More clients keep connecting (and then say nothing) while the signal arrives.
     let sock = s.sock.clone();
-    let tcp = s.tcp.clone();
+    let tcp = s.tcp_addr().to_string();
     let late = std::thread::spawn(move || {
         let mut held = Vec::new();
         for i in 0..200 {
@@ -768,7 +583,7 @@ fn idle_clients_do_not_hold_up_shutdown() {
         held
     });
     std::thread::sleep(Duration::from_millis(50));
-    s.signal("TERM");
+    s.signal(libc::SIGTERM);
     let st = s.exit_within(Duration::from_secs(5));
     assert!(st.success(), "uraid serve exited with {st}");
     assert!(idle.closed(), "the idle client was closed");

@@ -5,12 +5,14 @@
 
 mod common;
 
-use common::{block, header, Client, Fixture};
+use common::{block, Fixture};
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use uraid_nbd::proto::{CMD_DISC, CMD_READ, CMD_WRITE};
 use uraid_nbd::server::{DEFAULT_MAX_PAYLOAD_IN_FLIGHT, DEFAULT_MAX_REPLY_QUEUE};
 use uraid_nbd::Config;
+use uraid_testkit::nbd::{header, Client};
 
 const MIB: usize = 1 << 20;
 const BUDGET: usize = 4 * MIB;
@@ -51,7 +53,7 @@ fn pipelined_large_requests_stay_within_the_connection_budget() {
     let mut w = c.s.try_clone().unwrap();
     let writer = std::thread::spawn(move || {
         for i in 0..N {
-            let mut v = header(1, i, i * MIB as u64, MIB as u32);
+            let mut v = header(0, CMD_WRITE, i, i * MIB as u64, MIB as u32);
             v.extend_from_slice(&block(i, MIB));
             w.write_all(&v).unwrap();
         }
@@ -87,7 +89,7 @@ fn pipelined_large_requests_stay_within_the_connection_budget() {
     // Reads: the client asks for 32 MiB and reads no reply until the server stops taking
     // requests; then the replies must all arrive, with the data written above.
     for i in 0..N {
-        c.request(0, 100 + i, i * MIB as u64, MIB as u32, &[]);
+        c.request(0, CMD_READ, 100 + i, i * MIB as u64, MIB as u32, &[]);
     }
     let taken = f.wait_stalled(Duration::from_millis(500)) - N;
     let queued = stats.reply_queue_high_water.load(Ordering::SeqCst) as usize;
@@ -111,7 +113,7 @@ fn pipelined_large_requests_stay_within_the_connection_budget() {
     }
     assert!(seen.iter().all(|&s| s));
     assert!(stats.payload_high_water.load(Ordering::SeqCst) as usize <= BUDGET);
-    c.request(2, 999, 0, 0, &[]);
+    c.request(0, CMD_DISC, 999, 0, 0, &[]);
     assert!(c.closed());
     f.stop_within(Duration::from_secs(10));
 }

@@ -5,13 +5,13 @@
 
 mod common;
 
-use common::{block, header, Client, Fixture};
+use common::{block, Fixture};
 use std::io::{Read, Write};
 use std::time::Duration;
+use uraid_nbd::proto::{CMD_READ, CMD_WRITE};
 use uraid_nbd::Config;
+use uraid_testkit::nbd::{header, Client};
 
-const CMD_READ: u16 = 0;
-const CMD_WRITE: u16 = 1;
 const BS: usize = 4096;
 const N: u64 = 200;
 
@@ -22,7 +22,7 @@ fn a_request_at_queue_depth_one_costs_one_ring_enter() {
     let mut c = Client::connect(&f.sock);
     c.go();
     // Warm up (first touches of the members, task slabs growing).
-    c.request(CMD_READ, 0, 0, BS as u32, &[]);
+    c.request(0, CMD_READ, 0, 0, BS as u32, &[]);
     let mut data = vec![0u8; BS];
     assert_eq!(c.simple(), (0, 0));
     c.s.read_exact(&mut data).unwrap();
@@ -30,11 +30,11 @@ fn a_request_at_queue_depth_one_costs_one_ring_enter() {
     let before = rt.ring_enters();
     for i in 0..N {
         // Header and payload in one send, as a client with the whole request at hand does.
-        let mut msg = header(CMD_WRITE, i, i * BS as u64, BS as u32);
+        let mut msg = header(0, CMD_WRITE, i, i * BS as u64, BS as u32);
         msg.extend_from_slice(&block(i, BS));
         c.s.write_all(&msg).unwrap();
         assert_eq!(c.simple(), (0, i));
-        c.request(CMD_READ, N + i, i * BS as u64, BS as u32, &[]);
+        c.request(0, CMD_READ, N + i, i * BS as u64, BS as u32, &[]);
         assert_eq!(c.simple(), (0, N + i));
         c.s.read_exact(&mut data).unwrap();
         assert!(data == block(i, BS), "block {i} read back wrong");
@@ -66,11 +66,11 @@ fn busy_poll_catches_back_to_back_requests_and_stops_when_idle() {
     let mut data = vec![0u8; BS];
     let before = (rt.ring_enters(), rt.idle_turns());
     for i in 0..N {
-        let mut msg = header(CMD_WRITE, i, i * BS as u64, BS as u32);
+        let mut msg = header(0, CMD_WRITE, i, i * BS as u64, BS as u32);
         msg.extend_from_slice(&block(i + 7, BS));
         c.s.write_all(&msg).unwrap();
         assert_eq!(c.simple(), (0, i));
-        c.request(CMD_READ, N + i, i * BS as u64, BS as u32, &[]);
+        c.request(0, CMD_READ, N + i, i * BS as u64, BS as u32, &[]);
         assert_eq!(c.simple(), (0, N + i));
         c.s.read_exact(&mut data).unwrap();
         assert!(data == block(i + 7, BS), "block {i} read back wrong");

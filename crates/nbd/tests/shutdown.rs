@@ -4,11 +4,13 @@
 
 mod common;
 
-use common::{Client, Fixture};
+use common::Fixture;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
+use uraid_nbd::proto::CMD_READ;
 use uraid_nbd::Config;
+use uraid_testkit::nbd::Client;
 
 #[test]
 fn shutdown_closes_idle_clients_and_cuts_off_one_that_does_not_read() {
@@ -34,7 +36,7 @@ fn shutdown_closes_idle_clients_and_cuts_off_one_that_does_not_read() {
     let mut deaf = Client::connect(&f.sock);
     deaf.go();
     for i in 0..8u64 {
-        deaf.request(0, i, i << 20, 1 << 20, &[]);
+        deaf.request(0, CMD_READ, i, i << 20, 1 << 20, &[]);
     }
     let stats = f.server().stats();
     f.wait_for("the reads to be answered", Duration::from_secs(10), |_| {

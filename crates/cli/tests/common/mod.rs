@@ -1,8 +1,12 @@
 //! Helpers shared by the CLI test binaries (each binary uses a subset).
 #![allow(dead_code)]
 
+use std::ffi::{OsStr, OsString};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 /// Runs the `uraid` binary with `args` in `cwd`.
 pub fn uraid(args: &[&str], cwd: &Path) -> Output {
@@ -97,4 +101,280 @@ pub fn fio_job(dir: &Path, name: &str, uri: &str, extra: &str) {
     let o = Command::new("fio").arg(&job).output().expect("fio");
     let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "fio {name}: {out}");
+}
+
+/// How long `uraid serve` may take to say it is ready, and to exit after SIGTERM.
+pub const SERVE_START: Duration = Duration::from_secs(20);
+pub const SERVE_STOP: Duration = Duration::from_secs(20);
+
+/// One `uraid serve` for a test, configured here and started with [`Serve::start`]:
+///
+/// ```text
+/// uraid serve --listen unix:SOCK [--listen tcp:127.0.0.1:0] --control unix:ctl.sock \
+///     [--metrics=tcp:127.0.0.1:0] ARGS... MEMBERS...
+/// ```
+///
+/// run in `dir` (so the control socket is `dir/ctl.sock` and relative member paths are
+/// relative to `dir`); SOCK is `dir/nbd.sock` unless [`Serve::sock`] names another.
+pub struct Serve {
+    dir: PathBuf,
+    sock: PathBuf,
+    tcp: bool,
+    metrics: bool,
+    log: Option<PathBuf>,
+    args: Vec<OsString>,
+    members: Vec<OsString>,
+}
+
+impl Serve {
+    pub fn new(dir: &Path) -> Serve {
+        Serve {
+            dir: dir.to_path_buf(),
+            sock: dir.join("nbd.sock"),
+            tcp: false,
+            metrics: false,
+            log: None,
+            args: Vec::new(),
+            members: Vec::new(),
+        }
+    }
+
+    /// The NBD Unix socket (default `dir/nbd.sock`).
+    pub fn sock(mut self, sock: &Path) -> Serve {
+        self.sock = sock.to_path_buf();
+        self
+    }
+
+    /// Also listen on an ephemeral loopback TCP port ([`Server::tcp_addr`]).
+    pub fn tcp(mut self) -> Serve {
+        self.tcp = true;
+        self
+    }
+
+    /// Serve Prometheus metrics on an ephemeral loopback TCP port ([`Server::metrics_url`]).
+    pub fn metrics(mut self) -> Serve {
+        self.metrics = true;
+        self
+    }
+
+    /// The server's stderr goes to `log` (created afresh) instead of the test's.
+    pub fn log(mut self, log: &Path) -> Serve {
+        self.log = Some(log.to_path_buf());
+        self
+    }
+
+    /// More `uraid serve` options, before the members.
+    pub fn args<S: AsRef<OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Serve {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    pub fn members<S: AsRef<OsStr>>(mut self, members: impl IntoIterator<Item = S>) -> Serve {
+        self.members
+            .extend(members.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// Starts the server and waits (at most [`SERVE_START`]) until it prints "stop with",
+    /// which it does once every listener is up; panics, with the log if there is one, if it
+    /// exits or stays silent first. The server is killed when the returned [`Server`] is
+    /// dropped without [`Server::stop`].
+    pub fn start(self) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uraid"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", self.sock.display()));
+        if self.tcp {
+            cmd.args(["--listen", "tcp:127.0.0.1:0"]);
+        }
+        cmd.args(["--control", "unix:ctl.sock"]);
+        if self.metrics {
+            cmd.arg("--metrics=tcp:127.0.0.1:0");
+        }
+        let stderr = match &self.log {
+            Some(log) => Stdio::from(
+                std::fs::File::create(log)
+                    .unwrap_or_else(|e| panic!("create {}: {e}", log.display())),
+            ),
+            None => Stdio::inherit(),
+        };
+        let mut child = cmd
+            .args(&self.args)
+            .args(&self.members)
+            .current_dir(&self.dir)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("start uraid serve");
+        // Stdout is read to its end (so the server never writes into a closed pipe); the
+        // lines up to "stop with" say where it listens.
+        let out = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let mut srv = Server {
+            child,
+            sock: self.sock,
+            ctl: self.dir.join("ctl.sock"),
+            tcp: None,
+            metrics: None,
+            log: self.log,
+        };
+        let deadline = Instant::now() + SERVE_START;
+        loop {
+            let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => line,
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "uraid serve did not start within {SERVE_START:?}{}",
+                        srv.log_tail()
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Stdout closed: the server is exiting.
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    let st = loop {
+                        match srv.child.try_wait().expect("wait for uraid serve") {
+                            Some(st) => break st.to_string(),
+                            None if Instant::now() > deadline => break "stdout closed".into(),
+                            None => std::thread::sleep(Duration::from_millis(20)),
+                        }
+                    };
+                    panic!(
+                        "uraid serve exited ({st}) before it started{}",
+                        srv.log_tail()
+                    )
+                }
+            };
+            if let Some(a) = line.strip_prefix("uraid: listening on nbd://") {
+                srv.tcp = a.split('/').next().map(str::to_string);
+            }
+            if let Some(u) = line.strip_prefix("uraid: Prometheus metrics at ") {
+                srv.metrics = Some(u.to_string());
+            }
+            if line.contains("stop with") {
+                break;
+            }
+        }
+        assert!(
+            !self.tcp || srv.tcp.is_some(),
+            "server did not report its TCP address"
+        );
+        assert!(
+            !self.metrics || srv.metrics.is_some(),
+            "server did not report its metrics address"
+        );
+        srv
+    }
+}
+
+/// A running `uraid serve` (see [`Serve`]); killed on drop if still running, so a failing
+/// test does not leave it behind.
+pub struct Server {
+    child: Child,
+    /// The NBD Unix socket.
+    pub sock: PathBuf,
+    /// The control socket.
+    pub ctl: PathBuf,
+    tcp: Option<String>,
+    metrics: Option<String>,
+    log: Option<PathBuf>,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The export "vol" over the Unix socket.
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///vol?socket={}", self.sock.display())
+    }
+
+    /// `127.0.0.1:PORT` of the TCP listener ([`Serve::tcp`]).
+    pub fn tcp_addr(&self) -> &str {
+        self.tcp.as_deref().expect("started with Serve::tcp")
+    }
+
+    /// The export "vol" over TCP.
+    pub fn tcp_uri(&self) -> String {
+        format!("nbd://{}/vol", self.tcp_addr())
+    }
+
+    /// The Prometheus endpoint's URL ([`Serve::metrics`]).
+    pub fn metrics_url(&self) -> &str {
+        self.metrics
+            .as_deref()
+            .expect("started with Serve::metrics")
+    }
+
+    /// Sends `sig` (a `libc::SIG*`).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped (`stop`,
+        // `kill` and `exit_within` take `self` mutably or by value).
+        let r = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(r, 0, "kill({sig}): {}", std::io::Error::last_os_error());
+    }
+
+    /// Waits for the server to exit; panics (and drop kills it) if it is still running
+    /// after `within`.
+    pub fn exit_within(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait for uraid serve") {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "uraid serve still running {within:?} after the signal{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM; the server must exit 0 (in-flight requests finished, the array flushed and
+    /// marked clean) within [`SERVE_STOP`].
+    pub fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let st = self.exit_within(SERVE_STOP);
+        assert!(
+            st.success(),
+            "uraid serve exited with {st}{}",
+            self.log_tail()
+        );
+    }
+
+    /// SIGKILL, like a power cut: no clean stop.
+    pub fn kill(mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.child.kill().expect("SIGKILL uraid serve");
+        }
+        self.child.wait().expect("wait for uraid serve");
+    }
+
+    /// What the server wrote to its log so far, for a panic message ("" without a log).
+    fn log_tail(&self) -> String {
+        let Some(log) = &self.log else {
+            return String::new();
+        };
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let mut start = text.len().saturating_sub(4000);
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        let tail = &text[start..];
+        format!("; {}:\n{}", log.display(), tail.trim_start())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        kill_if_running(&mut self.child);
+    }
 }

@@ -1,11 +1,10 @@
 //! Shared by the server tests: a server over in-memory members on a Unix socket in a temp
-//! dir, and a minimal hand-written NBD client.
+//! dir, and the data pattern the tests write (the NBD client is `uraid_testkit::nbd`).
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,86 +125,6 @@ impl Drop for Fixture {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-pub struct Client {
-    pub s: UnixStream,
-}
-
-const IHAVEOPT: &[u8; 8] = b"IHAVEOPT";
-
-impl Client {
-    /// Connects, reads the greeting and sends the client flags (fixed newstyle, no zeroes).
-    pub fn connect(sock: &std::path::Path) -> Client {
-        let mut s = UnixStream::connect(sock).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut g = [0u8; 18];
-        s.read_exact(&mut g).unwrap();
-        assert_eq!(&g[..16], b"NBDMAGICIHAVEOPT");
-        s.write_all(&3u32.to_be_bytes()).unwrap();
-        Client { s }
-    }
-
-    /// NBD_OPT_GO on "vol"; returns the transmission flags.
-    pub fn go(&mut self) -> u16 {
-        let mut d = 3u32.to_be_bytes().to_vec();
-        d.extend_from_slice(b"vol");
-        d.extend_from_slice(&0u16.to_be_bytes());
-        let mut v = IHAVEOPT.to_vec();
-        v.extend_from_slice(&7u32.to_be_bytes());
-        v.extend_from_slice(&(d.len() as u32).to_be_bytes());
-        v.extend_from_slice(&d);
-        self.s.write_all(&v).unwrap();
-        let mut flags = 0;
-        loop {
-            let mut h = [0u8; 20];
-            self.s.read_exact(&mut h).unwrap();
-            let typ = u32::from_be_bytes(h[12..16].try_into().unwrap());
-            let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-            let mut d = vec![0u8; len as usize];
-            self.s.read_exact(&mut d).unwrap();
-            match typ {
-                3 if d[..2] == [0, 0] => flags = u16::from_be_bytes([d[10], d[11]]),
-                3 => {}
-                1 => return flags,
-                _ => panic!("GO failed: {typ:#x}"),
-            }
-        }
-    }
-
-    /// A request header (and `data`, for writes).
-    pub fn request(&mut self, typ: u16, handle: u64, off: u64, len: u32, data: &[u8]) {
-        self.s.write_all(&header(typ, handle, off, len)).unwrap();
-        self.s.write_all(data).unwrap();
-    }
-
-    /// A simple reply: (error, handle).
-    pub fn simple(&mut self) -> (u32, u64) {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(&h[..4], &0x6744_6698u32.to_be_bytes());
-        (
-            u32::from_be_bytes(h[4..8].try_into().unwrap()),
-            u64::from_be_bytes(h[8..16].try_into().unwrap()),
-        )
-    }
-
-    /// Whether the server closed the connection (EOF or reset, within the read timeout).
-    pub fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
-    }
-}
-
-pub fn header(typ: u16, handle: u64, off: u64, len: u32) -> Vec<u8> {
-    let mut v = 0x2560_9513u32.to_be_bytes().to_vec();
-    v.extend_from_slice(&0u16.to_be_bytes());
-    v.extend_from_slice(&typ.to_be_bytes());
-    v.extend_from_slice(&handle.to_be_bytes());
-    v.extend_from_slice(&off.to_be_bytes());
-    v.extend_from_slice(&len.to_be_bytes());
-    v
 }
 
 /// Deterministic bytes for block `i`.
