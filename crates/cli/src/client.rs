@@ -1,15 +1,70 @@
-//! `uraid status`, `uraid detail` and `uraid watch`: ask the running server over its
-//! control socket, or read the superblocks when no server runs.
+//! The client side of the control socket: its HTTP requests (`get`, `post`, …), finding
+//! and checking a running server, and what `uraid status`, `uraid detail` and `uraid watch`
+//! print from its status document.
 
 use crate::control::{self, SCHEMA};
 use crate::size;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use uraid_core::format::uuid_string;
 use uraid_engine::assemble::Plan;
+
+/// GETs `path` from the control socket at `sock`: the status code and body.
+pub fn get(sock: &Path, path: &str) -> Result<(u16, String)> {
+    request(sock, "GET", path)
+}
+
+/// Sends a body-less `method` request for `path` to the control socket at `sock`.
+pub fn request(sock: &Path, method: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = UnixStream::connect(sock)
+        .with_context(|| format!("cannot connect to {}", sock.display()))?;
+    // A member failure waits for a superblock round (member timeouts apply).
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: uraid\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let mut headers = [httparse::EMPTY_HEADER; 16];
+    let mut resp = httparse::Response::new(&mut headers);
+    let n = match resp.parse(&buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => bail!("{}: malformed response", sock.display()),
+    };
+    let code = resp.code.unwrap_or(0);
+    Ok((code, String::from_utf8_lossy(&buf[n..]).into_owned()))
+}
+
+/// POSTs an operator command; the server's message, or its refusal as an error.
+pub fn post(sock: &Path, path: &str) -> Result<String> {
+    let (code, body) = request(sock, "POST", path)?;
+    let v: Value = serde_json::from_str(&body)
+        .with_context(|| format!("{}: response is not JSON", sock.display()))?;
+    if code != 202 {
+        bail!("{}", v["error"].as_str().unwrap_or("?"));
+    }
+    Ok(v["message"].as_str().unwrap_or("done").to_string())
+}
+
+/// GETs a JSON document; non-200 is an error carrying the server's message.
+pub fn get_json(sock: &Path, path: &str) -> Result<Value> {
+    let (code, body) = get(sock, path)?;
+    let v: Value = serde_json::from_str(&body)
+        .with_context(|| format!("{}: response is not JSON", sock.display()))?;
+    if code != 200 {
+        bail!(
+            "{}: {path}: HTTP {code}: {}",
+            sock.display(),
+            v["error"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(v)
+}
 
 /// Where to look for the server of the array formed by `plan`'s members.
 pub fn socket_for(
@@ -40,7 +95,7 @@ pub fn live_status(plan: &Plan, sock: &Path) -> Result<Option<Value>> {
     if !sock.exists() {
         return Ok(None);
     }
-    let v = match control::get_json(sock, "/status") {
+    let v = match get_json(sock, "/status") {
         Ok(v) => v,
         Err(e) => {
             // Not reachable (a stale socket file, no permission) is "no live status", and

@@ -354,12 +354,12 @@ fn scrub_cmd(
         (_, _, true) => "/scrub/cancel".to_string(),
         _ => format!("/scrub?mode={}", mode.name()),
     };
-    let msg = control::post(&sock, &path)?;
+    let msg = client::post(&sock, &path)?;
     println!("uraid: {msg} (server at {})", sock.display());
     if wait {
         loop {
             std::thread::sleep(std::time::Duration::from_millis(200));
-            let v = control::get_json(&sock, "/status")?;
+            let v = client::get_json(&sock, "/status")?;
             let s = &v["scrub"];
             if s["state"] != "running" && s["state"] != "paused" {
                 println!(
@@ -405,11 +405,11 @@ fn replace_cmd(
                 plan.sb.name
             );
         };
-        let st = control::get_json(&sock, "/status")?;
+        let st = client::get_json(&sock, "/status")?;
         if st["slots"][i]["state"] != "replacing" {
             bail!("member {i} is not being replaced");
         }
-        let msg = control::post(&sock, "/replace/cancel")?;
+        let msg = client::post(&sock, "/replace/cancel")?;
         println!("uraid: {msg} (server at {})", sock.display());
         return Ok(());
     }
@@ -419,7 +419,7 @@ fn replace_cmd(
     let Some(sock) = sock else {
         return replace_offline(&plan, i, &dev, force);
     };
-    let msg = control::post(
+    let msg = client::post(
         &sock,
         &format!(
             "/replace?member={i}&path={}&force={}",
@@ -431,7 +431,7 @@ fn replace_cmd(
     if wait {
         loop {
             std::thread::sleep(std::time::Duration::from_millis(200));
-            let v = control::get_json(&sock, "/status")?;
+            let v = client::get_json(&sock, "/status")?;
             let slot = &v["slots"][i];
             if slot["state"] != "replacing" {
                 println!(
@@ -660,7 +660,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             let (members, embedded) = target_members(&t)?;
             let plan = assemble::plan(&members)?;
             if let Some(sock) = live_socket(&plan, &t, embedded)? {
-                let msg = control::post(
+                let msg = client::post(
                     &sock,
                     &format!("/add?path={}&force={}", path_query(&dev), u8::from(force)),
                 )?;
@@ -721,7 +721,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             let plan = assemble::plan(&members)?;
             match live_socket(&plan, &target, embedded)? {
                 Some(sock) => {
-                    let msg = control::post(
+                    let msg = client::post(
                         &sock,
                         &format!("/fail?member={index}&force={}", u8::from(force)),
                     )?;
@@ -760,7 +760,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                         None => format!("path={}", path_query(Path::new(&what))),
                     };
                     let msg =
-                        control::post(&sock, &format!("/remove?{q}&force={}", u8::from(force)))?;
+                        client::post(&sock, &format!("/remove?{q}&force={}", u8::from(force)))?;
                     println!("uraid: {msg} (server at {})", sock.display());
                 }
                 None => match index {
@@ -809,7 +809,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                 q.push(format!("max={m}"));
             }
             if q.is_empty() {
-                let st = control::get_json(&sock, "/status")?;
+                let st = client::get_json(&sock, "/status")?;
                 let t = &st["throttle"];
                 let rate = |v: &serde_json::Value| match v.as_u64() {
                     Some(0) | None => "unlimited".to_string(),
@@ -825,7 +825,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
                     sock.display()
                 );
             } else {
-                let msg = control::post(&sock, &format!("/throttle?{}", q.join("&")))?;
+                let msg = client::post(&sock, &format!("/throttle?{}", q.join("&")))?;
                 println!("uraid: {msg} (server at {})", sock.display());
             }
             Ok(())
