@@ -1,15 +1,70 @@
-//! `uraid status`, `uraid detail` and `uraid watch`: ask the running server over its
-//! control socket, or read the superblocks when no server runs.
+//! The client side of the control socket: its HTTP requests (`get`, `post`, …), finding
+//! and checking a running server, and what `uraid status`, `uraid detail` and `uraid watch`
+//! print from its status document.
 
 use crate::control::{self, SCHEMA};
 use crate::size;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use uraid_core::format::uuid_string;
 use uraid_engine::assemble::Plan;
+
+/// GETs `path` from the control socket at `sock`: the status code and body.
+pub fn get(sock: &Path, path: &str) -> Result<(u16, String)> {
+    request(sock, "GET", path)
+}
+
+/// Sends a body-less `method` request for `path` to the control socket at `sock`.
+pub fn request(sock: &Path, method: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = UnixStream::connect(sock)
+        .with_context(|| format!("cannot connect to {}", sock.display()))?;
+    // A member failure waits for a superblock round (member timeouts apply).
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: uraid\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let mut headers = [httparse::EMPTY_HEADER; 16];
+    let mut resp = httparse::Response::new(&mut headers);
+    let n = match resp.parse(&buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => bail!("{}: malformed response", sock.display()),
+    };
+    let code = resp.code.unwrap_or(0);
+    Ok((code, String::from_utf8_lossy(&buf[n..]).into_owned()))
+}
+
+/// POSTs an operator command; the server's message, or its refusal as an error.
+pub fn post(sock: &Path, path: &str) -> Result<String> {
+    let (code, body) = request(sock, "POST", path)?;
+    let v: Value = serde_json::from_str(&body)
+        .with_context(|| format!("{}: response is not JSON", sock.display()))?;
+    if code != 202 {
+        bail!("{}", v["error"].as_str().unwrap_or("?"));
+    }
+    Ok(v["message"].as_str().unwrap_or("done").to_string())
+}
+
+/// GETs a JSON document; non-200 is an error carrying the server's message.
+pub fn get_json(sock: &Path, path: &str) -> Result<Value> {
+    let (code, body) = get(sock, path)?;
+    let v: Value = serde_json::from_str(&body)
+        .with_context(|| format!("{}: response is not JSON", sock.display()))?;
+    if code != 200 {
+        bail!(
+            "{}: {path}: HTTP {code}: {}",
+            sock.display(),
+            v["error"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(v)
+}
 
 /// Where to look for the server of the array formed by `plan`'s members.
 pub fn socket_for(
@@ -40,7 +95,7 @@ pub fn live_status(plan: &Plan, sock: &Path) -> Result<Option<Value>> {
     if !sock.exists() {
         return Ok(None);
     }
-    let v = match control::get_json(sock, "/status") {
+    let v = match get_json(sock, "/status") {
         Ok(v) => v,
         Err(e) => {
             // Not reachable (a stale socket file, no permission) is "no live status", and
@@ -153,60 +208,69 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
         println!("      spare: {}", sp.as_str().unwrap_or("?"));
     }
     for s in &slots {
-        let st = s["state"].as_str().unwrap_or("?");
-        let path = s["path"].as_str().unwrap_or("-");
-        print!(
-            "      [{:>2}] {st:<8} {path}",
-            s["index"].as_u64().unwrap_or(0)
-        );
-        if let Some(r) = s["replacement"].as_str() {
-            print!(" -> {r}");
-        }
-        if detail {
-            println!();
-            for op in ["read", "write", "flush"] {
-                let o = &s[op];
-                println!(
-                    "           {op:<5} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
-                    o["count"],
-                    size::human(o["bytes"].as_u64().unwrap_or(0)),
-                    o["errors"],
-                    us(&o["latency_mean_us"]),
-                    us(&o["latency_p99_us"]),
-                );
-            }
-            println!(
-                "           read errors corrected {}, budget {}/{}",
-                s["read_errors_corrected"],
-                s["read_error_budget"]["used"],
-                s["read_error_budget"]["max"]
-            );
-        } else {
-            println!(
-                "  reads {} writes {} errors {}",
-                s["read"]["count"],
-                s["write"]["count"],
-                s["read"]["errors"].as_u64().unwrap_or(0)
-                    + s["write"]["errors"].as_u64().unwrap_or(0)
-            );
-        }
+        print_slot(s, detail);
     }
     if detail {
-        println!("      requests by command:");
-        if let Some(ops) = v["requests"]["ops"].as_object() {
-            for (name, o) in ops {
-                println!(
-                    "           {name:<12} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
-                    o["count"],
-                    size::human(o["bytes"].as_u64().unwrap_or(0)),
-                    o["errors"],
-                    us(&o["latency_mean_us"]),
-                    us(&o["latency_p99_us"]),
-                );
-            }
-        }
-        println!("      stripe operations: {}", v["stripe_operations"]);
+        print_requests(v);
     }
+}
+
+/// One slot's line of `uraid status` (with `detail`: its I/O by operation and errors).
+fn print_slot(s: &Value, detail: bool) {
+    let st = s["state"].as_str().unwrap_or("?");
+    let path = s["path"].as_str().unwrap_or("-");
+    print!(
+        "      [{:>2}] {st:<8} {path}",
+        s["index"].as_u64().unwrap_or(0)
+    );
+    if let Some(r) = s["replacement"].as_str() {
+        print!(" -> {r}");
+    }
+    if detail {
+        println!();
+        for op in ["read", "write", "flush"] {
+            let o = &s[op];
+            println!(
+                "           {op:<5} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
+                o["count"],
+                size::human(o["bytes"].as_u64().unwrap_or(0)),
+                o["errors"],
+                us(&o["latency_mean_us"]),
+                us(&o["latency_p99_us"]),
+            );
+        }
+        println!(
+            "           read errors corrected {}, budget {}/{}",
+            s["read_errors_corrected"],
+            s["read_error_budget"]["used"],
+            s["read_error_budget"]["max"]
+        );
+    } else {
+        println!(
+            "  reads {} writes {} errors {}",
+            s["read"]["count"],
+            s["write"]["count"],
+            s["read"]["errors"].as_u64().unwrap_or(0) + s["write"]["errors"].as_u64().unwrap_or(0)
+        );
+    }
+}
+
+/// `uraid detail`: requests by command and stripe operations.
+fn print_requests(v: &Value) {
+    println!("      requests by command:");
+    if let Some(ops) = v["requests"]["ops"].as_object() {
+        for (name, o) in ops {
+            println!(
+                "           {name:<12} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
+                o["count"],
+                size::human(o["bytes"].as_u64().unwrap_or(0)),
+                o["errors"],
+                us(&o["latency_mean_us"]),
+                us(&o["latency_p99_us"]),
+            );
+        }
+    }
+    println!("      stripe operations: {}", v["stripe_operations"]);
 }
 
 /// `uraid watch`: polls the server every `interval` and prints rates; progress bars for
@@ -236,86 +300,15 @@ pub fn watch(sock: &Path, plan: &Plan, interval: Duration, count: u64) -> Result
         };
         let dt = t_prev.elapsed().as_secs_f64().max(1e-3);
         t_prev = Instant::now();
-        let delta = |a: &Value, b: &Value| {
-            (a.as_u64()
-                .unwrap_or(0)
-                .saturating_sub(b.as_u64().unwrap_or(0))) as f64
-                / dt
-        };
-        let ops = |x: &Value, key: &str| -> (f64, f64) {
-            let (mut c, mut b) = (0.0, 0.0);
-            if let (Some(now), Some(was)) = (
-                x["requests"]["ops"].as_object(),
-                prev["requests"]["ops"].as_object(),
-            ) {
-                for k in ["read", "write"]
-                    .iter()
-                    .filter(|k| key.is_empty() || **k == key)
-                {
-                    let null = Value::Null;
-                    let (n, w) = (now.get(*k).unwrap_or(&null), was.get(*k).unwrap_or(&null));
-                    c += delta(&n["count"], &w["count"]);
-                    b += delta(&n["bytes"], &w["bytes"]);
-                }
-            }
-            (c, b)
-        };
-        let (ri, rb) = ops(&v, "read");
-        let (wi, wb) = ops(&v, "write");
-        let line = format!(
-            "{}: {}  read {:.0} IOPS {}/s  write {:.0} IOPS {}/s  connections {}",
-            v["name"].as_str().unwrap_or("?"),
-            v["state"].as_str().unwrap_or("?"),
-            ri,
-            size::human(rb as u64),
-            wi,
-            size::human(wb as u64),
-            v["connections"]["open"],
-        );
-        let members: Vec<String> = v["slots"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .zip(prev["slots"].as_array().into_iter().flatten())
-            .map(|(s, p)| {
-                format!(
-                    "[{}] {} r {:.0}/s w {:.0}/s",
-                    s["index"],
-                    s["state"].as_str().unwrap_or("?"),
-                    delta(&s["read"]["count"], &p["read"]["count"]),
-                    delta(&s["write"]["count"], &p["write"]["count"])
-                )
-            })
-            .collect();
-        let members = members.join("  ");
+        let (line, members) = rates(&v, &prev, dt);
         // Background operations: a bar each on a terminal, lines otherwise.
-        for b in v["background"].as_array().into_iter().flatten() {
-            let op = b["op"].as_str().unwrap_or("?").to_string();
-            let done = b["progress"].as_f64().unwrap_or(0.0);
-            if tty {
-                let bar = bars.entry(op.clone()).or_insert_with(|| {
-                    let pb = multi.add(indicatif::ProgressBar::new(1000));
-                    pb.set_style(
-                        indicatif::ProgressStyle::with_template(
-                            "{prefix} [{bar:40}] {percent}% {msg}",
-                        )
-                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-                    );
-                    pb.set_prefix(op.clone());
-                    pb
-                });
-                bar.set_position((done * 1000.0) as u64);
-                bar.set_message(format!("eta {}", b["eta_seconds"]));
-            }
-        }
-        if !tty {
+        if tty {
+            draw_bars(&v, &multi, &mut bars);
+            let _ = multi.println(format!("{line}\n  {members}"));
+        } else {
             for l in background_lines(&v) {
                 println!("{l}");
             }
-        }
-        if tty {
-            let _ = multi.println(format!("{line}\n  {members}"));
-        } else {
             println!("{line}");
             println!("  {members}");
         }
@@ -324,6 +317,86 @@ pub fn watch(sock: &Path, plan: &Plan, interval: Duration, count: u64) -> Result
         if count > 0 && n >= count {
             return Ok(());
         }
+    }
+}
+
+/// The two lines of a `uraid watch` update: request rates of the array, then each member's,
+/// from two status documents `dt` seconds apart.
+fn rates(v: &Value, prev: &Value, dt: f64) -> (String, String) {
+    let delta = |a: &Value, b: &Value| {
+        (a.as_u64()
+            .unwrap_or(0)
+            .saturating_sub(b.as_u64().unwrap_or(0))) as f64
+            / dt
+    };
+    let ops = |x: &Value, key: &str| -> (f64, f64) {
+        let (mut c, mut b) = (0.0, 0.0);
+        if let (Some(now), Some(was)) = (
+            x["requests"]["ops"].as_object(),
+            prev["requests"]["ops"].as_object(),
+        ) {
+            for k in ["read", "write"]
+                .iter()
+                .filter(|k| key.is_empty() || **k == key)
+            {
+                let null = Value::Null;
+                let (n, w) = (now.get(*k).unwrap_or(&null), was.get(*k).unwrap_or(&null));
+                c += delta(&n["count"], &w["count"]);
+                b += delta(&n["bytes"], &w["bytes"]);
+            }
+        }
+        (c, b)
+    };
+    let (ri, rb) = ops(v, "read");
+    let (wi, wb) = ops(v, "write");
+    let line = format!(
+        "{}: {}  read {:.0} IOPS {}/s  write {:.0} IOPS {}/s  connections {}",
+        v["name"].as_str().unwrap_or("?"),
+        v["state"].as_str().unwrap_or("?"),
+        ri,
+        size::human(rb as u64),
+        wi,
+        size::human(wb as u64),
+        v["connections"]["open"],
+    );
+    let members: Vec<String> = v["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(prev["slots"].as_array().into_iter().flatten())
+        .map(|(s, p)| {
+            format!(
+                "[{}] {} r {:.0}/s w {:.0}/s",
+                s["index"],
+                s["state"].as_str().unwrap_or("?"),
+                delta(&s["read"]["count"], &p["read"]["count"]),
+                delta(&s["write"]["count"], &p["write"]["count"])
+            )
+        })
+        .collect();
+    (line, members.join("  "))
+}
+
+/// Updates the progress bar of each background operation (a bar each, on a terminal).
+fn draw_bars(
+    v: &Value,
+    multi: &indicatif::MultiProgress,
+    bars: &mut std::collections::HashMap<String, indicatif::ProgressBar>,
+) {
+    for b in v["background"].as_array().into_iter().flatten() {
+        let op = b["op"].as_str().unwrap_or("?").to_string();
+        let done = b["progress"].as_f64().unwrap_or(0.0);
+        let bar = bars.entry(op.clone()).or_insert_with(|| {
+            let pb = multi.add(indicatif::ProgressBar::new(1000));
+            pb.set_style(
+                indicatif::ProgressStyle::with_template("{prefix} [{bar:40}] {percent}% {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            pb.set_prefix(op.clone());
+            pb
+        });
+        bar.set_position((done * 1000.0) as u64);
+        bar.set_message(format!("eta {}", b["eta_seconds"]));
     }
 }
 

@@ -1,0 +1,192 @@
+//! `uraid examine`: the superblock of one member (or a journal device), and the words for
+//! superblock fields that `uraid status` shares.
+
+use crate::size;
+use anyhow::Result;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use uraid_core::format::{uuid_string, Superblock};
+use uraid_engine::assemble;
+
+#[derive(clap::Args)]
+pub struct ExamineArgs {
+    member: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+/// `uraid examine`: the superblock, or a journal device's header when the device holds no
+/// superblock.
+pub fn run(a: ExamineArgs) -> Result<()> {
+    let ExamineArgs { member, json } = a;
+    if let (Err(_), Ok(j)) = (
+        assemble::read_superblock(&member),
+        assemble::read_journal_super(&member),
+    ) {
+        return print_journal_examine(&member, &j, json);
+    }
+    let sb = assemble::read_superblock(&member)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&sb_json(&member, &sb))?);
+    } else {
+        print_examine(&member, &sb);
+    }
+    Ok(())
+}
+
+fn print_journal_examine(
+    path: &Path,
+    j: &uraid_core::journal::JournalSuper,
+    json: bool,
+) -> Result<()> {
+    if json {
+        let v = json!({
+            "path": path.display().to_string(),
+            "kind": "journal",
+            "array_uuid": uuid_string(&j.array_uuid),
+            "journal_uuid": uuid_string(&j.journal_uuid),
+            "epoch": j.epoch,
+            "generation": j.gen,
+            "log_start": j.log_start,
+            "log_len": j.log_len,
+            "tail": j.tail,
+            "tail_seq": j.tail_seq,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{}:", path.display());
+    println!("          Magic : uraid-jn (journal device)");
+    println!("     Array UUID : {}", uuid_string(&j.array_uuid));
+    println!("   Journal UUID : {}", uuid_string(&j.journal_uuid));
+    println!(
+        "       Log Area : {} ({} bytes at offset {})",
+        size::human(j.log_len),
+        j.log_len,
+        j.log_start
+    );
+    println!("          Epoch : {}", j.epoch);
+    println!(
+        "     Checkpoint : record {} at log position {}",
+        j.tail_seq, j.tail
+    );
+    Ok(())
+}
+
+pub fn journal_word(sb: &Superblock) -> String {
+    match sb.journal {
+        Some((u, m)) => format!("{} ({})", uuid_string(&u), m.name()),
+        None => "none".into(),
+    }
+}
+
+fn bitmap_word(sb: &Superblock) -> String {
+    match sb.bitmap_chunk {
+        0 => "none (no write-intent bitmap: an unclean stop resyncs everything)".into(),
+        c => format!(
+            "{} ({} regions)",
+            size::human(c),
+            uraid_core::bitmap::regions(&sb.geometry, c)
+        ),
+    }
+}
+
+pub fn state_word(sb: &Superblock) -> &'static str {
+    if sb.clean {
+        "clean"
+    } else {
+        "active (not cleanly stopped)"
+    }
+}
+
+fn print_examine(path: &Path, sb: &Superblock) {
+    let g = sb.geometry;
+    println!("{}:", path.display());
+    println!("          Magic : uraid-sb");
+    println!("        Version : {}", uraid_core::format::VERSION);
+    println!("     Array UUID : {}", uuid_string(&sb.array_uuid));
+    println!("           Name : {}", sb.name);
+    println!("     Raid Level : {}", g.level);
+    println!("   Raid Devices : {}", g.members);
+    println!("     Chunk Size : {}", size::human(g.chunk));
+    println!("    Data Offset : {} bytes", sb.data_offset);
+    println!(
+        "    Member Data : {} ({} bytes)",
+        size::human(g.member_data),
+        g.member_data
+    );
+    println!(
+        "    Volume Size : {} ({} bytes)",
+        size::human(g.volume_size()),
+        g.volume_size()
+    );
+    println!("    Device UUID : {}", uuid_string(&sb.device_uuid));
+    if sb.spare {
+        println!("    Device Role : hot spare");
+    } else {
+        println!("   Device Index : {}", sb.index);
+    }
+    println!("         Events : {}", sb.events);
+    println!("   Bitmap Chunk : {}", bitmap_word(sb));
+    println!("        Journal : {}", journal_word(sb));
+    println!("          State : {}", state_word(sb));
+    let states: String = (0..g.members)
+        .map(|i| {
+            if sb.is_failed(i) {
+                'F'
+            } else if sb.is_rebuilding(i) {
+                'R'
+            } else {
+                'A'
+            }
+        })
+        .collect();
+    println!("   Array States : {states}  (A = active, F = failed, R = rebuilding)");
+    for i in (0..g.members).filter(|&i| sb.is_rebuilding(i)) {
+        println!(
+            "    Rebuild [{i:>2}] : {} of {} units",
+            sb.rebuilt[i],
+            g.units()
+        );
+    }
+}
+
+fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
+    let g = sb.geometry;
+    json!({
+        "path": path.display().to_string(),
+        "version": uraid_core::format::VERSION,
+        "array_uuid": uuid_string(&sb.array_uuid),
+        "name": sb.name,
+        "level": g.level.to_string(),
+        "parity": g.parity(),
+        "members": g.members,
+        "chunk": g.chunk,
+        "data_offset": sb.data_offset,
+        "member_data": g.member_data,
+        "volume_size": g.volume_size(),
+        "device_uuid": uuid_string(&sb.device_uuid),
+        "index": sb.index,
+        "events": sb.events,
+        "clean": sb.clean,
+        "bitmap_chunk": sb.bitmap_chunk,
+        "journal": sb.journal.map(|(u, m)| json!({"uuid": uuid_string(&u), "mode": m.name()})),
+        "ctime": sb.ctime,
+        "utime": sb.utime,
+        "spare": sb.spare,
+        "member_states": (0..g.members).map(|i| sb_state(sb, i)).collect::<Vec<_>>(),
+        "rebuilt_units": sb.rebuilt,
+    })
+}
+
+pub fn sb_state(sb: &Superblock, i: usize) -> &'static str {
+    if sb.is_removed(i) {
+        "removed"
+    } else if sb.is_failed(i) {
+        "failed"
+    } else if sb.is_rebuilding(i) {
+        "rebuilding"
+    } else {
+        "active"
+    }
+}

@@ -1,0 +1,199 @@
+//! `uraid status` and `uraid detail`: from the running server's status document when one
+//! answers, else from the superblocks.
+
+use super::examine::{journal_word, sb_state, state_word};
+use super::{target_members, Target};
+use crate::{client, control, size};
+use anyhow::Result;
+use serde_json::json;
+use uraid_core::format::uuid_string;
+use uraid_engine::assemble::{self, Plan};
+
+#[derive(clap::Args, Clone)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print JSON (schema in docs/control.md).
+    #[arg(long)]
+    json: bool,
+    /// Read the superblocks even if a server is running.
+    #[arg(long)]
+    offline: bool,
+}
+
+/// `uraid status`, or with `detail` `uraid detail` (per-member I/O, requests by command).
+pub fn run(a: &StatusArgs, detail: bool) -> Result<()> {
+    let (members, embedded) = target_members(&a.target)?;
+    let plan = assemble::plan(&members)?;
+    let sock = client::socket_for(&plan, a.target.control.as_deref(), embedded)?;
+    let live = match (&sock, a.offline) {
+        (Some(p), false) => client::live_status(&plan, p)?.map(|v| (v, p.clone())),
+        _ => None,
+    };
+    match live {
+        Some((v, p)) => {
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                client::print_live(&v, &p, detail);
+            }
+        }
+        None => {
+            let why = match (&sock, a.offline) {
+                (_, true) => "--offline".to_string(),
+                (Some(p), _) => client::not_running_reason(p),
+                (None, _) if a.target.control.is_some() => "--control none".to_string(),
+                (None, _) => format!(
+                    "array name {:?} names no control socket; pass --control unix:PATH",
+                    plan.sb.name
+                ),
+            };
+            if a.json {
+                let mut v = status_json(&plan);
+                v["schema"] = json!(control::SCHEMA);
+                v["source"] = json!("superblocks");
+                v["source_reason"] = json!(why);
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print_status(&plan);
+                println!("      source: superblocks ({why})");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
+    (0..plan.slots.len())
+        .map(|i| {
+            let path = plan.slots[i]
+                .as_ref()
+                .map_or("-".to_string(), |p| p.display().to_string());
+            let st = if plan.sb.is_removed(i) {
+                "removed"
+            } else if plan.sb.is_failed(i) {
+                "failed"
+            } else if plan.slots[i].is_none() {
+                "missing"
+            } else {
+                sb_state(&plan.sb, i)
+            };
+            (i, path, st)
+        })
+        .collect()
+}
+
+fn health(plan: &Plan) -> String {
+    let missing = plan.missing().len();
+    match (plan.can_start(), missing) {
+        (Err(_), _) => format!(
+            "FAILED ({missing} of {} members unavailable)",
+            plan.slots.len()
+        ),
+        (Ok(()), n) if !plan.sb.clean && plan.sb.journal.is_some() && plan.journal.is_some() => {
+            format!(
+                "{}not stopped cleanly: serve replays the journal first thing (no resync)",
+                if n > 0 { "degraded; " } else { "healthy; " }
+            )
+        }
+        (Ok(()), 0) if !plan.sb.clean => match plan.dirty_ranges() {
+            Some(r) if r.is_empty() => "healthy; not stopped cleanly, but the write-intent \
+                                        bitmap has no dirty region: nothing to resync"
+                .into(),
+            Some(r) => format!(
+                "healthy; not stopped cleanly: serve resyncs {} bytes ({} dirty range(s) in the \
+                 write-intent bitmap) first thing",
+                r.iter().map(|x| x.end - x.start).sum::<u64>(),
+                r.len()
+            ),
+            None => "healthy; not stopped cleanly: serve resyncs all of it first thing".into(),
+        },
+        (Ok(()), 0) => "healthy".into(),
+        (Ok(()), n) if plan.check_dirty_degraded(false).is_err() => format!(
+            "degraded ({n} of {} members unavailable) and not stopped cleanly: serve refuses \
+             it without --start-dirty-degraded (give every member to resync)",
+            plan.slots.len()
+        ),
+        (Ok(()), n) => format!("degraded ({n} of {} members unavailable)", plan.slots.len()),
+    }
+}
+
+fn print_status(plan: &Plan) {
+    let sb = &plan.sb;
+    let g = sb.geometry;
+    let marks: String = member_states(plan)
+        .iter()
+        .map(|(_, _, s)| if *s == "active" { 'U' } else { '_' })
+        .collect();
+    println!(
+        "{} : {} {} members, chunk {}, volume {} [{}/{}] [{}]",
+        sb.name,
+        g.level,
+        g.members,
+        size::human(g.chunk),
+        size::human(g.volume_size()),
+        g.members - plan.missing().len(),
+        g.members,
+        marks
+    );
+    println!(
+        "      uuid {}  events {}  {}  {}",
+        uuid_string(&sb.array_uuid),
+        sb.events,
+        state_word(sb),
+        health(plan)
+    );
+    for (i, path, st) in member_states(plan) {
+        let extra = if st == "rebuilding" {
+            format!(
+                "  (rebuilt {} of {} units; serve resumes it)",
+                sb.rebuilt[i],
+                g.units()
+            )
+        } else {
+            String::new()
+        };
+        println!("      [{i:>2}] {st:<10} {path}{extra}");
+    }
+    if sb.journal.is_some() {
+        let at = plan
+            .journal
+            .as_ref()
+            .map_or("MISSING (not given)".to_string(), |p| {
+                p.display().to_string()
+            });
+        println!("      journal  {} {at}", journal_word(sb));
+    }
+    for (p, _) in &plan.spares {
+        println!("      spare      {}", p.display());
+    }
+    for r in &plan.refused {
+        println!("      refused: {r}");
+    }
+}
+
+fn status_json(plan: &Plan) -> serde_json::Value {
+    let sb = &plan.sb;
+    let g = sb.geometry;
+    json!({
+        "name": sb.name,
+        "array_uuid": uuid_string(&sb.array_uuid),
+        "level": g.level.to_string(),
+        "members": g.members,
+        "chunk": g.chunk,
+        "volume_size": g.volume_size(),
+        "events": sb.events,
+        "clean": sb.clean,
+        "state": health(plan),
+        "can_start": plan.can_start().is_ok(),
+        "fault_tolerance": g.fault_tolerance(),
+        "slots": member_states(plan).into_iter().map(|(i, p, s)| json!({"index": i, "path": p, "state": s, "rebuilt_units": (s == "rebuilding").then_some(sb.rebuilt[i])})).collect::<Vec<_>>(),
+        "refused": plan.refused,
+        "spares": plan.spares.iter().map(|s| s.0.display().to_string()).collect::<Vec<_>>(),
+        "journal": sb.journal.map(|(u, m)| json!({
+            "uuid": uuid_string(&u),
+            "mode": m.name(),
+            "path": plan.journal.as_ref().map(|p| p.display().to_string()),
+        })),
+    })
+}

@@ -1,0 +1,563 @@
+//! The `/metrics` document: Prometheus text format 0.0.4, written by hand (ARCHITECTURE.md
+//! says why). `FAMILIES` is the table of metric families in the order they are written:
+//! each has its name, type and help, and a function that writes its samples from one
+//! `Snapshot` of the array and the server.
+
+use super::status::{member_path, member_state};
+use super::State;
+use std::fmt::Display;
+use std::sync::atomic::Ordering;
+use uraid_core::format::uuid_string;
+use uraid_core::geometry::Geometry;
+use uraid_engine::journal::JournalStatus;
+use uraid_engine::members::MemberIoSnapshot;
+use uraid_engine::metrics::{bucket_bounds, OpCounters, OpSnapshot, BUCKETS};
+use uraid_engine::recovery::ProgressView;
+use uraid_engine::{Array, FileDev, ScrubMode, ScrubReport, StatsSnapshot};
+use uraid_nbd::{ServerStats, OPS};
+
+/// The `/metrics` document.
+pub(super) fn metrics(state: &State) -> String {
+    let m = Snapshot::take(state);
+    let mut out = String::new();
+    for f in FAMILIES.iter().filter(|f| (f.when)(&m)) {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n",
+            name = f.name,
+            help = f.help,
+            kind = f.kind
+        ));
+        (f.samples)(
+            &m,
+            &mut Samples {
+                name: f.name,
+                out: &mut out,
+            },
+        );
+    }
+    out
+}
+
+/// One metric family of the table.
+struct Family {
+    name: &'static str,
+    /// gauge, counter or histogram.
+    kind: &'static str,
+    help: &'static str,
+    /// Whether the family is written at all (the bitmap's and the journal's only when the
+    /// array has one).
+    when: fn(&Snapshot) -> bool,
+    samples: fn(&Snapshot, &mut Samples),
+}
+
+/// What the families are written from: the values more than one family shows, read once.
+struct Snapshot<'a> {
+    state: &'a State,
+    a: &'a Array<FileDev>,
+    g: Geometry,
+    name: &'a str,
+    uuid: [u8; 16],
+    failed: usize,
+    ios: Vec<MemberIoSnapshot>,
+    stripes: StatsSnapshot,
+    resync: ProgressView,
+    scrub: (Option<ScrubMode>, ScrubReport, ProgressView, bool),
+    bitmap: (u64, u64, u64),
+    journal: Option<JournalStatus>,
+    nbd: &'a ServerStats,
+    /// NBD counters per command (`OPS`), summed over the reactors.
+    nbd_ops: Vec<OpSnapshot>,
+}
+
+impl<'a> Snapshot<'a> {
+    fn take(state: &'a State) -> Snapshot<'a> {
+        let a = state.volume.array();
+        let g = *a.geometry();
+        let (name, uuid, _) = a.identity();
+        let nbd = state.server.stats();
+        Snapshot {
+            state,
+            a,
+            g,
+            name,
+            uuid,
+            failed: a.failed().len(),
+            ios: (0..g.members).map(|i| a.member_io(i)).collect(),
+            stripes: a.stats.snapshot(),
+            resync: a.recovery_progress(),
+            scrub: a.scrub_state(),
+            bitmap: a.bitmap_state(),
+            journal: a.journal_status(),
+            nbd,
+            nbd_ops: nbd.ops.iter().map(|s| OpCounters::sum(s.iter())).collect(),
+        }
+    }
+
+    /// The `array` label every family carries.
+    fn arr(&self) -> (&'static str, String) {
+        ("array", self.name.to_string())
+    }
+
+    /// The labels of member `i`: array, member index, device path (`-` for none).
+    fn member(&self, i: usize) -> Vec<(&'static str, String)> {
+        let dev = member_path(self.state, i).unwrap_or_else(|| "-".to_string());
+        vec![self.arr(), ("member", i.to_string()), ("device", dev)]
+    }
+
+    /// The array label and one more.
+    fn arr_and(&self, k: &'static str, v: &str) -> [(&'static str, String); 2] {
+        [self.arr(), (k, v.to_string())]
+    }
+}
+
+/// Writes the samples of one family.
+struct Samples<'o> {
+    name: &'static str,
+    out: &'o mut String,
+}
+
+impl Samples<'_> {
+    fn value(&mut self, l: &[(&str, String)], v: impl Display) {
+        line(self.out, self.name, "", l, v);
+    }
+
+    /// A histogram from an operation's latency buckets: cumulative `_bucket`s, `_sum` in
+    /// seconds, `_count` of the timed operations.
+    fn histogram(&mut self, l: &[(&str, String)], o: &OpSnapshot) {
+        let bounds = bucket_bounds();
+        let mut cum = 0;
+        for (i, n) in o.buckets.iter().enumerate() {
+            cum += n;
+            let le = if i < BUCKETS {
+                format!("{}", bounds[i])
+            } else {
+                "+Inf".to_string()
+            };
+            let mut ll = l.to_vec();
+            ll.push(("le", le));
+            line(self.out, self.name, "_bucket", &ll, cum);
+        }
+        line(self.out, self.name, "_sum", l, o.latency_ns as f64 / 1e9);
+        line(self.out, self.name, "_count", l, o.timed);
+    }
+}
+
+fn line(out: &mut String, name: &str, suffix: &str, l: &[(&str, String)], v: impl Display) {
+    out.push_str(&format!("{name}{suffix}{} {v}\n", labels(l)));
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn labels(l: &[(&str, String)]) -> String {
+    if l.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = l
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+fn always(_: &Snapshot) -> bool {
+    true
+}
+
+fn has_bitmap(m: &Snapshot) -> bool {
+    m.bitmap.0 > 0
+}
+
+fn has_journal(m: &Snapshot) -> bool {
+    m.journal.is_some()
+}
+
+/// The member operations the member I/O families are labelled by.
+type Pick = fn(&MemberIoSnapshot) -> &OpSnapshot;
+const MEMBER_OPS: [(&str, Pick); 3] = [
+    ("read", |s| &s.read),
+    ("write", |s| &s.write),
+    ("flush", |s| &s.flush),
+];
+
+/// The member states `uraid_member_state` has a sample for.
+const MEMBER_STATES: [&str; 6] = [
+    "active",
+    "failed",
+    "missing",
+    "rebuilding",
+    "removed",
+    "replacing",
+];
+
+/// One sample per member and operation, of the number `f` picks.
+fn member_io(m: &Snapshot, s: &mut Samples, f: fn(&OpSnapshot) -> u64) {
+    for (i, io) in m.ios.iter().enumerate() {
+        for (op, pick) in MEMBER_OPS {
+            let mut l = m.member(i);
+            l.push(("op", op.into()));
+            s.value(&l, f(pick(io)));
+        }
+    }
+}
+
+/// One sample per NBD command, of the number `f` picks.
+fn nbd_ops(m: &Snapshot, s: &mut Samples, f: fn(&OpSnapshot) -> u64) {
+    for (op, o) in OPS.iter().zip(&m.nbd_ops) {
+        s.value(&m.arr_and("op", op), f(o));
+    }
+}
+
+/// A journal family: the journal's number `f` picks.
+fn journal(m: &Snapshot, s: &mut Samples, f: fn(&JournalStatus) -> u64) {
+    if let Some(j) = &m.journal {
+        s.value(&[m.arr()], f(j));
+    }
+}
+
+/// The families, in the order they are written.
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "uraid_array_info",
+        kind: "gauge",
+        help: "Array identity (value 1).",
+        when: always,
+        samples: |m, s| {
+            let l = [
+                m.arr(),
+                ("uuid", uuid_string(&m.uuid)),
+                ("level", m.g.level.to_string()),
+            ];
+            s.value(&l, 1)
+        },
+    },
+    Family {
+        name: "uraid_array_state",
+        kind: "gauge",
+        help: "1 for the array's current state (clean: nothing written since assembly; active: written; degraded; failed).",
+        when: always,
+        samples: |m, s| {
+            let (serving, dirty) = (m.a.is_serving(), m.a.is_dirty());
+            for (st, on) in [
+                ("clean", !dirty),
+                ("active", dirty),
+                ("degraded", serving && m.failed > 0),
+                ("failed", !serving),
+            ] {
+                s.value(&m.arr_and("state", st), u8::from(on));
+            }
+        },
+    },
+    Family {
+        name: "uraid_array_members",
+        kind: "gauge",
+        help: "Members the array is built of.",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.g.members),
+    },
+    Family {
+        name: "uraid_array_failed_members",
+        kind: "gauge",
+        help: "Members missing or failed.",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.failed),
+    },
+    Family {
+        name: "uraid_array_size_bytes",
+        kind: "gauge",
+        help: "Volume size.",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.g.volume_size()),
+    },
+    Family {
+        name: "uraid_array_events",
+        kind: "gauge",
+        help: "Superblock event count (rises with every superblock round).",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.a.events()),
+    },
+    Family {
+        name: "uraid_member_state",
+        kind: "gauge",
+        help: "1 for each member's current state (active, failed, missing, rebuilding).",
+        when: always,
+        samples: |m, s| {
+            for i in 0..m.g.members {
+                let now = member_state(m.a, i);
+                for st in MEMBER_STATES {
+                    let mut l = m.member(i);
+                    l.push(("state", st.into()));
+                    s.value(&l, u8::from(now == st));
+                }
+            }
+        },
+    },
+    Family {
+        name: "uraid_member_io_total",
+        kind: "counter",
+        help: "Member I/Os (data and metadata).",
+        when: always,
+        samples: |m, s| member_io(m, s, |o| o.count),
+    },
+    Family {
+        name: "uraid_member_io_bytes_total",
+        kind: "counter",
+        help: "Member I/O bytes.",
+        when: always,
+        samples: |m, s| member_io(m, s, |o| o.bytes),
+    },
+    Family {
+        name: "uraid_member_io_errors_total",
+        kind: "counter",
+        help: "Member I/Os that failed.",
+        when: always,
+        samples: |m, s| member_io(m, s, |o| o.errors),
+    },
+    Family {
+        name: "uraid_member_io_latency_seconds",
+        kind: "histogram",
+        help: "Member I/O latency, sampled: one in 16 reads and writes per thread is timed, every flush.",
+        when: always,
+        samples: |m, s| {
+            for (i, io) in m.ios.iter().enumerate() {
+                for (op, pick) in MEMBER_OPS {
+                    let mut l = m.member(i);
+                    l.push(("op", op.into()));
+                    s.histogram(&l, pick(io));
+                }
+            }
+        },
+    },
+    Family {
+        name: "uraid_member_read_errors_corrected_total",
+        kind: "counter",
+        help: "Media read errors reconstructed from redundancy and rewritten in place.",
+        when: always,
+        samples: |m, s| {
+            for i in 0..m.g.members {
+                s.value(&m.member(i), m.a.member_errors(i).0);
+            }
+        },
+    },
+    Family {
+        name: "uraid_stripe_operations_total",
+        kind: "counter",
+        help: "Stripe writes by plan, writes merged into another's stripe operation, degraded reads.",
+        when: always,
+        samples: |m, s| {
+            let st = &m.stripes;
+            for (plan, v) in [
+                ("full", st.full_stripe_writes),
+                ("reconstruct", st.rcw_writes),
+                ("read_modify_write", st.rmw_writes),
+                ("merged", st.merged_writes),
+                ("degraded_read", st.degraded_reads),
+            ] {
+                s.value(&m.arr_and("plan", plan), v);
+            }
+        },
+    },
+    Family {
+        name: "uraid_background_progress_ratio",
+        kind: "gauge",
+        help: "Progress (0 to 1) of a background operation that is due or running.",
+        when: always,
+        samples: |m, s| {
+            let a = m.a;
+            if m.resync.running || a.needs_resync() {
+                s.value(&m.arr_and("op", m.resync.op), m.resync.fraction);
+            }
+            if !a.rebuild_state().is_empty() {
+                let bv = a.rebuild_progress();
+                s.value(&m.arr_and("op", bv.op), bv.fraction);
+            }
+            if let (Some(mode), true) = (m.scrub.0, m.scrub.2.running) {
+                s.value(&m.arr_and("op", mode.name()), m.scrub.2.fraction);
+            }
+        },
+    },
+    Family {
+        name: "uraid_scrub_mismatches",
+        kind: "gauge",
+        help: "4 KiB columns whose redundancy disagreed in the last (or running) scrub.",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.scrub.1.mismatches),
+    },
+    Family {
+        name: "uraid_scrub_located",
+        kind: "gauge",
+        help: "Of those, columns whose bad chunk was located (member named in the events).",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.scrub.1.located),
+    },
+    Family {
+        name: "uraid_scrub_repaired",
+        kind: "gauge",
+        help: "Columns the last (or running) scrub repair rewrote.",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.scrub.1.repaired),
+    },
+    Family {
+        name: "uraid_bitmap_dirty_regions",
+        kind: "gauge",
+        help: "Write-intent bitmap regions set (writes in them recently; resynced after a crash).",
+        when: has_bitmap,
+        samples: |m, s| s.value(&[m.arr()], m.bitmap.2),
+    },
+    Family {
+        name: "uraid_journal_active",
+        kind: "gauge",
+        help: "1 while the journal device is in service, 0 after it failed (bitmap mode).",
+        when: has_journal,
+        samples: |m, s| {
+            if let Some(j) = &m.journal {
+                s.value(&m.arr_and("mode", j.mode), u64::from(j.state == "active"));
+            }
+        },
+    },
+    Family {
+        name: "uraid_journal_used_bytes",
+        kind: "gauge",
+        help: "Journal log bytes not yet checkpointed.",
+        when: has_journal,
+        samples: |m, s| journal(m, s, |j| j.used_bytes),
+    },
+    Family {
+        name: "uraid_journal_records_total",
+        kind: "counter",
+        help: "Stripe updates logged to the journal.",
+        when: has_journal,
+        samples: |m, s| journal(m, s, |j| j.records),
+    },
+    Family {
+        name: "uraid_journal_commits_total",
+        kind: "counter",
+        help: "Journal flushes (each makes every record written before it durable).",
+        when: has_journal,
+        samples: |m, s| journal(m, s, |j| j.commits),
+    },
+    Family {
+        name: "uraid_background_repaired_total",
+        kind: "counter",
+        help: "Stripes whose redundancy a background operation rewrote.",
+        when: always,
+        samples: |m, s| s.value(&m.arr_and("op", m.resync.op), m.resync.repaired),
+    },
+    Family {
+        name: "uraid_nbd_requests_total",
+        kind: "counter",
+        help: "NBD requests by command.",
+        when: always,
+        samples: |m, s| nbd_ops(m, s, |o| o.count),
+    },
+    Family {
+        name: "uraid_nbd_request_bytes_total",
+        kind: "counter",
+        help: "NBD request bytes by command (payload for read and write, range for the others).",
+        when: always,
+        samples: |m, s| nbd_ops(m, s, |o| o.bytes),
+    },
+    Family {
+        name: "uraid_nbd_request_errors_total",
+        kind: "counter",
+        help: "NBD error replies by command.",
+        when: always,
+        samples: |m, s| nbd_ops(m, s, |o| o.errors),
+    },
+    Family {
+        name: "uraid_reactor_ring_enters_total",
+        kind: "counter",
+        help: "io_uring_enter system calls made by the reactors (about one per request at queue depth 1).",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.state.server.ring_enters()),
+    },
+    Family {
+        name: "uraid_reactor_idle_turns_total",
+        kind: "counter",
+        help: "Reactor turns with nothing to do, by how they ended: work found while busy-polling, or a sleep in io_uring_enter.",
+        when: always,
+        samples: |m, s| {
+            let (polled, slept) = m.state.server.idle_turns();
+            for (how, v) in [("polled", polled), ("slept", slept)] {
+                s.value(&m.arr_and("how", how), v);
+            }
+        },
+    },
+    Family {
+        name: "uraid_nbd_request_latency_seconds",
+        kind: "histogram",
+        help: "NBD request latency in the server, from request parsed to reply queued.",
+        when: always,
+        samples: |m, s| {
+            for (op, o) in OPS.iter().zip(&m.nbd_ops) {
+                s.histogram(&m.arr_and("op", op), o);
+            }
+        },
+    },
+    Family {
+        name: "uraid_nbd_connections",
+        kind: "gauge",
+        help: "NBD connections open now.",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.state.server.open_connections()),
+    },
+    Family {
+        name: "uraid_nbd_connections_accepted_total",
+        kind: "counter",
+        help: "NBD connections accepted.",
+        when: always,
+        samples: |m, s| s.value(&[m.arr()], m.nbd.connections.load(Ordering::Relaxed)),
+    },
+    Family {
+        name: "uraid_nbd_protocol_errors_total",
+        kind: "counter",
+        help: "NBD connections ended by a protocol violation.",
+        when: always,
+        samples: |m, s| {
+            s.value(
+                &[m.arr()],
+                m.nbd.protocol_errors.load(Ordering::Relaxed),
+            )
+        },
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            labels(&[("a", "x\"y\\z\nw".into())]),
+            "{a=\"x\\\"y\\\\z\\nw\"}"
+        );
+    }
+
+    #[test]
+    fn families_have_unique_names_and_known_kinds() {
+        let mut names: Vec<_> = FAMILIES.iter().map(|f| f.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FAMILIES.len(), "a family name appears twice");
+        for f in FAMILIES {
+            assert!(f.name.starts_with("uraid_"), "{}", f.name);
+            assert!(
+                matches!(f.kind, "gauge" | "counter" | "histogram"),
+                "{}: {}",
+                f.name,
+                f.kind
+            );
+            assert_eq!(
+                f.kind == "counter",
+                f.name.ends_with("_total"),
+                "{}: counters and only counters end in _total",
+                f.name
+            );
+            assert!(!f.help.is_empty() && !f.help.contains('\n'), "{}", f.name);
+        }
+    }
+}

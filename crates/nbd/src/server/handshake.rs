@@ -1,0 +1,242 @@
+//! The fixed-newstyle handshake: greeting, client flags, then option haggling until the
+//! client picks the export (`NBD_OPT_EXPORT_NAME`, `NBD_OPT_GO`) or aborts. `option`
+//! decides the reply to each option without I/O; `handshake` receives and sends.
+
+use super::recv::Reader;
+use super::send::send_now;
+use super::{Inner, MAX_PAYLOAD, META_ID};
+use crate::proto::{self, GoRequest, MetaRequest};
+use std::io;
+use std::sync::atomic::Ordering;
+use uraid_core::geometry::SECTOR;
+use uraid_engine::{BlockDev, Volume};
+
+/// What the client negotiated (so far, during the haggling).
+pub(super) struct Session {
+    pub(super) structured: bool,
+    pub(super) meta: bool,
+}
+
+/// What the handshake does after an option.
+enum Step {
+    /// Send this reply and read the next option.
+    Reply(Vec<u8>),
+    /// Send this reply and enter transmission.
+    Enter(Vec<u8>),
+    /// The client aborted: send this acknowledgement (if it still listens) and close.
+    Abort(Vec<u8>),
+}
+
+fn transmission_flags<D: BlockDev>(inner: &Inner<D>, structured: bool) -> u16 {
+    use proto::*;
+    let mut f = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN | FLAG_SEND_CACHE;
+    if inner.cfg.read_only {
+        f |= FLAG_READ_ONLY;
+    } else {
+        f |= FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+    }
+    if structured {
+        f |= FLAG_SEND_DF;
+    }
+    f
+}
+
+/// (minimum, preferred, maximum) block sizes: sector, one full stripe (as a power of two),
+/// MAX_PAYLOAD.
+pub fn block_sizes<D: BlockDev>(array: &Volume<D>) -> (u32, u32, u32) {
+    let stripe = array.geometry().stripe_data_bytes();
+    let preferred = stripe.next_power_of_two().clamp(4096, MAX_PAYLOAD as u64) as u32;
+    (SECTOR as u32, preferred, MAX_PAYLOAD)
+}
+
+fn name_ok<D: BlockDev>(inner: &Inner<D>, name: &str) -> bool {
+    name.is_empty() || name == inner.cfg.export
+}
+
+fn invalid_data(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// Runs option haggling. Ok(Some) = enter transmission; Ok(None) = client aborted.
+pub(super) async fn handshake<D: BlockDev>(
+    inner: &Inner<D>,
+    rd: &mut Reader,
+) -> io::Result<Option<Session>> {
+    use proto::*;
+    let fd = rd.fd;
+    send_now(fd, greeting()).await?;
+    let cflags = {
+        let b = rd.exact(4).await?;
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+    };
+    if cflags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(invalid_data(format!("unknown client flags {cflags:#x}")));
+    }
+    let no_zeroes = cflags & FLAG_C_NO_ZEROES != 0;
+    let mut h = Session {
+        structured: false,
+        meta: false,
+    };
+    loop {
+        let hdr: [u8; 16] = rd.exact(16).await?.try_into().expect("16 bytes");
+        let (opt, len) = parse_option_header(&hdr).map_err(|e| invalid_data(e.to_string()))?;
+        if len > MAX_OPTION_LEN {
+            if opt == OPT_EXPORT_NAME {
+                return Err(invalid_data("option too long"));
+            }
+            rd.skip(len as usize).await?;
+            send_now(
+                fd,
+                option_reply(opt, REP_ERR_TOO_BIG, b"option data too long"),
+            )
+            .await?;
+            continue;
+        }
+        let data = rd.take_buf(len as usize).await?;
+        if inner.stopping.load(Ordering::SeqCst) {
+            send_now(
+                fd,
+                option_reply(opt, REP_ERR_SHUTDOWN, b"server shutting down"),
+            )
+            .await?;
+            return Ok(None);
+        }
+        match option(inner, &mut h, opt, &data[..], no_zeroes)? {
+            Step::Reply(v) => send_now(fd, v).await?,
+            Step::Enter(v) => {
+                send_now(fd, v).await?;
+                return Ok(Some(h));
+            }
+            Step::Abort(v) => {
+                let _ = send_now(fd, v).await;
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// The answer to option `opt` with its `data`; an error ends the connection (an export
+/// name that does not exist: `NBD_OPT_EXPORT_NAME` has no way to refuse).
+fn option<D: BlockDev>(
+    inner: &Inner<D>,
+    h: &mut Session,
+    opt: u32,
+    data: &[u8],
+    no_zeroes: bool,
+) -> io::Result<Step> {
+    use proto::*;
+    let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
+    let invalid = |msg: &str| Step::Reply(option_reply(opt, REP_ERR_INVALID, msg.as_bytes()));
+    Ok(match opt {
+        OPT_EXPORT_NAME => {
+            let name = String::from_utf8_lossy(data);
+            if !name_ok(inner, &name) {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("unknown export '{name}'"),
+                ));
+            }
+            let flags = transmission_flags(inner, h.structured);
+            Step::Enter(export_name_reply(inner.array.size(), flags, no_zeroes))
+        }
+        OPT_ABORT => Step::Abort(reply(REP_ACK, &[])),
+        OPT_LIST => {
+            if !data.is_empty() {
+                return Ok(invalid("NBD_OPT_LIST takes no data"));
+            }
+            let mut v = reply(
+                REP_SERVER,
+                &rep_server(&inner.cfg.export, &inner.cfg.description),
+            );
+            v.extend(reply(REP_ACK, &[]));
+            Step::Reply(v)
+        }
+        OPT_STRUCTURED_REPLY => {
+            if !data.is_empty() {
+                return Ok(invalid("NBD_OPT_STRUCTURED_REPLY takes no data"));
+            }
+            h.structured = true;
+            Step::Reply(reply(REP_ACK, &[]))
+        }
+        OPT_INFO | OPT_GO => match parse_go(data) {
+            Ok(go) => info(inner, h, opt, &go),
+            Err(e) => invalid(&e.to_string()),
+        },
+        OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+            if !h.structured {
+                return Ok(invalid("negotiate structured replies first"));
+            }
+            match parse_meta(data) {
+                Ok(m) => meta_context(inner, h, opt, &m),
+                Err(e) => invalid(&e.to_string()),
+            }
+        }
+        OPT_STARTTLS => Step::Reply(reply(REP_ERR_UNSUP, b"TLS is not supported by this server")),
+        _ => {
+            let msg = format!("option {opt} is not supported");
+            Step::Reply(reply(REP_ERR_UNSUP, msg.as_bytes()))
+        }
+    })
+}
+
+/// `NBD_OPT_INFO` and `NBD_OPT_GO`: the export's size, flags and block sizes (and the
+/// name and description when asked); GO then enters transmission.
+fn info<D: BlockDev>(inner: &Inner<D>, h: &Session, opt: u32, go: &GoRequest) -> Step {
+    use proto::*;
+    let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
+    if !name_ok(inner, &go.name) {
+        let msg = format!("no export named '{}'", go.name);
+        return Step::Reply(reply(REP_ERR_UNKNOWN, msg.as_bytes()));
+    }
+    let flags = transmission_flags(inner, h.structured);
+    let mut v = reply(REP_INFO, &info_export(inner.array.size(), flags));
+    let (min, pref, max) = block_sizes(&inner.array);
+    v.extend(reply(REP_INFO, &info_block_size(min, pref, max)));
+    if go.info.contains(&INFO_NAME) {
+        v.extend(reply(REP_INFO, &info_string(INFO_NAME, &inner.cfg.export)));
+    }
+    if go.info.contains(&INFO_DESCRIPTION) {
+        v.extend(reply(
+            REP_INFO,
+            &info_string(INFO_DESCRIPTION, &inner.cfg.description),
+        ));
+    }
+    v.extend(reply(REP_ACK, &[]));
+    if opt == OPT_GO {
+        Step::Enter(v)
+    } else {
+        Step::Reply(v)
+    }
+}
+
+/// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`: the one context served,
+/// `base:allocation`; SET records whether the client selected it.
+fn meta_context<D: BlockDev>(inner: &Inner<D>, h: &mut Session, opt: u32, m: &MetaRequest) -> Step {
+    use proto::*;
+    let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
+    if !name_ok(inner, &m.name) {
+        let msg = format!("no export named '{}'", m.name);
+        return Step::Reply(reply(REP_ERR_UNKNOWN, msg.as_bytes()));
+    }
+    let listing = opt == OPT_LIST_META_CONTEXT;
+    let matches = if listing && m.queries.is_empty() {
+        true
+    } else {
+        m.queries
+            .iter()
+            .any(|q| q == BASE_ALLOCATION || (listing && q == "base:"))
+    };
+    if !listing {
+        h.meta = matches;
+    }
+    let mut v = Vec::new();
+    if matches {
+        let id = if listing { 0 } else { META_ID };
+        v.extend(reply(
+            REP_META_CONTEXT,
+            &rep_meta_context(id, BASE_ALLOCATION),
+        ));
+    }
+    v.extend(reply(REP_ACK, &[]));
+    Step::Reply(v)
+}

@@ -1,0 +1,433 @@
+//! The NBD server: listeners, the fixed-newstyle handshake, and the transmission phase.
+//!
+//! Each connection is a task on one reactor (connections are spread round-robin). Its reader
+//! parses requests and spawns one task per request on the same reactor, so requests run
+//! concurrently and are answered out of order, each as soon as it completes. Replies go
+//! through a per-connection queue: whoever finds the socket idle sends everything queued in
+//! one sendmsg (header and payload pieces as iovecs), so a burst of completions costs one
+//! system call and a lone reply is never held back waiting for company.
+//!
+//! Memory per connection is bounded: the reader takes no request from the socket while the
+//! payloads of the requests it has in flight (write data held, read data requested) would
+//! exceed `Config::max_payload_in_flight`, nor while more than `Config::max_reply_queue`
+//! bytes of replies wait to be sent (a client that does not read its replies stops being
+//! read), besides the limit of `MAX_INFLIGHT` requests.
+//!
+//! The parts: this file (configuration, counters, the listeners and shutdown), `recv`
+//! (the buffered reader), `send` (the reply queue and replies), `handshake` (option
+//! haggling), `command` (`validate`: a raw request to a typed command, or its error) and
+//! `transmission` (the reader loop and dispatch to the array).
+
+mod command;
+mod handshake;
+mod recv;
+mod send;
+mod transmission;
+
+pub use handshake::block_sizes;
+
+use crate::proto;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use uraid_engine::metrics::OpCounters;
+use uraid_engine::net;
+use uraid_engine::reactor;
+use uraid_engine::shard::Sharded;
+use uraid_engine::{ArrayError, BlockDev, RuntimeHandle, Volume};
+
+/// Largest READ or WRITE payload accepted (and advertised as the maximum block size).
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+/// Requests a connection may have in flight before its reader waits.
+const MAX_INFLIGHT: usize = 256;
+/// Default `Config::max_payload_in_flight`.
+pub const DEFAULT_MAX_PAYLOAD_IN_FLIGHT: usize = 64 << 20;
+/// Default `Config::max_reply_queue`.
+pub const DEFAULT_MAX_REPLY_QUEUE: usize = 32 << 20;
+/// Default `Config::shutdown_grace`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Base:allocation's metadata context id.
+const META_ID: u32 = 1;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub export: String,
+    pub description: String,
+    pub read_only: bool,
+    /// Payload bytes one connection may have in flight: write data received and read data
+    /// requested, of requests not yet answered. The reader leaves the next request in the
+    /// socket until it fits (a request larger than this still runs, alone).
+    pub max_payload_in_flight: usize,
+    /// Reply bytes one connection may have waiting to be sent before its reader stops
+    /// taking new requests (replies of requests already taken still queue up behind them).
+    pub max_reply_queue: usize,
+    /// How long `Server::shutdown` lets connections finish sending the replies to what they
+    /// had read; connections still open then (a client that does not read) are cut off.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            export: String::new(),
+            description: String::new(),
+            read_only: false,
+            max_payload_in_flight: DEFAULT_MAX_PAYLOAD_IN_FLIGHT,
+            max_reply_queue: DEFAULT_MAX_REPLY_QUEUE,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// NBD commands with their own counters, in `ServerStats::ops` order.
+pub const OPS: [&str; 7] = [
+    "read",
+    "write",
+    "flush",
+    "trim",
+    "write_zeroes",
+    "block_status",
+    "cache",
+];
+
+/// Index of a command type in `OPS`.
+pub fn op_index(typ: u16) -> Option<usize> {
+    use proto::*;
+    Some(match typ {
+        CMD_READ => 0,
+        CMD_WRITE => 1,
+        CMD_FLUSH => 2,
+        CMD_TRIM => 3,
+        CMD_WRITE_ZEROES => 4,
+        CMD_BLOCK_STATUS => 5,
+        CMD_CACHE => 6,
+        _ => return None,
+    })
+}
+
+/// Counters visible while serving.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// Connections accepted (ever).
+    pub connections: AtomicU64,
+    /// Connections that ended on a protocol violation (malformed handshake or request).
+    pub protocol_errors: AtomicU64,
+    pub requests: AtomicU64,
+    /// Error replies.
+    pub errors: AtomicU64,
+    /// Per command (`OPS`): count, bytes (payload for read and write, the range for the
+    /// others), error replies and latency from request parsed to reply queued, per reactor.
+    pub ops: [Sharded<OpCounters>; OPS.len()],
+    /// Most payload bytes (see `Config::max_payload_in_flight`) any one connection has had
+    /// in flight.
+    pub payload_high_water: AtomicU64,
+    /// Most reply bytes any one connection has had queued or being sent.
+    pub reply_queue_high_water: AtomicU64,
+}
+
+struct Inner<D: BlockDev> {
+    array: Arc<Volume<D>>,
+    rt: RuntimeHandle,
+    cfg: Config,
+    /// Set (under the `conns` lock) when shutdown starts.
+    stopping: AtomicBool,
+    next: AtomicUsize,
+    next_id: AtomicU64,
+    /// Live connections' sockets, so shutdown can end their reads. A connection is
+    /// registered under this lock only if `stopping` is still clear, so shutdown (which sets
+    /// it under the same lock) reaches every connection that will ever be served.
+    conns: Mutex<HashMap<u64, RawFd>>,
+    /// Signalled (with `conns`) whenever a connection ends.
+    idle: Condvar,
+    listeners: Mutex<Vec<RawFd>>,
+    stats: Arc<ServerStats>,
+    /// Runs on the accepting reactor between accept and registration (tests widen the
+    /// window in which shutdown can start there).
+    #[cfg(test)]
+    accept_hook: Mutex<Option<Box<dyn Fn() + Send>>>,
+}
+
+/// A running NBD server over one array.
+pub struct Server<D: BlockDev> {
+    inner: Arc<Inner<D>>,
+}
+
+impl<D: BlockDev> Server<D> {
+    pub fn new(array: Arc<Volume<D>>, rt: RuntimeHandle, cfg: Config) -> Server<D> {
+        Server {
+            inner: Arc::new(Inner {
+                array,
+                rt,
+                cfg,
+                stopping: AtomicBool::new(false),
+                next: AtomicUsize::new(0),
+                next_id: AtomicU64::new(0),
+                conns: Mutex::new(HashMap::new()),
+                idle: Condvar::new(),
+                listeners: Mutex::new(Vec::new()),
+                stats: Arc::new(ServerStats::default()),
+                #[cfg(test)]
+                accept_hook: Mutex::new(None),
+            }),
+        }
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.inner.stats
+    }
+
+    /// io_uring_enter calls the reactors serving this server have made.
+    pub fn ring_enters(&self) -> u64 {
+        self.inner.rt.ring_enters()
+    }
+
+    /// Reactor idle turns that found work busy-polling, and turns that slept.
+    pub fn idle_turns(&self) -> (u64, u64) {
+        self.inner.rt.idle_turns()
+    }
+
+    /// Connections being served now.
+    pub fn open_connections(&self) -> usize {
+        self.inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Starts accepting on a bound, listening socket. `tcp` turns on TCP_NODELAY for its
+    /// connections. The listener must stay open until `shutdown` returns.
+    pub fn listen(&self, listener: RawFd, tcp: bool) {
+        self.inner
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(listener);
+        let inner = self.inner.clone();
+        self.inner.rt.run_on(0, move || {
+            reactor::spawn_local(accept_loop(inner, listener, tcp));
+        });
+    }
+
+    /// Stops accepting, lets every connection finish the requests it has read and send
+    /// their replies (for at most `Config::shutdown_grace`; connections still open then are
+    /// cut off), waits for them to close, then flushes the array and records a clean
+    /// shutdown. Connections accepted once shutdown has started are closed unserved.
+    pub fn shutdown(&self) -> Result<(), ArrayError> {
+        let inner = &self.inner;
+        // Under the registration lock: every connection is either registered now (and shut
+        // down below) or will see `stopping` and be closed unserved.
+        let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        inner.stopping.store(true, Ordering::SeqCst);
+        for &l in inner
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            // SAFETY: shutdown(2) on a socket fd the caller keeps open; it only wakes the
+            // pending accept.
+            unsafe { libc::shutdown(l, libc::SHUT_RDWR) };
+        }
+        for &fd in conns.values() {
+            // SAFETY: the fd is registered only while its connection task owns it open (it is
+            // removed under this lock before being closed); SHUT_RD ends the pending receive
+            // with EOF (an idle client, or one in the handshake, is done at once) and leaves
+            // replies flowing.
+            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+        }
+        let deadline = Instant::now() + inner.cfg.shutdown_grace;
+        while !conns.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            conns = inner
+                .idle
+                .wait_timeout(conns, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if !conns.is_empty() {
+            tracing::warn!(
+                "{} connection(s) still open {:?} into shutdown (client not reading replies?): \
+                 closing them",
+                conns.len(),
+                inner.cfg.shutdown_grace
+            );
+            for &fd in conns.values() {
+                // SAFETY: as above; SHUT_RDWR also fails the pending send, so the connection
+                // ends once its in-flight requests (which do not wait on the socket) finish.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            }
+            while !conns.is_empty() {
+                conns = inner.idle.wait(conns).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        drop(conns);
+        let array = inner.array.clone();
+        inner
+            .rt
+            .block_on(0, move || async move { array.close().await })
+    }
+}
+
+/// Accepts connections on `listener` (on reactor 0) and starts each on the next reactor,
+/// registered for shutdown; until shutdown starts.
+async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bool) {
+    loop {
+        let fd = match net::accept(listener).await {
+            Ok(fd) => fd,
+            Err(e) => {
+                if inner.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                tracing::warn!("accept failed: {e}");
+                if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                continue;
+            }
+        };
+        #[cfg(test)]
+        if let Some(hook) = inner
+            .accept_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            hook();
+        }
+        if tcp {
+            let one: libc::c_int = 1;
+            // SAFETY: setsockopt with a pointer to a live c_int of the stated size.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_NODELAY,
+                    &one as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+            if inner.stopping.load(Ordering::SeqCst) {
+                // Accepted as shutdown started: close it unserved (dropping `fd`) rather
+                // than serve a connection shutdown does not know about.
+                return;
+            }
+            conns.insert(id, fd.as_raw_fd());
+        }
+        inner.stats.connections.fetch_add(1, Ordering::Relaxed);
+        let r = inner.next.fetch_add(1, Ordering::Relaxed) % inner.rt.reactors();
+        let inner2 = inner.clone();
+        inner.rt.run_on(r, move || {
+            reactor::spawn_local(async move {
+                let raw = fd.as_raw_fd();
+                if let Err(e) = transmission::connection(inner2.clone(), raw).await {
+                    if e.kind() == io::ErrorKind::InvalidData {
+                        // Counted, logged at debug: a flood of bad clients must not push
+                        // member failures out of the event ring.
+                        inner2.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!("connection closed on a protocol error: {e}");
+                    } else {
+                        tracing::debug!("connection closed: {e}");
+                    }
+                }
+                let mut conns = inner2.conns.lock().unwrap_or_else(|e| e.into_inner());
+                conns.remove(&id);
+                drop(fd);
+                drop(conns);
+                inner2.idle.notify_all();
+            })
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::sync::mpsc;
+    use uraid_core::Level;
+    use uraid_engine::Runtime;
+
+    /// A client whose connection the accept loop has taken but not yet registered when
+    /// shutdown starts (the hook holds the accepting reactor right there) must be closed
+    /// unserved: registered late, it would never be told to stop, and an idle client would
+    /// then keep the reactors (and `uraid serve`) from ever exiting.
+    #[test]
+    fn a_connection_accepted_as_shutdown_starts_is_closed_unserved() {
+        let dir = std::env::temp_dir().join(format!("uraid-nbd-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rt = Runtime::new(1, 64, true).unwrap();
+        assert!(rt.uses_uring(), "the NBD server needs io_uring");
+        let (array, _) =
+            uraid_sim::mem_array(Level::Raid0, 2, 64 << 10, 1 << 20, Some(rt.handle()));
+        let server = Server::new(
+            array,
+            rt.handle(),
+            Config {
+                export: "vol".into(),
+                ..Config::default()
+            },
+        );
+        let (accepted_tx, accepted_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let go_rx = Mutex::new(go_rx);
+        *server.inner.accept_hook.lock().unwrap() = Some(Box::new(move || {
+            let _ = accepted_tx.send(());
+            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+        }));
+        let sock = dir.join("nbd.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        server.listen(listener.as_raw_fd(), false);
+
+        let mut client = UnixStream::connect(&sock).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        accepted_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the server accepted the client");
+        // The accepting reactor is inside the hook. Start shutting down.
+        let inner = server.inner.clone();
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r = server.shutdown();
+            drop(server);
+            rt.shutdown();
+            let _ = done_tx.send(r);
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !inner.stopping.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "shutdown never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(inner);
+        go_tx.send(()).unwrap();
+        match done_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => r.expect("array closed cleanly"),
+            Err(_) => panic!("server and reactors still running 10 s after shutdown started"),
+        }
+        let mut b = [0u8; 18];
+        assert!(
+            matches!(client.read(&mut b), Ok(0)),
+            "the late connection is closed without a greeting"
+        );
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

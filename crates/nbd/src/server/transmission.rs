@@ -1,0 +1,310 @@
+//! The transmission phase: the reader takes requests off the socket within the
+//! connection's budgets and spawns one task per request, which validates it
+//! (`command::validate`), runs it on the array and queues the reply.
+
+use super::command::{validate, Command};
+use super::handshake::{handshake, Session};
+use super::recv::Reader;
+use super::send::{errno_of, reply_error, reply_ok, Conn};
+use super::{op_index, Inner, MAX_INFLIGHT, MAX_PAYLOAD, META_ID};
+use crate::proto::{self, Errno, Request};
+use std::io;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use uraid_engine::net::OutPart;
+use uraid_engine::reactor;
+use uraid_engine::shard;
+use uraid_engine::{buf, ArrayError, BlockDev, IoBuf, ReadPiece};
+
+/// One connection: the handshake, then transmission until the client disconnects or
+/// breaks the protocol; returns once every request read is answered and sent.
+pub(super) async fn connection<D: BlockDev>(inner: Arc<Inner<D>>, fd: RawFd) -> io::Result<()> {
+    let mut rd = Reader::new(fd);
+    let Some(sess) = handshake(&inner, &mut rd).await? else {
+        return Ok(());
+    };
+    let sess = Rc::new(sess);
+    let conn = Rc::new(Conn::new(fd, inner.stats.clone()));
+    let r = transmission(&inner, &sess, &conn, &mut rd).await;
+    // Finish what was read: every request answered, every reply sent.
+    conn.wait_until(|c| c.inflight.get() == 0 && !c.sending.get())
+        .await;
+    r
+}
+
+/// The reader loop of the transmission phase.
+async fn transmission<D: BlockDev>(
+    inner: &Arc<Inner<D>>,
+    sess: &Rc<Session>,
+    conn: &Rc<Conn>,
+    rd: &mut Reader,
+) -> io::Result<()> {
+    let broken = || io::Error::new(io::ErrorKind::BrokenPipe, "send failed");
+    let (budget, max_queue) = (inner.cfg.max_payload_in_flight, inner.cfg.max_reply_queue);
+    loop {
+        // Take no new request while too many are in flight or their replies pile up unsent.
+        conn.wait_until(|c| {
+            c.broken.get() || (c.inflight.get() < MAX_INFLIGHT && c.queued.get() <= max_queue)
+        })
+        .await;
+        if conn.broken.get() {
+            return Err(broken());
+        }
+        let req = match proto::parse_request(rd.exact(proto::REQUEST_LEN).await?) {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
+            }
+        };
+        inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        // Payload this request holds while in flight; it starts (and a write's data is read
+        // off the socket) only once that fits the connection's budget.
+        let cost = match req.typ {
+            proto::CMD_WRITE | proto::CMD_READ if req.length <= MAX_PAYLOAD => req.length as usize,
+            _ => 0,
+        };
+        if cost > 0 {
+            conn.wait_until(|c| {
+                c.broken.get() || c.payload.get() == 0 || c.payload.get() + cost <= budget
+            })
+            .await;
+            if conn.broken.get() {
+                return Err(broken());
+            }
+            conn.add_payload(cost);
+        }
+        let release = move |conn: &Conn| {
+            conn.payload.set(conn.payload.get() - cost);
+            conn.wake();
+        };
+        let payload = if req.typ == proto::CMD_WRITE {
+            if req.length > MAX_PAYLOAD {
+                // Drain it in bounded pieces and refuse.
+                rd.skip(req.length as usize).await?;
+                if let Some(i) = op_index(req.typ) {
+                    inner.stats.ops[i]
+                        .local()
+                        .count
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                reply_error(
+                    inner,
+                    sess,
+                    conn,
+                    &req,
+                    Errno::Inval,
+                    "write exceeds 32 MiB",
+                );
+                continue;
+            }
+            match rd.take_buf(req.length as usize).await {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    release(conn);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        if req.typ == proto::CMD_DISC {
+            return Ok(());
+        }
+        conn.inflight.set(conn.inflight.get() + 1);
+        let (inner, sess, conn) = (inner.clone(), sess.clone(), conn.clone());
+        reactor::spawn_local(async move {
+            let (t0, typ, len) = (Instant::now(), req.typ, req.length);
+            let ok = handle(&inner, &sess, &conn, req, payload).await;
+            if let Some(i) = op_index(typ) {
+                // Error replies were counted by reply_error; bytes only for served requests.
+                let c = inner.stats.ops[i].local();
+                shard::add(&c.count, 1);
+                if ok {
+                    shard::add(&c.bytes, len as u64);
+                }
+                c.observe(t0.elapsed());
+            }
+            conn.inflight.set(conn.inflight.get() - 1);
+            release(&conn);
+        });
+    }
+}
+
+/// Runs one request: `validate` turns it into a `Command` (or its error reply), which
+/// runs on the array; its reply is queued. False if the reply was an error.
+async fn handle<D: BlockDev>(
+    inner: &Inner<D>,
+    sess: &Session,
+    conn: &Rc<Conn>,
+    req: Request,
+    payload: Option<IoBuf>,
+) -> bool {
+    let err = |(e, m): (Errno, &str)| {
+        reply_error(inner, sess, conn, &req, e, m);
+        false
+    };
+    let cmd = match validate(&req, sess, inner.cfg.read_only, inner.array.size()) {
+        Ok(c) => c,
+        Err(e) => return err(e),
+    };
+    let array = &inner.array;
+    let result: Result<(), ArrayError> = match cmd {
+        Command::Read { off, len, df } => return read(inner, sess, conn, &req, off, len, df).await,
+        Command::Write { off, .. } => {
+            let data = payload.unwrap_or_else(|| buf::alloc(0));
+            array.write(off, data).await
+        }
+        Command::Flush => array.flush().await,
+        Command::Trim { off, len, .. } => array.trim(off, len).await,
+        Command::WriteZeroes {
+            off,
+            len,
+            no_hole,
+            fast,
+            ..
+        } => {
+            if fast && (no_hole || !array.zero_is_fast(off, len).unwrap_or(false)) {
+                return err((
+                    Errno::NotSup,
+                    "zeroing this range is not faster than writing",
+                ));
+            }
+            if no_hole {
+                array.write_zeros(off, len).await
+            } else {
+                array.trim(off, len).await
+            }
+        }
+        Command::Cache => Ok(()),
+        Command::BlockStatus { off, len, req_one } => {
+            return answer_block_status(inner, sess, conn, &req, off, len, req_one)
+        }
+    };
+    let result = match result {
+        Ok(()) if cmd.fua() => array.flush().await,
+        r => r,
+    };
+    match result {
+        Ok(()) => {
+            reply_ok(conn, &req);
+            true
+        }
+        Err(e) => err((errno_of(&e), &e.to_string())),
+    }
+}
+
+/// Answers a BLOCK_STATUS (`base:allocation`): one extent per allocated or unallocated
+/// run, at most one with `req_one`; false if it got an error reply.
+fn answer_block_status<D: BlockDev>(
+    inner: &Inner<D>,
+    sess: &Session,
+    conn: &Rc<Conn>,
+    req: &Request,
+    off: u64,
+    len: u64,
+    req_one: bool,
+) -> bool {
+    use proto::*;
+    let runs = match inner.array.allocation(off, len) {
+        Ok(r) => r,
+        Err(e) => {
+            reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string());
+            return false;
+        }
+    };
+    let limit = if req_one { 1 } else { 1 << 20 };
+    let ext: Vec<(u32, u32)> = runs
+        .iter()
+        .take(limit)
+        .map(|r| {
+            let flags = if r.allocated {
+                0
+            } else {
+                STATE_HOLE | STATE_ZERO
+            };
+            (r.len as u32, flags)
+        })
+        .collect();
+    conn.send(vec![OutPart::Bytes(block_status(
+        REPLY_FLAG_DONE,
+        req.handle,
+        META_ID,
+        &ext,
+    ))]);
+    true
+}
+
+/// Answers a READ of `len` bytes at `off` (`df`: in one chunk); false if it got an error
+/// reply.
+async fn read<D: BlockDev>(
+    inner: &Inner<D>,
+    sess: &Session,
+    conn: &Rc<Conn>,
+    req: &Request,
+    off: u64,
+    len: u64,
+    df: bool,
+) -> bool {
+    use proto::*;
+    let array = &inner.array;
+    if !sess.structured {
+        return match array.read(off, len).await {
+            Ok(seg) => {
+                let mut parts = Vec::with_capacity(seg.parts.len() + 1);
+                parts.push(OutPart::Bytes(simple_reply(0, req.handle).to_vec()));
+                parts.extend(seg.parts.into_iter().map(|(b, r)| OutPart::Shared(b, r)));
+                conn.send(parts);
+                true
+            }
+            Err(e) => {
+                reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string());
+                false
+            }
+        };
+    }
+    if len == 0 {
+        conn.send(vec![OutPart::Bytes(done_chunk(req.handle).to_vec())]);
+        return true;
+    }
+    let pieces = if df {
+        array
+            .read(off, len)
+            .await
+            .map(|data| vec![ReadPiece::Data { off, data }])
+    } else {
+        array.read_sparse(off, len).await
+    };
+    let pieces = match pieces {
+        Ok(p) => p,
+        Err(e) => {
+            reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string());
+            return false;
+        }
+    };
+    let n = pieces.len();
+    let mut parts = Vec::new();
+    for (i, p) in pieces.into_iter().enumerate() {
+        let flags = if i + 1 == n { REPLY_FLAG_DONE } else { 0 };
+        match p {
+            ReadPiece::Data { off, data } => {
+                parts.push(OutPart::Bytes(offset_data_header(
+                    flags,
+                    req.handle,
+                    off,
+                    data.len() as u32,
+                )));
+                parts.extend(data.parts.into_iter().map(|(b, r)| OutPart::Shared(b, r)));
+            }
+            ReadPiece::Hole { off, len } => {
+                parts.push(OutPart::Bytes(offset_hole(
+                    flags, req.handle, off, len as u32,
+                )));
+            }
+        }
+    }
+    conn.send(parts);
+    true
+}
