@@ -68,7 +68,7 @@ fn seeds(var: &str, default: u64) -> std::ops::Range<u64> {
 fn seeded_runs_within_the_tolerance_match_the_model() {
     let mut total = uraid_sim::interaction::SimReport::default();
     let mut failures = Vec::new();
-    for seed in seeds("URAID_SIM_SEEDS", 40).filter(|s| !OPEN_FINDINGS.contains(s)) {
+    for seed in seeds("URAID_SIM_SEEDS", 64).filter(|s| !OPEN_FINDINGS.contains(s)) {
         match run_seed(seed) {
             Ok(r) => {
                 total.stages += r.stages;

@@ -5,7 +5,8 @@
 //! member failures (operator, device death, death after N operations), media errors, slow
 //! members, a journal in either mode and its failure, the write-intent bitmap daemon, a
 //! device taking a failed slot (`add`, or a hot spare taking over) and its rebuild, replace,
-//! remove, scrub (also with planted corruption), resync after an unclean stop, and restarts
+//! remove, scrub (with corruption planted on a member's medium after a clean stop), resync
+//! after an unclean stop, and restarts
 //! in the middle of any walk.
 //!
 //! A run is a sequence of *stages*. A stage assembles the array from what the media hold
@@ -26,10 +27,11 @@
 //! requests error, assembly refuses or serves only bytes the model allows — never return
 //! wrong data.
 //!
-//! Reproduction: the schedule (configuration, operations, fault choices, cut points) is a
-//! pure function of the seed; with one reactor (odd seeds' configurations may use two) every
-//! task runs on one thread over in-memory devices that complete inline, so the interleaving
-//! repeats too. `URAID_SIM_LOG=1` prints each stage's actions.
+//! Reproduction: the schedule (configuration, each task's operations and fault choices, cut
+//! points) is a pure function of the seed; the interleaving is not: the same seed's actions
+//! differ between runs, even on one reactor (not yet traced: jobs that cross the ring through
+//! the eventfd and time-based rounds are the suspects), so a failing seed fails on most
+//! reruns, not all. `URAID_SIM_LOG=1` prints each stage's actions.
 
 use crate::crash::{allowed_values, cached_dev, reassemble_on, Clock, Ev, Rng};
 use crate::{fresh_images_with, journal_image, payload, sim_options, MemDev};
