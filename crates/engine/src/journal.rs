@@ -738,7 +738,7 @@ impl<D: BlockDev> Array<D> {
             // journal made durable).
             self.flush_members().await;
             if self.check_serving().is_ok() {
-                self.drop_journal_from_superblocks().await;
+                self.meta.drop_journal(&self.members).await;
             }
             // Past the level's tolerance nothing is written any more; the journal stays
             // named, its records kept for a forced assembly.
@@ -829,10 +829,7 @@ impl<D: BlockDev> Array<D> {
     /// with one, only after member writes that bypassed it.
     pub(crate) fn flush_needs_members(&self) -> bool {
         match self.journal_active() {
-            Some(j) if j.mode == JournalMode::WriteBack => {
-                self.unjournaled.load(Ordering::Acquire)
-                    != self.unjournaled_flushed.load(Ordering::Acquire)
-            }
+            Some(j) if j.mode == JournalMode::WriteBack => self.members.unjournaled_pending(),
             _ => true,
         }
     }

@@ -341,6 +341,11 @@ pub struct Members<D: BlockDev> {
     repl_failed: AtomicU64,
     data_offset: u64,
     policy: ErrorPolicy,
+    /// Member data-area writes that bypassed the journal (allocation-map pages), and how
+    /// many of them the last completed flush of every member covered (journal.rs,
+    /// write-back FLUSH).
+    unjournaled: AtomicU64,
+    unjournaled_flushed: AtomicU64,
 }
 
 /// errno values that mean "this sector could not be read" rather than "the device is gone".
@@ -377,7 +382,30 @@ impl<D: BlockDev> Members<D> {
             repl_failed: AtomicU64::new(0),
             data_offset,
             policy,
+            unjournaled: AtomicU64::new(0),
+            unjournaled_flushed: AtomicU64::new(0),
         }
+    }
+
+    /// A member data-area write that does not go through the journal is about to be issued
+    /// (allocation-map pages): the next FLUSH flushes the members.
+    pub(crate) fn note_unjournaled(&self) {
+        self.unjournaled.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Unjournaled writes noted so far (read before a flush of every member).
+    pub(crate) fn unjournaled_issued(&self) -> u64 {
+        self.unjournaled.load(Ordering::Acquire)
+    }
+
+    /// A flush of every member that began after `seen` unjournaled writes completed.
+    pub(crate) fn unjournaled_covered(&self, seen: u64) {
+        self.unjournaled_flushed.fetch_max(seen, Ordering::AcqRel);
+    }
+
+    /// Whether an unjournaled write was noted that no completed flush covers yet.
+    pub(crate) fn unjournaled_pending(&self) -> bool {
+        self.unjournaled.load(Ordering::Acquire) != self.unjournaled_flushed.load(Ordering::Acquire)
     }
 
     /// Start of the data area on every member.

@@ -152,7 +152,7 @@ impl<D: BlockDev> Array<D> {
         // interleaves.
         self.replace_refusal(i).map_or(Ok(()), Err)?;
         self.clear_metadata_area(&dev).await?;
-        let meta = self.meta.state.lock().await;
+        let meta = self.meta.lock().await;
         self.replace_refusal(i).map_or(Ok(()), Err)?;
         if self.members.set_replacement(i, dev).is_err() {
             return Err(format!("slot {i}: no room for another device"));
@@ -364,7 +364,7 @@ impl<D: BlockDev> Array<D> {
                 "member {i}'s replacement: flush: {e}; the member stays"
             )));
         }
-        let mut meta = self.meta.state.lock().await;
+        let mut meta = self.meta.lock().await;
         if self.members.is_failed(i) {
             return self.takeover_locked(meta, r).await;
         }
@@ -378,7 +378,7 @@ impl<D: BlockDev> Array<D> {
             gen: r.gen,
             uuid: r.uuid,
         });
-        self.persist(&mut meta, true).await;
+        self.meta.persist(&self.members, &mut meta, true).await;
         let swap = meta.swap.take();
         // A replacement failure during the round was held for this decision (I/O that
         // saw it waits in its failure barrier for this lock).
@@ -388,7 +388,7 @@ impl<D: BlockDev> Array<D> {
             if repl_failed && self.members.mark_failed(i) {
                 // It failed a write during the round: it is the slot's device now, so the
                 // slot fails (recorded before the waiting I/O is acknowledged).
-                self.persist(&mut meta, false).await;
+                self.meta.persist(&self.members, &mut meta, false).await;
                 return Err(ArrayError::Refused(format!(
                     "member {i}'s replacement failed while being swapped in; the slot is failed"
                 )));
@@ -421,7 +421,7 @@ impl<D: BlockDev> Array<D> {
     ) -> Result<ReplaceOutcome, ArrayError> {
         self.on_reactor(move |a| async move {
             a.failure_barrier().await;
-            let meta = a.meta.state.lock().await;
+            let meta = a.meta.lock().await;
             a.takeover_locked(meta, r).await
         })
         .await

@@ -19,6 +19,8 @@ use crate::metadata::{MemberId, Metadata};
 use crate::reactor::RuntimeHandle;
 use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
+
+mod admin;
 use futures::future::join_all;
 use std::future::Future;
 use std::io;
@@ -168,10 +170,6 @@ pub struct Array<D: BlockDev> {
     pub(crate) intent: crate::bitmap::WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
     pub(crate) journal: std::sync::OnceLock<crate::journal::Journal<D>>,
-    /// Member data-area writes that bypassed the journal (allocation-map pages), and how
-    /// many of them the last completed member flush covered (journal.rs, write-back FLUSH).
-    pub(crate) unjournaled: AtomicU64,
-    pub(crate) unjournaled_flushed: AtomicU64,
     /// The reactors this array runs on, if any (background work is sent there).
     pub(crate) rt: Option<RuntimeHandle>,
     /// This array (background work started from `&self` holds it).
@@ -255,8 +253,6 @@ impl<D: BlockDev> Array<D> {
             throttle: Default::default(),
             intent,
             journal: std::sync::OnceLock::new(),
-            unjournaled: AtomicU64::new(0),
-            unjournaled_flushed: AtomicU64::new(0),
             rt: rt_handle,
             me: me.clone(),
         });
@@ -377,44 +373,72 @@ impl<D: BlockDev> Array<D> {
 
     // ------------------------------------------------------------ every live member
 
-    /// Runs `op` on every live member of `set` concurrently. A member whose op fails is
-    /// failed (durably, before this returns); the successes are returned. This is the one
-    /// place whole-array operations (flush, metadata pages) apply the error policy.
+    /// `Metadata::each_live` over this array's members.
     pub(crate) async fn each_live<T, F, Fut>(&self, set: MemberSet, op: F) -> Vec<(usize, T)>
     where
         F: Fn(usize) -> Fut,
         Fut: Future<Output = io::Result<T>>,
     {
-        let live = set.minus(self.members.failed());
-        let results = join_all(live.iter().map(|i| {
-            let f = op(i);
-            async move { (i, f.await) }
-        }))
-        .await;
-        let mut ok = Vec::with_capacity(results.len());
-        for (i, r) in results {
-            match r {
-                Ok(v) => ok.push((i, v)),
-                Err(e) => self.fail_member(i, &e).await,
-            }
-        }
-        ok
+        self.meta.each_live(&self.members, set, op).await
     }
 
-    /// Writes `(member, data-area offset, buffer)` concurrently. A member whose write fails
-    /// is failed: what was written stays consistent without it.
+    /// `Metadata::write_members` over this array's members.
     pub(crate) async fn write_members<T: Into<MemberData>>(&self, writes: Vec<(usize, u64, T)>) {
-        let results = join_all(
-            writes
-                .into_iter()
-                .map(|(m, at, b)| async move { (m, self.members.write(m, at, b).await) }),
-        )
-        .await;
-        for (m, r) in results {
-            if let Err(e) = r {
-                self.fail_member(m, &e).await;
-            }
-        }
+        self.meta.write_members(&self.members, writes).await
+    }
+
+    /// Marks a member failed (logging the cause) and waits until the failure is durable.
+    pub(crate) async fn fail_member(&self, member: usize, err: &io::Error) {
+        self.meta.fail_member(&self.members, member, err).await
+    }
+
+    /// Waits until every failure known now is recorded in the superblocks of the survivors.
+    pub(crate) async fn failure_barrier(&self) {
+        self.meta.failure_barrier(&self.members).await
+    }
+
+    /// Records rebuild checkpoints in a superblock round (`Metadata::persist_rebuilt`).
+    pub(crate) async fn persist_rebuilt(&self, to: &[(usize, u64)]) {
+        self.meta.persist_rebuilt(&self.members, to).await
+    }
+
+    /// Whether superblocks are never written (read-only benchmarks).
+    pub(crate) fn meta_frozen(&self) -> bool {
+        self.meta.frozen()
+    }
+
+    /// The superblocks say "not clean" but the array is consistent (journal replayed): the
+    /// next clean stop records "clean" even if nothing is written meanwhile.
+    pub(crate) fn clean_round_due(&self) {
+        self.meta.clean_round_due()
+    }
+
+    /// Before the first write of a session: superblocks say "not clean", then every
+    /// member's bitmap copy is made equal to memory (bitmap.rs).
+    pub(crate) async fn ensure_dirty(&self) {
+        self.meta
+            .ensure_dirty(&self.members, self.bitmap_sync_all())
+            .await
+    }
+
+    /// Flushes every member and, if anything was written since assembly and no resync is
+    /// still due, records a clean shutdown in the superblocks. A session that only read
+    /// leaves them untouched: members that were merely absent are not marked failed, since
+    /// their data is still current.
+    pub async fn close(&self) -> Result<(), ArrayError> {
+        // Deferred member writes (write-back journal) land first.
+        self.journal_drain().await;
+        self.flush_members().await;
+        self.check_serving()?;
+        // Everything is on the members: the journal is emptied (nothing to replay).
+        self.journal_checkpoint().await;
+        // Regions written this session are idle and flushed: their bits go (resync's
+        // unfinished regions keep theirs, so the next start resumes there).
+        self.bitmap_close().await;
+        self.meta
+            .record_clean(&self.members, || self.needs_resync())
+            .await;
+        self.check_serving().map(|_| ())
     }
 
     /// Makes every acknowledged write durable: on every live member, or, with a write-back
@@ -438,17 +462,13 @@ impl<D: BlockDev> Array<D> {
     /// Flushes every live member (whatever the journal mode) and waits for the failure
     /// barrier.
     pub(crate) async fn flush_members(&self) {
-        let seen = self.unjournaled.load(Ordering::Acquire);
-        let all = MemberSet::all(self.geo.members);
-        self.each_live(all, |i| self.members.flush(i)).await;
-        self.failure_barrier().await;
-        self.unjournaled_flushed.fetch_max(seen, Ordering::AcqRel);
+        self.meta.flush_members(&self.members).await
     }
 
     /// A member data-area write that does not go through the journal is about to be issued
     /// (allocation-map pages): the next FLUSH flushes the members.
     pub(crate) fn note_unjournaled(&self) {
-        self.unjournaled.fetch_add(1, Ordering::AcqRel);
+        self.members.note_unjournaled();
     }
 
     // ------------------------------------------------------------ reads
