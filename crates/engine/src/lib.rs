@@ -17,6 +17,7 @@ pub mod assemble;
 pub mod bitmap;
 pub mod buf;
 pub mod dev;
+mod error;
 pub mod journal;
 pub mod members;
 pub mod metadata;

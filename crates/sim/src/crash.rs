@@ -521,7 +521,7 @@ pub fn reassemble_with(
     let array = match (plan.sb.journal, images.get(members)) {
         (Some((_, mode)), Some(img)) => {
             let jdev = make_dev(members, img.clone());
-            uraid_engine::journal::replay(jdev, mode, &plan.sb, devs, build)
+            uraid_engine::assemble::replay(jdev, mode, &plan.sb, devs, build)
                 .map_err(|e| format!("journal replay: {e}"))?
         }
         (Some(_), None) => return Err("the array has a journal and none was given".into()),

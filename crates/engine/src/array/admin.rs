@@ -240,7 +240,7 @@ impl<D: BlockDev> Array<D> {
             ));
         }
         // Every member's bitmap copy (the new one's is zero) made equal to memory.
-        self.bitmap_sync_all().await;
+        self.intent.sync_all(&self.meta, &self.members).await;
         Ok(())
     }
 

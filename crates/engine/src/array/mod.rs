@@ -21,6 +21,9 @@ use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
 
 mod admin;
+mod journal;
+mod stripe_io;
+mod stripe_write;
 use futures::future::join_all;
 use std::future::Future;
 use std::io;
@@ -30,34 +33,10 @@ use uraid_core::format::Superblock;
 use uraid_core::geometry::{Extent, Level, SECTOR};
 use uraid_core::{Codec, Geometry, MemberSet};
 
+pub use crate::error::ArrayError;
+
 /// Bytes of a write request, shared between the pieces it is split into.
 pub use crate::buf::WriteBuf;
-
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum ArrayError {
-    #[error("request at offset {off} length {len} is beyond the end of the volume ({size} bytes)")]
-    OutOfRange { off: u64, len: u64, size: u64 },
-    #[error("request at offset {off} length {len} is not aligned to {SECTOR}-byte sectors")]
-    Misaligned { off: u64, len: u64 },
-    #[error("array has failed: {lost} of {members} members lost, {level} tolerates {tolerates}")]
-    Failed {
-        lost: usize,
-        members: usize,
-        level: Level,
-        tolerates: usize,
-    },
-    /// Media errors on members `members` and no redundancy left to reconstruct from: this
-    /// request fails, the array keeps serving everything else.
-    #[error(
-        "unreadable: media error on member(s) {members} and no redundancy left for this stripe"
-    )]
-    Unreadable { members: MemberSet },
-    #[error("reactor stopped before the request finished")]
-    Shutdown,
-    /// An operator command the array cannot carry out (never a client request's error).
-    #[error("{0}")]
-    Refused(String),
-}
 
 /// Counters for the request planner, readable while the array runs. Every request bumps
 /// them from every reactor, so each thread counts in its own shard (`crate::shard`: no cache
@@ -338,21 +317,67 @@ impl<D: BlockDev> Array<D> {
         self.meta.persisted()
     }
 
+    // ------------------------------------------------------------ write-intent bitmap
+
+    /// One pass of the bitmap daemon: clears the bits of regions idle since the previous
+    /// pass (the server runs it every `BITMAP_TICK`), and checkpoints the journal (bounding
+    /// what a replay has to do). Returns how many bits it cleared. Runs on
+    /// a reactor when the array has them (io_uring I/O with the member timeouts: a hung
+    /// member fails instead of holding the bitmap lock), else here.
+    pub async fn bitmap_tick(self: &Arc<Self>) -> u64 {
+        match &self.rt {
+            Some(rt) => {
+                let a = self.clone();
+                rt.spawn_on(0, move || async move {
+                    let n = a
+                        .intent
+                        .clear_idle(&a.meta, &a.members, &a.resync, false)
+                        .await;
+                    a.journal_checkpoint().await;
+                    n
+                })
+                .await
+                .unwrap_or(0)
+            }
+            None => {
+                let n = self
+                    .intent
+                    .clear_idle(&self.meta, &self.members, &self.resync, false)
+                    .await;
+                self.journal_checkpoint().await;
+                n
+            }
+        }
+    }
+
+    /// Before a clean stop (after its flush): clears every bit not needed any more (none in
+    /// a session that wrote nothing, or while degraded).
+    pub(crate) async fn bitmap_close(&self) -> u64 {
+        self.intent
+            .clear_idle(&self.meta, &self.members, &self.resync, true)
+            .await
+    }
+
+    /// Page-write rounds so far that set bits (each: one page write + flush per member,
+    /// shared by every write waiting) and that cleared them.
+    pub fn bitmap_rounds(&self) -> (u64, u64) {
+        (
+            self.intent.set_rounds.load(Ordering::Relaxed),
+            self.intent.clear_rounds.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Write-intent bitmap state: region size (0: none), regions, regions dirty now.
+    pub fn bitmap_state(&self) -> (u64, u64, u64) {
+        let wi = &self.intent;
+        (wi.chunk, wi.regions(), wi.dirty())
+    }
+
     /// The failed set, or `Failed` if the array cannot serve every byte. Members being
     /// rebuilt count as lost here (they do not hold every unit yet) but are not in the set
     /// returned: writes go to them.
     pub(crate) fn check_serving(&self) -> Result<MemberSet, ArrayError> {
-        let f = self.members.failed();
-        if self.geo.survives(self.members.degraded()) {
-            Ok(f)
-        } else {
-            Err(ArrayError::Failed {
-                lost: self.members.degraded().len(),
-                members: self.geo.members,
-                level: self.geo.level,
-                tolerates: self.geo.fault_tolerance(),
-            })
-        }
+        self.members.check_serving(&self.geo)
     }
 
     /// Whether the array can still serve every byte.
@@ -417,7 +442,10 @@ impl<D: BlockDev> Array<D> {
     /// member's bitmap copy is made equal to memory (bitmap.rs).
     pub(crate) async fn ensure_dirty(&self) {
         self.meta
-            .ensure_dirty(&self.members, self.bitmap_sync_all())
+            .ensure_dirty(
+                &self.members,
+                self.intent.sync_all(&self.meta, &self.members),
+            )
             .await
     }
 
@@ -828,7 +856,7 @@ impl<D: BlockDev> Array<D> {
         self.ensure_dirty().await;
         // The regions' write-intent bits are durable before any member is written, and stay
         // set until the guard is dropped (after the member writes).
-        let _intent = self.intent_begin(off, len).await;
+        let _intent = self.intent.begin(&self.meta, &self.members, off, len).await;
         self.stats.add(|c| &c.writes, 1);
         match self.geo.level {
             Level::Raid0 | Level::Raid1 | Level::Raid10 => {

@@ -165,7 +165,7 @@ impl<D: BlockDev> Array<D> {
             "member {i} ({}): being replaced by {name} (copied while it serves)",
             self.members.name(i).unwrap_or("?")
         );
-        self.bitmap_sync_all().await;
+        self.intent.sync_all(&self.meta, &self.members).await;
         if self.members.replacement(i).map(|r| r.0) != Some(gen) {
             return Err(format!(
                 "{name}: writing its metadata failed; replace abandoned"

@@ -1,11 +1,12 @@
 //! Executing stripe writes: group a volume write by stripe, queue each part on its stripe,
 //! and run a batch as one planned stripe operation (`uraid_core::plan`).
 
-use super::{Attempt, PendingWrite, Piece, Turn};
-use crate::array::{Array, ArrayError, WriteBuf};
+use super::Array;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::reactor;
+use crate::stripe::{Attempt, PendingWrite, Piece, Turn};
+use crate::{ArrayError, WriteBuf};
 use futures::future::join_all;
 use std::sync::Arc;
 use uraid_core::{plan_write, Shard, WritePlan};
@@ -376,7 +377,7 @@ impl<D: BlockDev> Array<D> {
             let record = self.journal_log(&writes).await?;
             if let Some(r) = record {
                 if self.can_defer() {
-                    let region = self.intent_deferred_begin(stripe);
+                    let region = self.intent.deferred_begin(stripe);
                     return Ok(Some(r.defer(writes, region)));
                 }
                 self.write_members(writes).await;
