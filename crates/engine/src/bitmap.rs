@@ -19,7 +19,7 @@ use crate::buf;
 use crate::dev::BlockDev;
 use crate::members::Members;
 use crate::metadata::Metadata;
-use crate::recovery::ResyncState;
+use crate::recovery::state::ResyncState;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -1,22 +1,31 @@
 //! The array: maps volume byte ranges onto member I/O for every level, keeps parity correct
 //! through partial writes and member failures, and applies the member error policy.
 //!
-//! It knows nothing about the allocation map (that is `volume.rs`, on top of it). Its parts:
+//! It knows nothing about the allocation map (that is `volume.rs`, on top of it). It composes
+//! the components below it, which take each other as arguments and never import `Array`:
 //! * `members.rs`: the devices, their typed health, every member I/O (timeouts, error
 //!   classification);
-//! * `metadata.rs`: superblock rounds, dirty/clean, the failure barrier;
-//! * `stripe/`: the stripe lock table, stripe reads and decode, stripe write execution.
+//! * `metadata.rs`: superblock rounds, dirty/clean, the failure barrier (`Metadata`);
+//! * `bitmap.rs` (`WriteIntent`), `journal.rs` (`Journal`): durability of writes;
+//! * `stripe/`: the stripe lock table;
+//! * `recovery/state.rs` (`Recovery`): what background work the request paths consult.
+//!
+//! This module's files: request routing, reads and writes (here), stripe reads and decode
+//! (`stripe_io.rs`), stripe write execution (`stripe_write.rs`), the array's use of its
+//! journal (`journal.rs`), operator member administration (`admin.rs`).
 //!
 //! Concurrency model (ARCHITECTURE.md has the long form):
 //! * Healthy reads touch no shared state: any reactor reads data chunks straight off members.
 //! * Everything that reads parity or writes a stripe (mirror rows included) runs on the
 //!   calling reactor under a per-stripe lock (`stripe::StripeLocks`).
 
+use crate::bitmap::WriteIntent;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, MemberData, Members};
 use crate::metadata::{MemberId, Metadata};
 use crate::reactor::RuntimeHandle;
+use crate::recovery::state::Recovery;
 use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
 
@@ -126,33 +135,28 @@ pub struct ArrayOptions {
     pub frozen_metadata: bool,
 }
 
+/// The composition of an array's components, and request routing over them. Each field is
+/// private to this module (and its children: admin.rs, journal.rs, stripe_io.rs,
+/// stripe_write.rs); the walks above it (recovery/, volume.rs) reach a component through
+/// its accessor and call its methods with the other components they need as arguments.
 pub struct Array<D: BlockDev> {
-    pub(crate) geo: Geometry,
-    pub(crate) codec: Option<Codec>,
-    pub(crate) members: Members<D>,
-    pub(crate) meta: Metadata,
-    pub(crate) locks: StripeLocks,
+    geo: Geometry,
+    codec: Option<Codec>,
+    members: Members<D>,
+    meta: Metadata,
+    locks: StripeLocks,
+    /// Request-planner counters (public: the control plane reads `stats.snapshot()`).
     pub stats: Stats,
-    pub(crate) resync: crate::recovery::ResyncState,
-    pub(crate) recovery: crate::recovery::Progress,
-    pub(crate) rebuild: crate::recovery::Progress,
-    pub(crate) scrub: crate::recovery::Progress,
-    pub(crate) replace: crate::recovery::Progress,
-    /// The replace started last (recovery/replace.rs); current while its slot has that
-    /// replacement generation.
-    pub(crate) replacing: std::sync::Mutex<Option<crate::recovery::Replacing>>,
-    /// Whether a unit may hold data (the volume's allocation map; unset: every unit).
-    allocation: std::sync::OnceLock<Box<dyn Fn(u64) -> bool + Send + Sync>>,
-    pub(crate) scrub_counts: crate::recovery::ScrubCounts,
-    /// The throttle of background work (recovery/mod.rs), shared with the running walks.
-    pub(crate) throttle: Arc<std::sync::Mutex<crate::recovery::Throttle>>,
-    pub(crate) intent: crate::bitmap::WriteIntent,
+    /// Background-work state: resync's synced set, walk progress, the replace under way,
+    /// scrub counts, throttle, allocation probe (recovery/state.rs).
+    recovery: Recovery,
+    intent: WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
-    pub(crate) journal: std::sync::OnceLock<crate::journal::Journal<D>>,
+    journal: std::sync::OnceLock<crate::journal::Journal<D>>,
     /// The reactors this array runs on, if any (background work is sent there).
-    pub(crate) rt: Option<RuntimeHandle>,
+    rt: Option<RuntimeHandle>,
     /// This array (background work started from `&self` holds it).
-    pub(crate) me: std::sync::Weak<Self>,
+    me: std::sync::Weak<Self>,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -196,10 +200,6 @@ impl<D: BlockDev> Array<D> {
         // unclean stop on any level with redundancy, over the regions the write-intent
         // bitmap marks dirty, or everything without one (recovery/resync.rs).
         let units = geo.units();
-        let unit_bytes = match geo.level {
-            Level::Raid1 | Level::Raid10 => geo.mirror_copies(0).len() as u64 * geo.chunk,
-            _ => geo.members as u64 * geo.chunk,
-        };
         let bc = sb.bitmap_chunk;
         let due = (!sb.clean && geo.fault_tolerance() > 0).then(|| match (&bitmap, bc) {
             (Some(words), bc) if bc > 0 => uraid_core::bitmap::dirty_units(&geo, bc, words),
@@ -221,15 +221,7 @@ impl<D: BlockDev> Array<D> {
             meta: Metadata::new(sb, ids, opts.frozen_metadata, absent),
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
-            resync: crate::recovery::ResyncState::new(units, due),
-            recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
-            rebuild: crate::recovery::Progress::new("rebuild", units, unit_bytes),
-            scrub: crate::recovery::Progress::new("scrub", units, unit_bytes),
-            replace: crate::recovery::Progress::new("replace", units, geo.chunk),
-            replacing: std::sync::Mutex::new(None),
-            allocation: std::sync::OnceLock::new(),
-            scrub_counts: Default::default(),
-            throttle: Default::default(),
+            recovery: Recovery::new(&geo, due),
             intent,
             journal: std::sync::OnceLock::new(),
             rt: rt_handle,
@@ -241,16 +233,46 @@ impl<D: BlockDev> Array<D> {
 
     /// Tells the array which units may hold data (`Volume::new`: from the allocation map).
     pub(crate) fn set_allocation(&self, f: Box<dyn Fn(u64) -> bool + Send + Sync>) {
-        let _ = self.allocation.set(f);
+        self.recovery.set_allocation(f);
     }
 
-    /// Whether a background walk (rebuild, replace, scrub) can skip unit `unit`: no data
-    /// was ever written there or it was trimmed (the allocation map), nobody is filling it,
-    /// and it is not waiting for resync. Its chunks are then never read (a read of it
-    /// returns zeros from the map) and its first write fills whole stripes, so what any
-    /// member holds there does not matter.
+    /// Whether a background walk can skip unit `unit` (`Recovery::skippable`).
     pub(crate) fn skippable(&self, unit: u64) -> bool {
-        self.allocation.get().is_some_and(|f| !f(unit)) && !self.resync.unsynced(unit)
+        self.recovery.skippable(unit)
+    }
+
+    // ------------------------------------------------------------ components (for the walks)
+
+    pub(crate) fn geo(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub(crate) fn codec(&self) -> &Option<Codec> {
+        &self.codec
+    }
+
+    pub(crate) fn members(&self) -> &Members<D> {
+        &self.members
+    }
+
+    pub(crate) fn meta(&self) -> &Metadata {
+        &self.meta
+    }
+
+    pub(crate) fn locks(&self) -> &StripeLocks {
+        &self.locks
+    }
+
+    pub(crate) fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    pub(crate) fn intent(&self) -> &WriteIntent {
+        &self.intent
+    }
+
+    pub(crate) fn rt(&self) -> &Option<RuntimeHandle> {
+        &self.rt
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -331,7 +353,7 @@ impl<D: BlockDev> Array<D> {
                 rt.spawn_on(0, move || async move {
                     let n = a
                         .intent
-                        .clear_idle(&a.meta, &a.members, &a.resync, false)
+                        .clear_idle(&a.meta, &a.members, &a.recovery.resync, false)
                         .await;
                     a.journal_checkpoint().await;
                     n
@@ -342,7 +364,7 @@ impl<D: BlockDev> Array<D> {
             None => {
                 let n = self
                     .intent
-                    .clear_idle(&self.meta, &self.members, &self.resync, false)
+                    .clear_idle(&self.meta, &self.members, &self.recovery.resync, false)
                     .await;
                 self.journal_checkpoint().await;
                 n
@@ -354,7 +376,7 @@ impl<D: BlockDev> Array<D> {
     /// a session that wrote nothing, or while degraded).
     pub(crate) async fn bitmap_close(&self) -> u64 {
         self.intent
-            .clear_idle(&self.meta, &self.members, &self.resync, true)
+            .clear_idle(&self.meta, &self.members, &self.recovery.resync, true)
             .await
     }
 
@@ -639,7 +661,7 @@ impl<D: BlockDev> Array<D> {
         self.locks.lock(stripe).await;
         let rebuilding = self.members.stale_at(stripe).minus(self.members.failed());
         let mut excl = rebuilding;
-        if self.resync.unsynced(stripe) {
+        if self.recovery.resync.unsynced(stripe) {
             self.locks.unlock(stripe, false);
             return Err(self.unsynced_unreadable(stripe, excl.union(self.members.failed())));
         }
@@ -706,7 +728,7 @@ impl<D: BlockDev> Array<D> {
         self.locks.lock(e.stripe).await;
         let rebuilding = self.members.stale_at(e.stripe).minus(self.members.failed());
         let mut excl = errors.union(rebuilding);
-        if self.resync.unsynced(e.stripe) {
+        if self.recovery.resync.unsynced(e.stripe) {
             // Parity not yet made consistent after an unclean stop: what it would rebuild
             // may be wrong, so the read fails instead (recovery/resync.rs).
             self.locks.unlock(e.stripe, false);
@@ -741,7 +763,7 @@ impl<D: BlockDev> Array<D> {
     /// The error for a read that would reconstruct data from a stripe whose parity was not
     /// resynced after an unclean stop (logged once per stripe, with its volume range).
     fn unsynced_unreadable(&self, stripe: u64, members: MemberSet) -> ArrayError {
-        if self.resync.report_unreadable(stripe) {
+        if self.recovery.resync.report_unreadable(stripe) {
             let sdb = self.geo.stripe_data_bytes();
             tracing::error!(
                 target: "uraid_engine::recovery",
@@ -779,7 +801,7 @@ impl<D: BlockDev> Array<D> {
             // Spread reads over the copies: chunk number picks the first choice. A row not
             // yet resynced reads its first copy, the one resync will keep.
             let n = copies.len();
-            let first = if self.resync.unsynced(e.stripe) {
+            let first = if self.recovery.resync.unsynced(e.stripe) {
                 0
             } else {
                 e.stripe as usize

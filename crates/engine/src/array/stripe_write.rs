@@ -90,7 +90,7 @@ impl<D: BlockDev> Array<D> {
                 return Err(e);
             }
         };
-        if !clean || stripes.clone().any(|s| self.resync.unsynced(s)) {
+        if !clean || stripes.clone().any(|s| self.recovery.resync.unsynced(s)) {
             unlock();
             return Ok(false);
         }
