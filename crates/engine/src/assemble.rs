@@ -1,7 +1,7 @@
 //! Control plane: creating an array on members, reading superblocks back, and deciding which
 //! members an assembly may use.
 
-use crate::dev::{device_size, open_exclusive, Access, FileDev, Holder, OpenError};
+use crate::dev::{device_size, open_exclusive, Access, BlockDev, FileDev, Holder, OpenError};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -12,7 +12,7 @@ use uraid_core::format::{
     SB_SLOTS,
 };
 use uraid_core::journal::{JournalSuper, JSB_SIZE, JSB_SLOTS};
-use uraid_core::{Geometry, Level};
+use uraid_core::{Geometry, Level, MemberSet};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AssembleError {
@@ -1301,14 +1301,15 @@ pub fn open_volume_with(
         crate::Array::new(sb, plan.ids(), devs, rt, opts, plan.bitmap.clone())
     };
     let array = match open_journal(plan, opts.frozen_metadata, access)? {
-        Some((dev, mode)) => crate::journal::replay(dev, mode, &plan.sb, devs, build)
-            .map_err(AssembleError::Journal)?,
+        Some((dev, mode)) => {
+            replay(dev, mode, &plan.sb, devs, build).map_err(AssembleError::Journal)?
+        }
         None => build(plan.sb.clone(), devs),
     };
     Ok(crate::Volume::new(array, Some(map)))
 }
 
-/// Opens the plan's journal device (`journal::replay` replays it). None when the array has
+/// Opens the plan's journal device (`replay` replays it). None when the array has
 /// no journal, or when nothing may be written (read-only or frozen metadata) and the array
 /// was stopped cleanly (a clean stop leaves nothing in the journal the members lack).
 fn open_journal(
@@ -1348,4 +1349,42 @@ fn open_journal(
     }
     let dev = FileDev::open_with(path, access).map_err(member_open_err(usize::MAX))?;
     Ok(Some((dev, mode)))
+}
+
+/// Replays the journal `dev` onto the members and builds the array with it attached
+/// (assembly; sync). The records after the checkpoint are written to the members present
+/// and flushed (`journal::replay_records`); the array is built by `build` from `sb` marked
+/// clean (every stripe is consistent now: nothing to resync); if records were replayed while
+/// members were absent, a superblock round records them failed (they missed the replay:
+/// their chunks are stale) before the journal is emptied; then the journal superblock starts
+/// a new epoch with an empty log (`journal::new_epoch`), so the old records are never
+/// replayed again. A crash anywhere in here replays the same records again next time
+/// (idempotent).
+pub fn replay<D: BlockDev>(
+    dev: D,
+    mode: JournalMode,
+    sb: &Superblock,
+    mut members: Vec<Option<D>>,
+    build: impl FnOnce(Superblock, Vec<Option<D>>) -> std::sync::Arc<crate::Array<D>>,
+) -> Result<std::sync::Arc<crate::Array<D>>, String> {
+    let (j, walk) = crate::journal::replay_records(&dev, sb, &mut members)?;
+    let g = &sb.geometry;
+    let absent: MemberSet = (0..g.members).filter(|&i| members[i].is_none()).collect();
+    let mut clean = sb.clone();
+    clean.clean = true;
+    let array = build(clean, members);
+    if walk.records > 0 && !absent.is_empty() {
+        // Marks the absent members failed (a forced round; also "not clean" until the
+        // next clean stop, which is true from the first write on anyway).
+        futures::executor::block_on(array.ensure_dirty());
+    } else if !sb.clean && absent.is_empty() {
+        // The superblocks still say "not clean": the next clean stop must say otherwise,
+        // written or not (replayed, the array is consistent). Not while a member is
+        // absent: that round would record it failed, and a session that wrote nothing
+        // leaves absent members alone (their data is current).
+        array.clean_round_due();
+    }
+    let next = crate::journal::new_epoch(&dev, &j, &walk)?;
+    array.attach_journal(crate::journal::Journal::new(dev, mode, next, walk.records));
+    Ok(array)
 }

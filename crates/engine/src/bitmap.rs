@@ -2,9 +2,9 @@
 //!
 //! Rules (ARCHITECTURE.md invariant 14):
 //! * A bit set in memory is set on every live member and flushed. A client write is issued
-//!   to the members only after the bits of every region it touches are set (`intent_begin`): the
+//!   to the members only after the bits of every region it touches are set (`WriteIntent::begin`): the
 //!   fast path is one atomic add and one load per region; the first write into a clear
-//!   region sets it through `intent_set`, which batches every region waiting at that moment into
+//!   region sets it through `WriteIntent::set`, which batches every region waiting at that moment into
 //!   one page write + flush per member.
 //! * A bit is cleared only when its region has had no write in flight and none completed
 //!   for a whole tick, resync no longer needs it, and the members were flushed *after* that
@@ -15,17 +15,20 @@
 //! * Page writes (sets and clears) are serialised by one async mutex, so a set never lands
 //!   before an earlier clear of the same page.
 
-use crate::array::Array;
 use crate::buf;
 use crate::dev::BlockDev;
+use crate::members::Members;
+use crate::metadata::Metadata;
+use crate::recovery::state::ResyncState;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use uraid_core::alloc::{BITS_PER_PAGE, PAGE};
 use uraid_core::bitmap::{self as fmt, BITMAP_OFFSET};
 use uraid_core::{Geometry, MemberSet};
 
 pub(crate) struct WriteIntent {
+    geo: Geometry,
     /// Region size in member bytes; 0: no bitmap.
     pub(crate) chunk: u64,
     regions: u64,
@@ -49,7 +52,7 @@ pub(crate) struct WriteIntent {
 impl WriteIntent {
     /// `words`: the bits as loaded from the members (the union of their copies); None:
     /// unknown, every region counts as set (the first write of the session writes this
-    /// state to every member: `Array::bitmap_sync_all`).
+    /// state to every member: `sync_all`).
     pub(crate) fn new(g: &Geometry, chunk: u64, words: Option<Vec<u64>>, frozen: bool) -> Self {
         let regions = fmt::regions(g, chunk);
         let nwords = regions.div_ceil(64) as usize;
@@ -61,6 +64,7 @@ impl WriteIntent {
             }
         }
         WriteIntent {
+            geo: *g,
             chunk,
             regions,
             bits: words.into_iter().map(AtomicU64::new).collect(),
@@ -106,7 +110,7 @@ impl WriteIntent {
 
 /// Held by a client write while its member writes are in flight: the regions it touches
 /// stay set. Dropping it (also when the write future is dropped) ends the write. Deferred
-/// member writes (write-back journal) hold their region with `intent_deferred_begin`.
+/// member writes (write-back journal) hold their region with `WriteIntent::deferred_begin`.
 pub(crate) struct IntentGuard<'a> {
     wi: &'a WriteIntent,
     regions: std::ops::RangeInclusive<u64>,
@@ -121,12 +125,12 @@ impl Drop for IntentGuard<'_> {
     }
 }
 
-impl<D: BlockDev> Array<D> {
+impl WriteIntent {
     /// A deferred (write-back) stripe operation keeps its region "in flight" until its
-    /// member writes completed (`intent_deferred_end`). Called while the client's own guard
+    /// member writes completed (`deferred_end`). Called while the client's own guard
     /// still holds the region, so the count never drops to zero in between.
-    pub(crate) fn intent_deferred_begin(&self, stripe: u64) -> Option<u64> {
-        let wi = &self.intent;
+    pub(crate) fn deferred_begin(&self, stripe: u64) -> Option<u64> {
+        let wi = self;
         if !wi.enabled() {
             return None;
         }
@@ -135,17 +139,23 @@ impl<D: BlockDev> Array<D> {
         Some(r)
     }
 
-    pub(crate) fn intent_deferred_end(&self, r: Option<u64>) {
+    pub(crate) fn deferred_end(&self, r: Option<u64>) {
         if let Some(r) = r {
-            self.intent.touch(r);
-            self.intent.inflight[r as usize].fetch_sub(1, Ordering::SeqCst);
+            self.touch(r);
+            self.inflight[r as usize].fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// Before a write of `[off, off+len)` goes to the members: makes the bits of its regions
     /// durable (the caller checked the range). None when there is no bitmap.
-    pub(crate) async fn intent_begin(&self, off: u64, len: u64) -> Option<IntentGuard<'_>> {
-        let wi = &self.intent;
+    pub(crate) async fn begin<'a, D: BlockDev>(
+        &'a self,
+        meta: &Metadata,
+        members: &Members<D>,
+        off: u64,
+        len: u64,
+    ) -> Option<IntentGuard<'a>> {
+        let wi = self;
         if !wi.enabled() || len == 0 {
             return None;
         }
@@ -160,14 +170,14 @@ impl<D: BlockDev> Array<D> {
             regions: r0..=r1,
         };
         if !(r0..=r1).all(|r| wi.is_set(r)) {
-            Box::pin(self.intent_set(r0, r1)).await;
+            Box::pin(self.set(meta, members, r0, r1)).await;
         }
         Some(guard)
     }
 
     /// Slow path: sets the bits of regions `r0..=r1` durably, with whatever else is waiting.
-    async fn intent_set(&self, r0: u64, r1: u64) {
-        let wi = &self.intent;
+    async fn set<D: BlockDev>(&self, meta: &Metadata, members: &Members<D>, r0: u64, r1: u64) {
+        let wi = self;
         {
             let mut want = wi.want.lock().unwrap_or_else(|e| e.into_inner());
             want.extend((r0..=r1).filter(|&r| !wi.is_set(r)));
@@ -187,7 +197,9 @@ impl<D: BlockDev> Array<D> {
                 .iter()
                 .map(|&r| (r / BITS_PER_PAGE) as usize)
                 .collect();
-            self.write_bitmap_pages(
+            self.write_pages(
+                meta,
+                members,
                 &pages,
                 |r| wi.is_set(r) || batch.binary_search(&r).is_ok(),
                 true,
@@ -203,29 +215,31 @@ impl<D: BlockDev> Array<D> {
     /// Writes bitmap pages `pages` (bits from `is_set`) to every live member, flushing them
     /// if `flush`. A member that fails is failed (the write-intent record on the others
     /// stands: the union is taken at assembly). Caller holds the bitmap's I/O lock.
-    async fn write_bitmap_pages(
+    async fn write_pages<D: BlockDev>(
         &self,
+        meta: &Metadata,
+        members: &Members<D>,
         pages: &BTreeSet<usize>,
         is_set: impl Fn(u64) -> bool,
         flush: bool,
     ) {
-        let chunk = self.intent.chunk;
+        let chunk = self.chunk;
         let images: Vec<(usize, Vec<u8>)> = pages
             .iter()
             .map(|&p| (p, fmt::page_image(&self.geo, chunk, p, &is_set)))
             .collect();
         let all = MemberSet::all(self.geo.members);
-        self.each_live(all, |i| {
+        meta.each_live(members, all, |i| {
             let writes: Vec<_> = images
                 .iter()
                 .map(|(p, img)| (BITMAP_OFFSET + (*p * PAGE) as u64, buf::copy_of(img)))
                 .collect();
             async move {
                 for (at, b) in writes {
-                    self.members.write_raw(i, at, b).await?;
+                    members.write_raw(i, at, b).await?;
                 }
                 if flush {
-                    self.members.flush(i).await?;
+                    members.flush(i).await?;
                 }
                 Ok(())
             }
@@ -235,12 +249,19 @@ impl<D: BlockDev> Array<D> {
 
     /// Clears the bits of regions that are idle: no write in flight, none completed since
     /// the previous call (unless `at_close`, after the final flush of a stop), and nothing
-    /// left for resync. Flushes the members first. The server calls this every few seconds
-    /// (`bitmap_tick`); `close` calls it before recording a clean stop.
-    async fn clear_idle(&self, at_close: bool) -> u64 {
-        let wi = &self.intent;
+    /// left for resync (`resync`). Flushes the members first. The server calls this every
+    /// few seconds (`Array::bitmap_tick`); `Array::close` calls it before recording a clean
+    /// stop.
+    pub(crate) async fn clear_idle<D: BlockDev>(
+        &self,
+        meta: &Metadata,
+        members: &Members<D>,
+        resync: &ResyncState,
+        at_close: bool,
+    ) -> u64 {
+        let wi = self;
         // A session that wrote nothing writes no bitmap either; a degraded one clears nothing.
-        if !wi.enabled() || wi.frozen || !self.is_dirty() || !self.members.failed().is_empty() {
+        if !wi.enabled() || wi.frozen || !meta.is_dirty() || !members.failed().is_empty() {
             return 0;
         }
         // One pass at a time: a second pass's swap of the touched flags would hide a write
@@ -259,7 +280,7 @@ impl<D: BlockDev> Array<D> {
                 if set & (1 << b) == 0 || (!at_close && touched & (1 << b) != 0) {
                     continue;
                 }
-                if wi.inflight[r as usize].load(Ordering::SeqCst) == 0 && self.resynced(r) {
+                if wi.inflight[r as usize].load(Ordering::SeqCst) == 0 && self.resynced(resync, r) {
                     cand.push(r);
                 }
             }
@@ -270,8 +291,8 @@ impl<D: BlockDev> Array<D> {
         // Everything written into the candidates so far becomes durable. Nothing is cleared
         // while a member is failed or missing (md's rule): its last writes may never have
         // become durable, and a forced reassembly could bring it back.
-        self.flush_members().await;
-        if self.check_serving().is_err() || !self.members.failed().is_empty() {
+        meta.flush_members(members).await;
+        if members.check_serving(&self.geo).is_err() || !members.failed().is_empty() {
             return 0;
         }
         let _io = wi.io.lock().await;
@@ -296,48 +317,16 @@ impl<D: BlockDev> Array<D> {
             .iter()
             .map(|&r| (r / BITS_PER_PAGE) as usize)
             .collect();
-        self.write_bitmap_pages(&pages, |r| wi.is_set(r), false)
+        self.write_pages(meta, members, &pages, |r| wi.is_set(r), false)
             .await;
         wi.clear_rounds.fetch_add(1, Ordering::Relaxed);
         cleared.len() as u64
     }
 
     /// Whether resync is done with every unit of region `r`.
-    fn resynced(&self, r: u64) -> bool {
-        !self.resync.is_pending()
-            || fmt::units_of_region(&self.geo, self.intent.chunk, r)
-                .all(|u| !self.resync.unsynced(u))
-    }
-
-    /// One pass of the bitmap daemon: clears the bits of regions idle since the previous
-    /// pass (the server runs it every `BITMAP_TICK`), and checkpoints the journal (bounding
-    /// what a replay has to do). Returns how many bits it cleared. Runs on
-    /// a reactor when the array has them (io_uring I/O with the member timeouts: a hung
-    /// member fails instead of holding the bitmap lock), else here.
-    pub async fn bitmap_tick(self: &Arc<Self>) -> u64 {
-        match &self.rt {
-            Some(rt) => {
-                let a = self.clone();
-                rt.spawn_on(0, move || async move {
-                    let n = a.clear_idle(false).await;
-                    a.journal_checkpoint().await;
-                    n
-                })
-                .await
-                .unwrap_or(0)
-            }
-            None => {
-                let n = self.clear_idle(false).await;
-                self.journal_checkpoint().await;
-                n
-            }
-        }
-    }
-
-    /// Before a clean stop (after its flush): clears every bit not needed any more (none in
-    /// a session that wrote nothing, or while degraded).
-    pub(crate) async fn bitmap_close(&self) -> u64 {
-        self.clear_idle(true).await
+    fn resynced(&self, resync: &ResyncState, r: u64) -> bool {
+        !resync.is_pending()
+            || fmt::units_of_region(&self.geo, self.chunk, r).all(|u| !resync.unsynced(u))
     }
 
     /// Before the first write of a session (`ensure_dirty`): writes every bitmap page from
@@ -345,30 +334,15 @@ impl<D: BlockDev> Array<D> {
     /// members' copies (or all set, when nothing was known), and the fast path trusts a set
     /// bit to be on every member: a clear that reached only some members before a crash
     /// would otherwise let writes into that region go unrecorded there.
-    pub(crate) async fn bitmap_sync_all(&self) {
-        let wi = &self.intent;
+    pub(crate) async fn sync_all<D: BlockDev>(&self, meta: &Metadata, members: &Members<D>) {
+        let wi = self;
         if !wi.enabled() || wi.frozen {
             return;
         }
         let _io = wi.io.lock().await;
         let pages: BTreeSet<usize> = (0..fmt::pages(&self.geo, wi.chunk)).collect();
-        self.write_bitmap_pages(&pages, |r| wi.is_set(r), true)
+        self.write_pages(meta, members, &pages, |r| wi.is_set(r), true)
             .await;
-    }
-
-    /// Page-write rounds so far that set bits (each: one page write + flush per member,
-    /// shared by every write waiting) and that cleared them.
-    pub fn bitmap_rounds(&self) -> (u64, u64) {
-        (
-            self.intent.set_rounds.load(Ordering::Relaxed),
-            self.intent.clear_rounds.load(Ordering::Relaxed),
-        )
-    }
-
-    /// Write-intent bitmap state: region size (0: none), regions, regions dirty now.
-    pub fn bitmap_state(&self) -> (u64, u64, u64) {
-        let wi = &self.intent;
-        (wi.chunk, wi.regions(), wi.dirty())
     }
 }
 

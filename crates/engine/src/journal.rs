@@ -28,9 +28,11 @@
 //!   record is written (else a cut brings them back trusted under replayed parity). The write-intent bitmap runs under the
 //!   journal all along, so its dirty regions cover everything written since.
 
-use crate::array::Array;
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
+use crate::error::ArrayError;
+use crate::members::Members;
+use crate::metadata::Metadata;
 use futures::executor::block_on;
 use std::collections::BTreeMap;
 use std::io;
@@ -38,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use uraid_core::format::{JournalMode, Superblock};
 use uraid_core::journal::{self as fmt, Entry, JournalSuper, JSB_SIZE};
-use uraid_core::MemberSet;
+use uraid_core::{Geometry, MemberSet};
 
 /// The journal of a running array.
 pub struct Journal<D: BlockDev> {
@@ -84,13 +86,13 @@ struct LogState {
     tail: u64,
     /// Records reserved whose member writes have not all completed: seq → position.
     inflight: BTreeMap<u64, u64>,
+    /// Per member slot: one past the newest record that writes it (0: none this session).
+    /// A slot is retired up to here before a new device takes it (`retire_slot`).
+    last_with: Vec<u64>,
     /// Records reserved whose journal write has not completed.
     unwritten: BTreeMap<u64, ()>,
     /// Every record up to this sequence number is durable.
     durable: u64,
-    /// Per member slot: one past the newest record that writes it (0: none this session).
-    /// A slot is retired up to here before a new device takes it (`journal_retire_slot`).
-    last_with: Vec<u64>,
 }
 
 /// A snapshot for status and metrics.
@@ -169,23 +171,18 @@ pub fn check_journal<J: BlockDev>(dev: &J, sb: &Superblock) -> Result<JournalSup
     Ok(j)
 }
 
-/// Replays the journal `dev` onto the members and builds the array with it attached
-/// (assembly; sync). Every record after the checkpoint is written, in order, to the members
-/// present (`members[i]` None: missing or failed, its entries are skipped) and the members
-/// written are flushed; the array is built by `build` from `sb` marked clean (every stripe
-/// is consistent now: nothing to resync); if records were replayed while members were
-/// absent, a superblock round records them failed (they missed the replay: their chunks
-/// are stale) before the journal is emptied; then the journal superblock starts a new epoch
-/// with an empty log, so the old records are never replayed again. A crash anywhere in here
-/// replays the same records again next time (idempotent).
-pub fn replay<D: BlockDev>(
-    dev: D,
-    mode: JournalMode,
+/// Replays the journal `dev` onto `members` (assembly; sync): every record after the
+/// checkpoint is written, in order, to the members present (`members[i]` None: missing or
+/// failed, its entries are skipped) and the members written are flushed; a member whose
+/// replay write or flush fails is left out (set to None). Err if the records are invalid or
+/// too many members are left. The caller builds the array, then starts the journal's new
+/// epoch (`new_epoch`); a crash before that replays the same records again (idempotent).
+pub(crate) fn replay_records<D: BlockDev>(
+    dev: &D,
     sb: &Superblock,
-    mut members: Vec<Option<D>>,
-    build: impl FnOnce(Superblock, Vec<Option<D>>) -> std::sync::Arc<Array<D>>,
-) -> Result<std::sync::Arc<Array<D>>, String> {
-    let j = check_journal(&dev, sb)?;
+    members: &mut [Option<D>],
+) -> Result<(JournalSuper, fmt::Walk), String> {
+    let j = check_journal(dev, sb)?;
     let g = &sb.geometry;
     let max_payload = g.members as u64 * g.chunk;
     let mut err: Option<String> = None;
@@ -262,28 +259,25 @@ pub fn replay<D: BlockDev>(
             g.fault_tolerance()
         ));
     }
-    let mut clean = sb.clone();
-    clean.clean = true;
-    let array = build(clean, members);
-    if walk.records > 0 && !absent.is_empty() {
-        // Marks the absent members failed (a forced round; also "not clean" until the
-        // next clean stop, which is true from the first write on anyway).
-        block_on(array.ensure_dirty());
-    } else if !sb.clean && absent.is_empty() {
-        // The superblocks still say "not clean": the next clean stop must say otherwise,
-        // written or not (replayed, the array is consistent). Not while a member is
-        // absent: that round would record it failed, and a session that wrote nothing
-        // leaves absent members alone (their data is current).
-        array.clean_round_due();
-    }
+    Ok((j, walk))
+}
+
+/// After a replay (`replay_records`) of `walk` from journal superblock `j`: the journal
+/// superblock starts a new epoch with an empty log, so the old records are never replayed
+/// again. Returns that superblock (for `Journal::new`).
+pub(crate) fn new_epoch<D: BlockDev>(
+    dev: &D,
+    j: &JournalSuper,
+    walk: &fmt::Walk,
+) -> Result<JournalSuper, String> {
     let next = JournalSuper {
         epoch: j.epoch + 1,
         gen: j.gen + 1,
         tail: walk.end,
         tail_seq: walk.next_seq,
-        ..j
+        ..j.clone()
     };
-    block_on(write_super(&dev, &next)).map_err(|e| format!("{}: {e}", dev.name()))?;
+    block_on(write_super(dev, &next)).map_err(|e| format!("{}: {e}", dev.name()))?;
     if walk.records > 0 {
         tracing::warn!(
             "journal {}: replayed {} record(s), {} bytes, onto the members: every stripe written \
@@ -293,8 +287,7 @@ pub fn replay<D: BlockDev>(
             walk.bytes
         );
     }
-    array.attach_journal(Journal::new(dev, mode, next, walk.records));
-    Ok(array)
+    Ok(next)
 }
 
 /// How many records a replay of `dev` would apply (a read-only look: nothing is written).
@@ -323,9 +316,9 @@ impl<D: BlockDev> Journal<D> {
             next_seq: sb.tail_seq,
             tail: sb.tail,
             inflight: BTreeMap::new(),
+            last_with: Vec::new(),
             unwritten: BTreeMap::new(),
             durable: sb.tail_seq - 1,
-            last_with: Vec::new(),
         };
         let j = Journal {
             mode,
@@ -472,12 +465,20 @@ pub(crate) struct Applied<'a, D: BlockDev> {
     pub(crate) kept: MemberSet,
 }
 
+/// What `Journal::reserve` did.
+enum Reserve {
+    Done(u64, u64),
+    Full,
+    Changed,
+}
+
 impl<D: BlockDev> Applied<'_, D> {
     pub(crate) fn done(mut self) {
         self.done = true;
     }
 
-    /// Hands the record's member writes to `Array::finish_deferred` (which marks it done).
+    /// Hands the record's member writes to the task that finishes them (`Array::finish_deferred`,
+    /// which releases the record: `Journal::release`).
     pub(crate) fn defer(
         mut self,
         writes: Vec<(usize, u64, IoBuf)>,
@@ -514,62 +515,55 @@ impl<D: BlockDev> Drop for Applied<'_, D> {
     }
 }
 
-/// `Applied` for a deferred record, owned by the task that finishes it.
-struct OwnedApplied<D: BlockDev> {
-    a: std::sync::Arc<Array<D>>,
-    seq: u64,
-    region: Option<u64>,
-    done: bool,
-}
-
-impl<D: BlockDev> Drop for OwnedApplied<D> {
-    fn drop(&mut self) {
-        if let Some(j) = self.a.journal.get() {
-            if !self.done {
-                j.failed.store(true, Ordering::SeqCst);
-            }
-            j.lock().inflight.remove(&self.seq);
-        }
-        self.a.intent_deferred_end(self.region);
+impl Deferred {
+    /// The record's sequence number, its member writes and its write-intent region (the
+    /// task that finishes it: `Journal::release` once the writes completed).
+    pub(crate) fn into_parts(self) -> (u64, Vec<(usize, u64, IoBuf)>, Option<u64>) {
+        (self.seq, self.writes, self.region)
     }
 }
 
-impl<D: BlockDev> Array<D> {
-    /// The journal, while it is in service.
-    pub(crate) fn journal_active(&self) -> Option<&Journal<D>> {
-        self.journal.get().filter(|j| j.active())
+impl<D: BlockDev> Journal<D> {
+    /// The journal device (tests snapshot it).
+    pub(crate) fn dev(&self) -> &D {
+        &self.dev
     }
 
-    /// The journal device, if one is attached (tests snapshot it).
-    pub fn journal_dev(&self) -> Option<&D> {
-        self.journal.get().map(|j| &j.dev)
+    pub(crate) fn mode(&self) -> JournalMode {
+        self.mode
     }
 
-    /// Attaches the journal (after `replay`). Only parity levels have one.
-    pub fn attach_journal(&self, j: Journal<D>) {
-        j.watched.store(
-            self.members.policy().io_timeout.is_some(),
-            Ordering::Relaxed,
-        );
-        if self.geo.level.is_parity() && !self.meta_frozen() {
-            let _ = self.journal.set(j);
+    /// Whether the array's watchdog ages this journal's I/Os (set when it is attached).
+    pub(crate) fn set_watched(&self, on: bool) {
+        self.watched.store(on, Ordering::Relaxed);
+    }
+
+    /// A deferred record (`Applied::defer`) is finished: its member writes completed (`done`)
+    /// or were dropped (not done: the journal is poisoned, the record is replayed).
+    pub(crate) fn release(&self, seq: u64, done: bool) {
+        if !done {
+            self.failed.store(true, Ordering::SeqCst);
         }
+        self.lock().inflight.remove(&seq);
     }
 
-    /// Logs the member writes of one stripe operation (`writes`: member, data-area offset,
-    /// bytes) and returns once the record is durable: the token for `journal_applied`.
-    /// None: no journal in service (also after this call switched to bitmap mode, durably).
-    /// Err: the array stopped serving meanwhile (nothing may be written).
-    pub(crate) async fn journal_log(
+    /// Logs the member writes of one stripe operation of an array of geometry `geo` over
+    /// `members` (`writes`: member, data-area offset, bytes) and returns once the record is
+    /// durable: the token the caller finishes (`Applied::done` or `defer`). None: the
+    /// journal is out of service (also after this call switched to bitmap mode, durably,
+    /// through `meta`). Err: the array stopped serving meanwhile (nothing may be written).
+    /// The caller starts a checkpoint when `half_full` after a record.
+    pub(crate) async fn log(
         &self,
+        geo: &Geometry,
+        meta: &Metadata,
+        members: &Members<D>,
         writes: &[(usize, u64, IoBuf)],
-    ) -> Result<Option<Applied<'_, D>>, crate::ArrayError> {
-        let Some(j) = self.journal.get() else {
-            return Ok(None);
-        };
+    ) -> Result<Option<Applied<'_, D>>, ArrayError> {
+        let j = self;
         if !j.active() {
             // Failed: nothing goes to the members unlogged before "no journal" is durable.
-            self.journal_failed_wait().await;
+            self.failed_wait(geo, meta, members).await;
             return Ok(None);
         }
         // Reserve space (checkpointing when the log is full). Members left out of this
@@ -578,17 +572,17 @@ impl<D: BlockDev> Array<D> {
         // stale chunks "consistent" (two atomic loads when nothing failed since the last
         // round). The record leaves out exactly the members failed when it is reserved
         // (taken again under the log lock), so a member that failed after this operation
-        // was planned gets no entry: `journal_retire_slot` reads `last_with` under the same
-        // lock, so no record reserved after a slot's failure can write its next device.
+        // was planned gets no entry: `retire_slot` reads `last_with` under the same lock, so
+        // no record reserved after a slot's failure can write the slot's next device.
         let (seq, pos, kept, entries, plen) = loop {
             if !j.active() {
-                self.journal_failed_wait().await;
+                self.failed_wait(geo, meta, members).await;
                 return Ok(None);
             }
             // An array past its tolerance frees no space (checkpoints stop): fail the write.
-            self.check_serving()?;
-            self.failure_barrier().await;
-            let failed = self.members.failed();
+            members.check_serving(geo)?;
+            meta.failure_barrier(members).await;
+            let failed = members.failed();
             let kept: MemberSet = writes
                 .iter()
                 .map(|w| w.0)
@@ -605,30 +599,13 @@ impl<D: BlockDev> Array<D> {
                 .collect();
             let plen: u64 = entries.iter().map(|e| e.len as u64).sum();
             let size = fmt::HEADER as u64 + fmt::align_up(plen);
-            {
-                let mut st = j.lock();
-                if self.members.failed() != failed {
-                    // Another member failed meanwhile: make that durable first.
-                    continue;
-                }
-                let pos = fmt::next_lap(st.head, size, j.log_len);
-                if pos + size - st.tail <= j.log_len {
-                    let seq = st.next_seq;
-                    st.next_seq += 1;
-                    st.head = pos + size;
-                    st.inflight.insert(seq, pos);
-                    st.unwritten.insert(seq, ());
-                    for e in &entries {
-                        let m = e.member as usize;
-                        if st.last_with.len() <= m {
-                            st.last_with.resize(m + 1, 0);
-                        }
-                        st.last_with[m] = seq + 1;
-                    }
-                    break (seq, pos, kept, entries, plen);
-                }
+            match j.reserve(size, &entries, || members.failed() == failed) {
+                Reserve::Done(seq, pos) => break (seq, pos, kept, entries, plen),
+                // Another member failed meanwhile: make that durable first.
+                Reserve::Changed => continue,
+                Reserve::Full => {}
             }
-            if !self.journal_checkpoint().await {
+            if !self.checkpoint(geo, meta, members).await {
                 crate::reactor::yield_now().await;
             }
         };
@@ -661,14 +638,11 @@ impl<D: BlockDev> Array<D> {
         };
         if let Err(e) = r {
             j.lock().inflight.remove(&seq);
-            self.journal_failed(&e).await;
+            self.fail(geo, meta, members, &e).await;
             return Ok(None);
         }
         j.stats.records.fetch_add(1, Ordering::Relaxed);
         j.stats.bytes.fetch_add(plen, Ordering::Relaxed);
-        if j.used() > j.log_len / 2 {
-            self.spawn_checkpoint();
-        }
         Ok(Some(Applied {
             j,
             seq,
@@ -677,33 +651,100 @@ impl<D: BlockDev> Array<D> {
         }))
     }
 
-    fn spawn_checkpoint(&self) {
-        let Some(j) = self.journal.get() else { return };
-        if j.checkpoint_running.swap(true, Ordering::AcqRel) {
+    /// Reserves `size` bytes of log for the next record, whose `entries` name the members
+    /// it writes, if `unchanged()` still holds under the log lock: its sequence number and
+    /// logical position; `Full` when a checkpoint must free space first.
+    fn reserve(&self, size: u64, entries: &[Entry], unchanged: impl FnOnce() -> bool) -> Reserve {
+        let mut st = self.lock();
+        if !unchanged() {
+            return Reserve::Changed;
+        }
+        let pos = fmt::next_lap(st.head, size, self.log_len);
+        if pos + size - st.tail > self.log_len {
+            return Reserve::Full;
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.head = pos + size;
+        st.inflight.insert(seq, pos);
+        st.unwritten.insert(seq, ());
+        for e in entries {
+            let m = e.member as usize;
+            if st.last_with.len() <= m {
+                st.last_with.resize(m + 1, 0);
+            }
+            st.last_with[m] = seq + 1;
+        }
+        Reserve::Done(seq, pos)
+    }
+
+    /// Before a new device takes failed slot `slot` (an add, a hot spare, a replacement
+    /// taking over): every record that wrote the slot's old member is checkpointed away,
+    /// durably. Replay writes a record's entries to whatever device fills the slot at
+    /// assembly; a record from before the failure would write the old member's chunk over
+    /// what the rebuild put on the new device (stale data, or parity that no longer matches
+    /// the stripe) — records after the failure leave the slot out (`log` takes the failed
+    /// set again under the log lock), so nothing would repair it. Call it once the slot's
+    /// failure is durable, without holding the superblock lock (the checkpoint's member
+    /// flush may need it). A journal that fails meanwhile: returns once "no journal" is
+    /// durable (no replay after that). Found by the interaction simulator.
+    pub(crate) async fn retire_slot(
+        &self,
+        slot: usize,
+        geo: &Geometry,
+        meta: &Metadata,
+        members: &Members<D>,
+    ) {
+        let upto = self.lock().last_with.get(slot).copied().unwrap_or(0);
+        if upto == 0 {
             return;
         }
-        match (&self.rt, self.me.upgrade()) {
-            (Some(rt), Some(a)) => {
-                rt.run_on(0, move || {
-                    crate::reactor::spawn_local(async move {
-                        a.journal_checkpoint().await;
-                        if let Some(j) = a.journal.get() {
-                            j.checkpoint_running.store(false, Ordering::Release);
-                        }
-                    })
-                });
+        // The records up to `upto` finish their member writes...
+        while self.active() && self.lock().inflight.range(..upto).next().is_some() {
+            crate::reactor::yield_now().await;
+        }
+        // ...and the durable tail passes them (members flushed first: `checkpoint`).
+        while self.active()
+            && members.check_serving(geo).is_ok()
+            && self.sb.lock().await.tail_seq < upto
+        {
+            if !self.checkpoint(geo, meta, members).await {
+                crate::reactor::yield_now().await;
             }
-            // No reactors (tests): writers checkpoint when the log is full.
-            _ => j.checkpoint_running.store(false, Ordering::Release),
+        }
+        if !self.active() {
+            self.failed_wait(geo, meta, members).await;
         }
     }
 
-    /// Moves the journal's tail past every record whose member writes completed: members
-    /// flushed, then the superblock. Returns whether space was freed.
-    pub async fn journal_checkpoint(&self) -> bool {
-        let Some(j) = self.journal_active() else {
+    /// More than half of the log is in use: time for a background checkpoint.
+    pub(crate) fn half_full(&self) -> bool {
+        self.used() > self.log_len / 2
+    }
+
+    /// Claims the one background checkpoint slot; false if one is running already.
+    pub(crate) fn claim_checkpoint(&self) -> bool {
+        !self.checkpoint_running.swap(true, Ordering::AcqRel)
+    }
+
+    /// The background checkpoint claimed by `claim_checkpoint` finished.
+    pub(crate) fn checkpoint_finished(&self) {
+        self.checkpoint_running.store(false, Ordering::Release);
+    }
+
+    /// Moves the tail past every record whose member writes completed: `members` flushed
+    /// (through `meta`, which records any member that fails), then the journal superblock.
+    /// Returns whether space was freed (never while out of service).
+    pub(crate) async fn checkpoint(
+        &self,
+        geo: &Geometry,
+        meta: &Metadata,
+        members: &Members<D>,
+    ) -> bool {
+        let j = self;
+        if !j.active() {
             return false;
-        };
+        }
         let mut sb = j.sb.lock().await;
         let (tail, tail_seq) = {
             let st = j.lock();
@@ -716,8 +757,8 @@ impl<D: BlockDev> Array<D> {
             return false;
         }
         // Every record before `tail` has completed its member writes: make them durable.
-        self.flush_members().await;
-        if self.check_serving().is_err() {
+        meta.flush_members(members).await;
+        if members.check_serving(geo).is_err() {
             // Past the level's tolerance: keep every record (a forced assembly may want it).
             return false;
         }
@@ -729,7 +770,7 @@ impl<D: BlockDev> Array<D> {
         };
         if let Err(e) = j.write_super(&next).await {
             drop(sb);
-            self.journal_failed(&e).await;
+            self.fail(geo, meta, members, &e).await;
             return false;
         }
         *sb = next;
@@ -739,8 +780,8 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// A journal I/O error: switch to bitmap mode durably (module docs), then return.
-    async fn journal_failed(&self, e: &io::Error) {
-        let Some(j) = self.journal.get() else { return };
+    async fn fail(&self, geo: &Geometry, meta: &Metadata, members: &Members<D>, e: &io::Error) {
+        let j = self;
         j.failed.store(true, Ordering::SeqCst);
         if !j.reported.swap(true, Ordering::AcqRel) {
             tracing::error!(
@@ -749,12 +790,14 @@ impl<D: BlockDev> Array<D> {
                 j.dev.name()
             );
         }
-        self.journal_failed_wait().await;
+        self.failed_wait(geo, meta, members).await;
     }
 
-    /// Waits until the switch to bitmap mode is durable (doing it if nobody has).
-    pub(crate) async fn journal_failed_wait(&self) {
-        let Some(j) = self.journal.get() else { return };
+    /// Waits until the switch to bitmap mode is durable (doing it if nobody has): records
+    /// in flight finish, `members` are flushed and, while the array serves, a superblock
+    /// round through `meta` records "no journal".
+    pub(crate) async fn failed_wait(&self, geo: &Geometry, meta: &Metadata, members: &Members<D>) {
+        let j = self;
         if j.fallback_done.load(Ordering::Acquire) {
             return;
         }
@@ -769,9 +812,9 @@ impl<D: BlockDev> Array<D> {
             // journal's records over the members; after it, only the members count, so
             // they must already hold everything acknowledged (write-back: what only the
             // journal made durable).
-            self.flush_members().await;
-            if self.check_serving().is_ok() {
-                self.drop_journal_from_superblocks().await;
+            meta.flush_members(members).await;
+            if members.check_serving(geo).is_ok() {
+                meta.drop_journal(members).await;
             }
             // Past the level's tolerance nothing is written any more; the journal stays
             // named, its records kept for a forced assembly.
@@ -780,105 +823,19 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// Whether a stripe operation may acknowledge once its record is durable and finish its
-    /// member writes in the background: a write-back journal in service, on a reactor (the
-    /// background task runs there; without reactors the writes are done inline).
-    pub(crate) fn can_defer(&self) -> bool {
-        self.journal_active()
-            .is_some_and(|j| j.mode == JournalMode::WriteBack)
-            && crate::reactor::local().is_some()
-    }
-
-    /// Finishes a deferred stripe operation: its member writes, then the record is done and
-    /// the stripe unlocked — in a task of this reactor, so the acknowledged writers return
-    /// now. Readers of the stripe wait for the lock meanwhile (`wait_deferred`).
-    pub(crate) fn finish_deferred(self: &std::sync::Arc<Self>, stripe: u64, d: Deferred) {
-        let a = self.clone();
-        crate::reactor::spawn_local(async move {
-            let mut rec = OwnedApplied {
-                a: a.clone(),
-                seq: d.seq,
-                region: d.region,
-                done: false,
-            };
-            a.write_members(d.writes).await;
-            rec.done = true;
-            drop(rec);
-            a.locks.unlock(stripe, true);
-        });
-    }
-
-    /// Before a read of `stripes` goes to the members: with a write-back journal, a stripe
-    /// whose acknowledged writes may still be on their way to the members is locked by their
-    /// writer until they arrive; wait for it. (One check of the lock table per stripe; none
-    /// without a write-back journal.)
-    pub(crate) async fn wait_deferred(&self, stripes: impl Iterator<Item = u64>) {
-        let Some(j) = self.journal.get() else { return };
-        if j.mode != JournalMode::WriteBack {
-            return;
-        }
-        let mut last = None;
-        for st in stripes {
-            if last == Some(st) {
-                continue;
-            }
-            last = Some(st);
-            if self.locks.is_locked(st) {
-                self.locks.lock(st).await;
-                self.locks.unlock(st, false);
-            }
-        }
-    }
-
-    /// Before a new device takes failed slot `slot` (an add, a hot spare, a replacement
-    /// taking over): every record that wrote the slot's old member is checkpointed away,
-    /// durably. Replay writes a record's entries to whatever device fills the slot at
-    /// assembly; a record from before the failure would write the old member's chunk over
-    /// what the rebuild put on the new device (stale data, or parity that no longer matches
-    /// the stripe) — records after the failure leave the slot out, so nothing would repair
-    /// it. Call it once the slot's failure is durable (no later record writes the slot),
-    /// without holding the superblock lock. Found by the interaction simulator.
-    pub(crate) async fn journal_retire_slot(&self, slot: usize) {
-        let Some(j) = self.journal.get() else {
-            return;
-        };
-        let upto = j.lock().last_with.get(slot).copied().unwrap_or(0);
-        if upto == 0 {
-            return;
-        }
-        // The records up to `upto` finish their member writes...
-        while j.active() && j.lock().inflight.range(..upto).next().is_some() {
-            crate::reactor::yield_now().await;
-        }
-        // ...and the durable tail passes them (members flushed first: journal_checkpoint).
-        while j.active() && self.is_serving() && j.sb.lock().await.tail_seq < upto {
-            if !self.journal_checkpoint().await {
-                crate::reactor::yield_now().await;
-            }
-        }
-        if !j.active() {
-            // A failed journal is replayed no more once "no journal" is durable: wait for
-            // that round (else the install round could persist while the superblocks still
-            // name the journal, and a cut would replay the records kept above).
-            self.journal_failed_wait().await;
-        }
-    }
-
     /// Waits until every journalled stripe operation finished its member writes (a clean
     /// stop flushes the members after this).
-    pub(crate) async fn journal_drain(&self) {
-        if let Some(j) = self.journal.get() {
-            while !j.lock().inflight.is_empty() {
-                crate::reactor::yield_now().await;
-            }
+    pub(crate) async fn drain(&self) {
+        while !self.lock().inflight.is_empty() {
+            crate::reactor::yield_now().await;
         }
     }
 
-    /// Journal state for status (None: the array has no journal).
-    pub fn journal_status(&self) -> Option<JournalStatus> {
-        let j = self.journal.get()?;
+    /// A snapshot for status and metrics.
+    pub(crate) fn status(&self) -> JournalStatus {
+        let j = self;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Some(JournalStatus {
+        JournalStatus {
             device: j.dev.name().to_string(),
             mode: j.mode.name(),
             state: if j.active() { "active" } else { "failed" },
@@ -889,18 +846,6 @@ impl<D: BlockDev> Array<D> {
             commits: l(&j.stats.commits),
             checkpoints: l(&j.stats.checkpoints),
             replayed: l(&j.stats.replayed),
-        })
-    }
-
-    /// Whether a client FLUSH must flush the members: always without a write-back journal;
-    /// with one, only after member writes that bypassed it.
-    pub(crate) fn flush_needs_members(&self) -> bool {
-        match self.journal_active() {
-            Some(j) if j.mode == JournalMode::WriteBack => {
-                self.unjournaled.load(Ordering::Acquire)
-                    != self.unjournaled_flushed.load(Ordering::Acquire)
-            }
-            _ => true,
         }
     }
 }

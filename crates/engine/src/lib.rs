@@ -1,15 +1,20 @@
-//! uraid engine, in layers (ARCHITECTURE.md "Layout"):
-//! * `reactor`, `buf`, `dev`, `net`: io_uring reactors, aligned buffers, member devices,
-//!   socket I/O;
-//! * `members`: the member set, typed health, member I/O with timeouts and the error policy;
-//! * `metadata`: superblock rounds, dirty/clean, the failure barrier;
-//! * `stripe`: the stripe lock table, stripe reads and decode, stripe write execution;
-//! * `array`: request execution over all of the above for every level;
-//! * `journal`: the journal device (write-ahead log of stripe updates, replay, checkpoints);
-//! * `recovery`: background work under the stripe locks (resync);
-//! * `alloc`, `volume`: the allocation map and the client-facing volume on top of the array;
-//! * `shard`, `metrics`: per-thread counters and latency histograms, summed when read;
-//! * `assemble`: creating arrays, reading superblocks, deciding and opening an assembly.
+//! uraid engine, in layers; a module imports only from layers below it (ARCHITECTURE.md
+//! "Layout"):
+//! 1. `reactor`, `buf`, `dev`, `net`, `shard`, `metrics`, `error`: io_uring reactors,
+//!    aligned buffers, member devices, socket I/O, per-thread counters, `ArrayError`;
+//! 2. `members`: the member set, typed health, member I/O with timeouts and the error policy;
+//! 3. `metadata` (`Metadata`): superblock rounds, dirty/clean, the failure barrier, and the
+//!    error policy applied to whole-array operations (`each_live`) — over `&Members`;
+//! 4. `bitmap` (`WriteIntent`), `journal` (`Journal`, replay of the records), `stripe`
+//!    (`StripeLocks`), `recovery::state` (`Recovery`: resync's synced set, walk progress,
+//!    the replace under way, scrub counts, throttle) — each takes the components it uses as
+//!    arguments;
+//! 5. `array`: the composition of the above and request execution for every level
+//!    (array/{stripe_io,stripe_write,journal,admin}.rs are part of it);
+//! 6. `recovery` (resync, rebuild, replace, scrub walks), `volume` (the allocation map and the
+//!    client-facing volume; `alloc` is its map), `assemble` (creating arrays, reading
+//!    superblocks, deciding and opening an assembly, `assemble::replay`): they drive the
+//!    array through its methods and component accessors.
 
 pub mod alloc;
 pub mod array;
@@ -17,6 +22,7 @@ pub mod assemble;
 pub mod bitmap;
 pub mod buf;
 pub mod dev;
+mod error;
 pub mod journal;
 pub mod members;
 pub mod metadata;

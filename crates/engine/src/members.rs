@@ -14,6 +14,7 @@
 
 use crate::buf::{IoBuf, Segments};
 use crate::dev::BlockDev;
+use crate::error::ArrayError;
 use crate::metrics::{OpCounters, OpSnapshot};
 use crate::shard::{self, Sharded};
 use std::io;
@@ -21,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
-use uraid_core::MemberSet;
+use uraid_core::{Geometry, MemberSet};
 
 /// What a member write writes: one buffer, or pieces of shared buffers written back to back
 /// (a gather write: a client's payload written where it was received, without a copy).
@@ -341,6 +342,11 @@ pub struct Members<D: BlockDev> {
     repl_failed: AtomicU64,
     data_offset: u64,
     policy: ErrorPolicy,
+    /// Member data-area writes that bypassed the journal (allocation-map pages), and how
+    /// many of them the last completed flush of every member covered (journal.rs,
+    /// write-back FLUSH).
+    unjournaled: AtomicU64,
+    unjournaled_flushed: AtomicU64,
 }
 
 /// errno values that mean "this sector could not be read" rather than "the device is gone".
@@ -377,7 +383,47 @@ impl<D: BlockDev> Members<D> {
             repl_failed: AtomicU64::new(0),
             data_offset,
             policy,
+            unjournaled: AtomicU64::new(0),
+            unjournaled_flushed: AtomicU64::new(0),
         }
+    }
+
+    /// A member data-area write that does not go through the journal is about to be issued
+    /// (allocation-map pages): the next FLUSH flushes the members.
+    pub(crate) fn note_unjournaled(&self) {
+        self.unjournaled.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Unjournaled writes noted so far (read before a flush of every member).
+    pub(crate) fn unjournaled_issued(&self) -> u64 {
+        self.unjournaled.load(Ordering::Acquire)
+    }
+
+    /// A flush of every member that began after `seen` unjournaled writes completed.
+    pub(crate) fn unjournaled_covered(&self, seen: u64) {
+        self.unjournaled_flushed.fetch_max(seen, Ordering::AcqRel);
+    }
+
+    /// The failed set, or `Failed` if an array of geometry `geo` over these members cannot
+    /// serve every byte. Members being rebuilt count as lost here (they do not hold every
+    /// unit yet) but are not in the set returned: writes go to them.
+    pub(crate) fn check_serving(&self, geo: &Geometry) -> Result<MemberSet, ArrayError> {
+        let f = self.failed();
+        if geo.survives(self.degraded()) {
+            Ok(f)
+        } else {
+            Err(ArrayError::Failed {
+                lost: self.degraded().len(),
+                members: geo.members,
+                level: geo.level,
+                tolerates: geo.fault_tolerance(),
+            })
+        }
+    }
+
+    /// Whether an unjournaled write was noted that no completed flush covers yet.
+    pub(crate) fn unjournaled_pending(&self) -> bool {
+        self.unjournaled.load(Ordering::Acquire) != self.unjournaled_flushed.load(Ordering::Acquire)
     }
 
     /// Start of the data area on every member.

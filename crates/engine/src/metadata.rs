@@ -13,9 +13,9 @@
 //! * Rounds are serialised by one async mutex; a round that itself fails a member runs again.
 //!   Nothing that can fail a member (and so needs a round) runs while holding it.
 
-use crate::array::Array;
 use crate::buf;
 use crate::dev::BlockDev;
+use crate::members::{MemberData, Members};
 use futures::future::join_all;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -144,334 +144,73 @@ fn superblock_of(meta: &Meta, i: usize) -> (usize, u64, crate::buf::IoBuf) {
     (slot, (slot * SB_SIZE) as u64, buf::copy_of(&sb.encode()))
 }
 
-impl<D: BlockDev> Array<D> {
+impl Metadata {
     /// Marks a member failed (logging the cause) and waits until the failure is durable.
-    pub(crate) async fn fail_member(&self, member: usize, err: &io::Error) {
+    pub(crate) async fn fail_member<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        member: usize,
+        err: &io::Error,
+    ) {
         if crate::members::is_stale(err) {
             // From the device the slot had before: its failure is on disk already.
             tracing::debug!("member {member}: {err}");
             return;
         }
-        if self.members.mark_failed(member) {
+        if members.mark_failed(member) {
             tracing::error!(
                 "member {member} ({}) failed: {err}; marking it faulty",
-                self.members.name(member).unwrap_or("?")
+                members.name(member).unwrap_or("?")
             );
         }
-        self.failure_barrier().await;
-    }
-
-    /// Fails member `i` on the operator's request (`uraid fail`, mdadm --fail), durably.
-    /// Refused: an unknown or already failed member, one whose loss the array cannot
-    /// survive, and, without `force`, one that would leave no redundancy.
-    pub async fn fail_by_operator(
-        self: &std::sync::Arc<Self>,
-        i: usize,
-        force: bool,
-    ) -> Result<(), String> {
-        let g = self.geo;
-        if i >= g.members {
-            return Err(format!("no member {i}: the array has {}", g.members));
-        }
-        self.on_reactor(move |a| async move {
-            // Checked and marked under the superblock lock: two operator commands at once
-            // cannot both pass the check.
-            {
-                let _meta = a.meta.state.lock().await;
-                if a.members.is_failed(i) {
-                    return Err(format!("member {i} is already failed or missing"));
-                }
-                g.check_fail(a.members.degraded(), i, force)?;
-                if a.needs_resync() && a.journal_active().is_none() && g.level.is_parity() && !force
-                {
-                    return Err(format!(
-                        "a resync is pending (unclean stop): failing member {i} now would make \
-                         the stripes not yet resynced unreadable where it held data; wait for \
-                         the resync or pass --force"
-                    ));
-                }
-                a.members.mark_failed(i);
-                tracing::error!(
-                    "member {i} ({}) failed by the operator; marking it faulty",
-                    a.members.name(i).unwrap_or("?")
-                );
-            }
-            a.failure_barrier().await;
-            Ok(())
-        })
-        .await
-        .unwrap_or_else(|| Err("the server is stopping".to_string()))
-    }
-
-    /// Removes member `i` from the running array (`uraid remove`, mdadm --remove): its slot
-    /// is recorded with no device (`REMOVED_SLOT`), so the device is refused from now on and
-    /// the slot waits for a new member (`add`, or a spare). An active or rebuilding member is
-    /// failed first, with `fail_by_operator`'s refusals (and `force`). Durable when it
-    /// returns.
-    pub async fn remove_member(
-        self: &std::sync::Arc<Self>,
-        i: usize,
-        force: bool,
-    ) -> Result<String, String> {
-        let g = self.geo;
-        if i >= g.members {
-            return Err(format!("no member {i}: the array has {}", g.members));
-        }
-        if self.meta_frozen() {
-            return Err("the array's metadata is read-only".into());
-        }
-        if self.meta.removed().contains(i) {
-            return Err(format!("member {i} was removed already"));
-        }
-        if self.members.replacement(i).is_some() {
-            return Err(format!(
-                "member {i} is being replaced: cancel the replace first (uraid replace --cancel)"
-            ));
-        }
-        let was = if self.members.is_failed(i) {
-            "failed"
-        } else {
-            self.fail_by_operator(i, force).await?;
-            "active"
-        };
-        self.on_reactor(move |a| async move {
-            let mut meta = a.meta.state.lock().await;
-            if !a.members.is_failed(i) {
-                return Err(format!(
-                    "member {i} was given a new device meanwhile (a spare took it over)"
-                ));
-            }
-            if a.meta.removed().contains(i) {
-                return Err(format!("member {i} was removed already"));
-            }
-            if a.members.replacement(i).is_some() {
-                return Err(format!(
-                    "member {i} failed, but a replace started meanwhile takes its slot"
-                ));
-            }
-            let name = a.members.name(i).unwrap_or("?").to_string();
-            meta.ids[i].uuid = uraid_core::format::REMOVED_SLOT;
-            a.meta.removed.fetch_or(1 << i, Ordering::AcqRel);
-            a.persist(&mut meta, true).await;
-            // The server lets go of the device (it can be added again, or used elsewhere).
-            a.members.retire(i, a.members.generation(i));
-            tracing::warn!("member {i} ({name}) removed from the array");
-            Ok(format!("member {i} ({name}, {was}) removed"))
-        })
-        .await
-        .unwrap_or_else(|| Err("the server is stopping".to_string()))
-    }
-
-    /// Slots whose member was removed and not yet replaced.
-    pub fn removed(&self) -> MemberSet {
-        self.meta.removed()
-    }
-
-    /// Puts `dev` into the lowest failed slot of the running array (`uraid add` on a server,
-    /// or a hot spare taking over), durably: its metadata area is zeroed (no stale map or
-    /// bitmap can be merged from it), then in one superblock round the slot is recorded
-    /// rebuilding from unit 0 with `uuid` (the new member gets its superblock too); from
-    /// then on writes reach it and the rebuild (`Array::rebuild`) fills it. The caller then
-    /// rewrites the member metadata (`Volume::add_member` does). Returns the slot.
-    pub async fn add_member_online(
-        self: &std::sync::Arc<Self>,
-        dev: D,
-        uuid: [u8; 16],
-    ) -> Result<usize, String> {
-        let g = self.geo;
-        self.check_new_size(&dev)?;
-        if g.fault_tolerance() == 0 {
-            return Err(format!(
-                "{} has no redundancy to rebuild a member from",
-                g.level
-            ));
-        }
-        if self.meta_frozen() {
-            return Err("the array's metadata is read-only".into());
-        }
-        self.on_reactor(move |a| async move { a.add_member_here(dev, uuid).await })
-            .await
-            .unwrap_or_else(|| Err("the server is stopping".into()))
-    }
-
-    async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
-        let name = dev.name().to_string();
-        // A refused add writes nothing to the device; the metadata area is cleared before
-        // the superblock lock (a hanging new device must not hold it), and the slot chosen
-        // under it.
-        if !self.can_take_member() {
-            return Err("the array has no failed or missing member to replace".into());
-        }
-        self.clear_metadata_area(&dev).await?;
-        // No journal record that wrote a failed slot's old member may be replayed onto the
-        // new device (journal_retire_slot): the failures durable, then those records
-        // checkpointed away, before the slot is chosen (again, if another failed meanwhile).
-        let mut retired = MemberSet::EMPTY;
-        let (mut meta, slot) = loop {
-            self.failure_barrier().await;
-            for i in self.members.failed().minus(retired).iter() {
-                self.journal_retire_slot(i).await;
-                retired = retired.with(i);
-            }
-            // Past the tolerance the records stay (a forced assembly may want them), so no
-            // device may take a slot they wrote.
-            self.check_serving().map_err(|e| e.to_string())?;
-            let meta = self.meta.state.lock().await;
-            // A slot whose old member failed during a replace is its replacement's.
-            let Some(slot) = self
-                .members
-                .failed()
-                .iter()
-                .find(|&i| self.members.replacement(i).is_none())
-            else {
-                return Err("the array has no failed or missing member to replace".into());
-            };
-            if retired.contains(slot) {
-                break (meta, slot);
-            }
-        };
-        if !self.members.can_install(slot) {
-            return Err(format!(
-                "slot {slot} was given {} devices this session already; restart the server to \
-                 add another",
-                crate::members::MAX_GENERATIONS - 1
-            ));
-        }
-        self.failure_on_disk(&mut meta, slot).await;
-        if self.members.install(slot, dev).is_err() {
-            return Err(format!("slot {slot}: no room for another device"));
-        }
-        tracing::warn!(
-            "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"
-        );
-        self.start_rebuilding_slot(meta, slot, uuid, &name).await?;
-        Ok(slot)
-    }
-
-    /// Refuses a new device smaller than a member.
-    pub(crate) fn check_new_size(&self, dev: &D) -> Result<(), String> {
-        let need = self.members.data_offset() + self.geo.member_data;
-        if dev.size() < need {
-            return Err(format!(
-                "{}: too small ({} bytes); a member needs at least {need}",
-                dev.name(),
-                dev.size()
-            ));
-        }
-        Ok(())
-    }
-
-    /// Zeroes and flushes a new device's bytes before the data area: no stale superblock,
-    /// bitmap or map sector with a valid checksum can survive on it.
-    pub(crate) async fn clear_metadata_area(&self, dev: &D) -> Result<(), String> {
-        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
-        let (r, _) = dev.write(0, zeros).await;
-        r.and(dev.flush().await)
-            .map_err(|e| format!("{}: clearing its metadata area: {e}", dev.name()))
-    }
-
-    /// Before a failed slot gets a new device: its failure is on disk (state failed, no
-    /// checkpoint, its old uuid), so a crash before the round that names the new device
-    /// leaves it failed, never trusting the new one.
-    pub(crate) async fn failure_on_disk(&self, meta: &mut Meta, slot: usize) {
-        if !self.meta.persisted().contains(slot)
-            || meta.sb.states[slot] != MemberState::Failed
-            || meta.sb.rebuilt[slot] != 0
-        {
-            self.persist(meta, true).await;
-        }
-    }
-
-    /// Slot `slot` was just given its new device (its metadata area zeroed): it is recorded
-    /// rebuilding from unit 0 with device uuid `uuid` in one round (the device gets its
-    /// first superblock from that round, so a torn round leaves it without any: missing),
-    /// then every bitmap copy is made equal to memory. The caller rewrites the map pages.
-    pub(crate) async fn start_rebuilding_slot(
-        &self,
-        mut meta: tokio::sync::MutexGuard<'_, Meta>,
-        slot: usize,
-        uuid: [u8; 16],
-        name: &str,
-    ) -> Result<(), String> {
-        meta.ids[slot] = MemberId {
-            uuid,
-            sb_slot: 1,
-            events: meta.sb.events,
-        };
-        meta.sb.rebuilt[slot] = 0;
-        self.meta.removed.fetch_and(!(1 << slot), Ordering::AcqRel);
-        self.members.start_rebuilding(slot);
-        self.persist(&mut meta, true).await;
-        drop(meta);
-        if self.members.is_failed(slot) {
-            return Err(format!(
-                "{name}: its superblock could not be written; failed again"
-            ));
-        }
-        // Every member's bitmap copy (the new one's is zero) made equal to memory.
-        self.bitmap_sync_all().await;
-        Ok(())
-    }
-
-    /// Whether a device could be added now: a failed slot with room for another device.
-    pub fn can_take_member(&self) -> bool {
-        self.members
-            .failed()
-            .iter()
-            .find(|&i| self.members.replacement(i).is_none())
-            .is_some_and(|i| self.members.can_install(i))
-    }
-
-    /// The array's current superblock (a spare added while serving carries a copy).
-    pub async fn superblock(&self) -> Superblock {
-        self.meta.state.lock().await.sb.clone()
+        self.failure_barrier(members).await;
     }
 
     /// Waits until every failure known now is recorded in the superblocks of the survivors.
     /// Cheap when nothing failed since the last round (two atomic loads).
-    pub(crate) async fn failure_barrier(&self) {
-        let f = self.members.failed();
-        if f.minus(self.meta.persisted()).is_empty() {
-            if self.members.replacement_failures().is_empty() {
+    pub(crate) async fn failure_barrier<D: BlockDev>(&self, members: &Members<D>) {
+        let f = members.failed();
+        if f.minus(self.persisted()).is_empty() {
+            if members.replacement_failures().is_empty() {
                 return;
             }
             // A replacement failed while being swapped in: its swap round (which holds the
             // superblock lock) decides whether that failed the slot; wait for it.
-            Box::pin(async { drop(self.meta.state.lock().await) }).await;
-            if self
-                .members
-                .failed()
-                .minus(self.meta.persisted())
-                .is_empty()
-            {
+            Box::pin(async { drop(self.state.lock().await) }).await;
+            if members.failed().minus(self.persisted()).is_empty() {
                 return;
             }
         }
         // Boxed: the superblock round is a large future that every write would otherwise
         // carry (and move) for nothing.
         Box::pin(async {
-            let mut meta = self.meta.state.lock().await;
-            self.persist(&mut meta, false).await;
+            let mut meta = self.state.lock().await;
+            self.persist(members, &mut meta, false).await;
         })
         .await
     }
 
     /// Writes a superblock round if the failed set changed (or `force`), until one round
     /// completes without failing anyone new.
-    pub(crate) async fn persist(&self, meta: &mut Meta, force: bool) {
+    pub(crate) async fn persist<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        force: bool,
+    ) {
         let mut force = force;
         loop {
-            let failed = self.members.failed();
-            if !force && failed.minus(self.meta.persisted()).is_empty() {
+            let failed = members.failed();
+            if !force && failed.minus(self.persisted()).is_empty() {
                 return;
             }
             force = false;
-            if self.meta.frozen {
+            if self.frozen {
                 // Nothing is written; the in-memory failure is all there is.
-                self.meta.persisted.store(failed.bits(), Ordering::Release);
+                self.persisted.store(failed.bits(), Ordering::Release);
                 return;
             }
-            self.catch_up(meta, failed).await;
+            self.catch_up(members, meta, failed).await;
             meta.sb.events += 1;
             meta.sb.utime = now();
             // A replacement being swapped in takes the slot's identity in this round (only
@@ -481,7 +220,7 @@ impl<D: BlockDev> Array<D> {
             let mut again = false;
             if let Some(Swap::Pending { slot: s, gen, uuid }) = meta.swap {
                 if !failed.contains(s) {
-                    if self.members.begin_swap(s, gen) {
+                    if members.begin_swap(s, gen) {
                         swap_old = Some((s, gen, meta.ids[s]));
                         meta.ids[s] = MemberId {
                             uuid,
@@ -496,8 +235,8 @@ impl<D: BlockDev> Array<D> {
             // Against the same snapshot of the failed set: a rebuilding member that fails
             // meanwhile is written as rebuilding (its next round records it failed), never
             // as active.
-            let rebuilding = self.members.rebuilding_marked().minus(failed);
-            for i in 0..self.geo.members {
+            let rebuilding = members.rebuilding_marked().minus(failed);
+            for i in 0..members.count() {
                 meta.sb.states[i] = if failed.contains(i) {
                     MemberState::Failed
                 } else if rebuilding.contains(i) {
@@ -514,15 +253,15 @@ impl<D: BlockDev> Array<D> {
                     meta.sb.slot_uuids[i] = meta.ids[i].uuid;
                 }
             }
-            let live = MemberSet::all(self.geo.members).minus(failed);
+            let live = MemberSet::all(members.count()).minus(failed);
             // A replacement being swapped in gets its superblock first, durably, before any
             // other member's names it: a crash in between leaves a round one event behind
             // on the others (taken), never a slot naming a device with no superblock.
             let mut swapped = None;
             if let Some((s, gen, old)) = swap_old {
                 let (slot, at, block) = superblock_of(meta, s);
-                let r = match self.members.write_gen(s, gen, at, block).await {
-                    Ok(()) => self.members.flush_gen(s, gen).await,
+                let r = match members.write_gen(s, gen, at, block).await {
+                    Ok(()) => members.flush_gen(s, gen).await,
                     Err(e) => Err(e),
                 };
                 match r {
@@ -532,7 +271,7 @@ impl<D: BlockDev> Array<D> {
                         meta.ids[s].sb_slot = slot;
                         meta.ids[s].events = meta.sb.events;
                         meta.swap = Some(Swap::Done);
-                        self.members.promote_replacement(s);
+                        members.promote_replacement(s);
                         swapped = Some(s);
                     }
                     Err(e) => {
@@ -556,8 +295,8 @@ impl<D: BlockDev> Array<D> {
                 async move {
                     // Superblocks go to the current device only: never mirrored to a
                     // replacement, which must not claim the slot before it has it.
-                    let r = match self.members.write_cur(i, at, block).await {
-                        Ok(()) => self.members.flush(i).await,
+                    let r = match members.write_cur(i, at, block).await {
+                        Ok(()) => members.flush(i).await,
                         Err(e) => Err(e),
                     };
                     (i, slot, r)
@@ -574,15 +313,15 @@ impl<D: BlockDev> Array<D> {
                         tracing::error!(
                             "member {i}: superblock update failed: {e}; marking it faulty"
                         );
-                        self.members.mark_failed(i);
+                        members.mark_failed(i);
                         newly = true;
                     }
                 }
             }
             // Exactly what this round wrote (a slot given a new device is no longer failed
             // on disk; its next failure must be written again).
-            self.meta.persisted.store(failed.bits(), Ordering::Release);
-            self.meta.events.store(meta.sb.events, Ordering::Release);
+            self.persisted.store(failed.bits(), Ordering::Release);
+            self.events.store(meta.sb.events, Ordering::Release);
             if again {
                 force = true;
                 continue;
@@ -597,8 +336,13 @@ impl<D: BlockDev> Array<D> {
     /// forced) up to the array's current superblock, without a new event, before a round:
     /// otherwise a crash tearing that round would leave them two events behind and refused.
     /// A member that cannot be written is failed (the round that follows records it).
-    async fn catch_up(&self, meta: &mut Meta, failed: MemberSet) {
-        let behind: Vec<usize> = MemberSet::all(self.geo.members)
+    async fn catch_up<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        failed: MemberSet,
+    ) {
+        let behind: Vec<usize> = MemberSet::all(members.count())
             .minus(failed)
             .iter()
             .filter(|&i| meta.ids[i].events < meta.sb.events)
@@ -609,8 +353,8 @@ impl<D: BlockDev> Array<D> {
         let writes = behind.iter().map(|&i| {
             let (slot, at, block) = superblock_of(meta, i);
             async move {
-                let r = match self.members.write_cur(i, at, block).await {
-                    Ok(()) => self.members.flush(i).await,
+                let r = match members.write_cur(i, at, block).await {
+                    Ok(()) => members.flush(i).await,
                     Err(e) => Err(e),
                 };
                 (i, slot, r)
@@ -628,7 +372,7 @@ impl<D: BlockDev> Array<D> {
                 }
                 Err(e) => {
                     tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
-                    self.members.mark_failed(i);
+                    members.mark_failed(i);
                 }
             }
         }
@@ -637,86 +381,163 @@ impl<D: BlockDev> Array<D> {
     /// Records the rebuild checkpoints `to` (member, units it holds) in a superblock round.
     /// Caller flushed those members after the writes the checkpoints cover. A member whose
     /// rebuild finished (no longer rebuilding) is recorded active.
-    pub(crate) async fn persist_rebuilt(&self, to: &[(usize, u64)]) {
-        let mut meta = self.meta.state.lock().await;
+    pub(crate) async fn persist_rebuilt<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        to: &[(usize, u64)],
+    ) {
+        let mut meta = self.state.lock().await;
         for &(i, r) in to {
             meta.sb.rebuilt[i] = r;
         }
-        self.persist(&mut meta, true).await;
+        self.persist(members, &mut meta, true).await;
     }
 
     /// The superblocks say "not clean" but the array is consistent (journal replayed): the
     /// next clean stop records "clean" even if nothing is written meanwhile.
     pub(crate) fn clean_round_due(&self) {
-        self.meta.clean_round_due.store(true, Ordering::Release);
+        self.clean_round_due.store(true, Ordering::Release);
     }
 
     /// Whether superblocks are never written (read-only benchmarks).
-    pub(crate) fn meta_frozen(&self) -> bool {
-        self.meta.frozen
+    pub(crate) fn frozen(&self) -> bool {
+        self.frozen
     }
 
     /// A superblock round recording that the array has no journal any more (the journal
     /// failed: bitmap mode from now on, journal.rs).
-    pub(crate) async fn drop_journal_from_superblocks(&self) {
-        if self.meta.frozen {
+    pub(crate) async fn drop_journal<D: BlockDev>(&self, members: &Members<D>) {
+        if self.frozen {
             return;
         }
-        let mut meta = self.meta.state.lock().await;
+        let mut meta = self.state.lock().await;
         if meta.sb.journal.take().is_some() {
-            self.persist(&mut meta, true).await;
+            self.persist(members, &mut meta, true).await;
         }
     }
 
-    /// Before the first write of a session: superblocks say "not clean".
-    pub(crate) async fn ensure_dirty(&self) {
-        if self.meta.dirty.load(Ordering::Acquire) {
+    /// Before the first write of a session: superblocks say "not clean", then
+    /// `sync_bitmap` runs (every member's bitmap copy made equal to the bits in memory,
+    /// `WriteIntent::sync_all`) before any write relies on them. Not under the superblock
+    /// lock: a member failing there is recorded by a superblock round.
+    pub(crate) async fn ensure_dirty<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        sync_bitmap: impl std::future::Future<Output = ()>,
+    ) {
+        if self.dirty.load(Ordering::Acquire) {
             return;
         }
         Box::pin(async {
-            let _first = self.meta.first_write.lock().await;
-            if self.meta.dirty.load(Ordering::Acquire) {
+            let _first = self.first_write.lock().await;
+            if self.dirty.load(Ordering::Acquire) {
                 return;
             }
             {
-                let mut meta = self.meta.state.lock().await;
+                let mut meta = self.state.lock().await;
                 meta.sb.clean = false;
-                self.persist(&mut meta, true).await;
+                self.persist(members, &mut meta, true).await;
             }
-            // Every member's bitmap copy made equal to the bits in memory before any write
-            // relies on them (bitmap.rs). Not under the superblock lock: a member failing
-            // here is recorded by a superblock round.
-            self.bitmap_sync_all().await;
-            self.meta.dirty.store(true, Ordering::Release);
+            sync_bitmap.await;
+            self.dirty.store(true, Ordering::Release);
         })
         .await
     }
 
-    /// Flushes every member and, if anything was written since assembly and no resync is
-    /// still due, records a clean shutdown in the superblocks. A session that only read leaves them untouched: members
-    /// that were merely absent are not marked failed, since their data is still current.
-    pub async fn close(&self) -> Result<(), crate::ArrayError> {
-        // Deferred member writes (write-back journal) land first.
-        self.journal_drain().await;
-        self.flush_members().await;
-        self.check_serving()?;
-        // Everything is on the members: the journal is emptied (nothing to replay).
-        self.journal_checkpoint().await;
-        // Regions written this session are idle and flushed: their bits go (resync's
-        // unfinished regions keep theirs, so the next start resumes there).
-        self.bitmap_close().await;
-        let mut meta = self.meta.state.lock().await;
+    /// The last round of a clean stop (the caller drained, flushed and checkpointed): if
+    /// anything was written since assembly (or a replay left a clean round due) and
+    /// `still_due()` (asked under the superblock lock: an unfinished resync) is false, the
+    /// superblocks record "clean".
+    pub(crate) async fn record_clean<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        still_due: impl FnOnce() -> bool,
+    ) {
+        let mut meta = self.state.lock().await;
         // An unfinished resync keeps the array "not clean": the next start resyncs again.
-        let due = self.meta.dirty.load(Ordering::Acquire)
-            || self.meta.clean_round_due.load(Ordering::Acquire);
-        if due && !self.needs_resync() {
+        let due =
+            self.dirty.load(Ordering::Acquire) || self.clean_round_due.load(Ordering::Acquire);
+        if due && !still_due() {
             meta.sb.clean = true;
-            self.persist(&mut meta, true).await;
-            self.meta.dirty.store(false, Ordering::Release);
-            self.meta.clean_round_due.store(false, Ordering::Release);
+            self.persist(members, &mut meta, true).await;
+            self.dirty.store(false, Ordering::Release);
+            self.clean_round_due.store(false, Ordering::Release);
         }
-        drop(meta);
-        self.check_serving().map(|_| ())
+    }
+
+    /// The superblock lock: a round, or an operator command's check and its round.
+    pub(crate) async fn lock(&self) -> tokio::sync::MutexGuard<'_, Meta> {
+        self.state.lock().await
+    }
+
+    /// Slot `i`'s member is removed (`REMOVED_SLOT`); the caller's round records it.
+    pub(crate) fn mark_removed(&self, i: usize) {
+        self.removed.fetch_or(1 << i, Ordering::AcqRel);
+    }
+
+    /// Slot `i` has a member again.
+    pub(crate) fn clear_removed(&self, i: usize) {
+        self.removed.fetch_and(!(1 << i), Ordering::AcqRel);
+    }
+
+    /// Runs `op` on every live member of `set` concurrently. A member whose op fails is
+    /// failed (durably, before this returns); the successes are returned. This is the one
+    /// place whole-array operations (flush, metadata pages) apply the error policy.
+    pub(crate) async fn each_live<D: BlockDev, T, F, Fut>(
+        &self,
+        members: &Members<D>,
+        set: MemberSet,
+        op: F,
+    ) -> Vec<(usize, T)>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: std::future::Future<Output = io::Result<T>>,
+    {
+        let live = set.minus(members.failed());
+        let results = join_all(live.iter().map(|i| {
+            let f = op(i);
+            async move { (i, f.await) }
+        }))
+        .await;
+        let mut ok = Vec::with_capacity(results.len());
+        for (i, r) in results {
+            match r {
+                Ok(v) => ok.push((i, v)),
+                Err(e) => self.fail_member(members, i, &e).await,
+            }
+        }
+        ok
+    }
+
+    /// Writes `(member, data-area offset, buffer)` concurrently. A member whose write fails
+    /// is failed: what was written stays consistent without it.
+    pub(crate) async fn write_members<D: BlockDev, T: Into<MemberData>>(
+        &self,
+        members: &Members<D>,
+        writes: Vec<(usize, u64, T)>,
+    ) {
+        let results = join_all(
+            writes
+                .into_iter()
+                .map(|(m, at, b)| async move { (m, members.write(m, at, b).await) }),
+        )
+        .await;
+        for (m, r) in results {
+            if let Err(e) = r {
+                self.fail_member(members, m, &e).await;
+            }
+        }
+    }
+
+    /// Flushes every live member (whatever the journal mode) and waits for the failure
+    /// barrier; the member writes that bypassed the journal until now are then flushed
+    /// (`Members::unjournaled_flushed`).
+    pub(crate) async fn flush_members<D: BlockDev>(&self, members: &Members<D>) {
+        let seen = members.unjournaled_issued();
+        let all = MemberSet::all(members.count());
+        self.each_live(members, all, |i| members.flush(i)).await;
+        self.failure_barrier(members).await;
+        members.unjournaled_covered(seen);
     }
 }
 

@@ -146,7 +146,7 @@ impl<D: BlockDev> Volume<D> {
             v.array.flush_members().await;
             v.array.check_serving().map(|_| ())
         };
-        match &self.array.rt {
+        match self.array.rt() {
             Some(rt) => rt
                 .spawn_on(0, pages)
                 .await
@@ -461,7 +461,7 @@ impl<D: BlockDev> Volume<D> {
         let image = Arc::new(self.map.page_image(p, set, clear));
         let at = MAP_OFFSET + (p * PAGE) as u64;
         let all = MemberSet::all(self.geometry().members);
-        let members = &self.array.members;
+        let members = self.array.members();
         self.array
             .each_live(all, |i| members.write_raw(i, at, buf::copy_of(&image)))
             .await;

@@ -529,7 +529,7 @@ pub fn reassemble_on(
     let array = match (plan.sb.journal, journal.and_then(|j| images.get(j))) {
         (Some((_, mode)), Some(img)) => {
             let jdev = make_dev(journal.expect("journal image"), img.clone());
-            uraid_engine::journal::replay(jdev, mode, &plan.sb, devs, build)
+            uraid_engine::assemble::replay(jdev, mode, &plan.sb, devs, build)
                 .map_err(|e| format!("journal replay: {e}"))?
         }
         (Some(_), None) => return Err("the array has a journal and none was given".into()),

@@ -1,6 +1,9 @@
-//! Background recovery work, beside `stripe/` and under the same stripe locks: resync of an
-//! array that was not stopped cleanly (`resync.rs`), rebuild of new members (`rebuild.rs`)
-//! and scrub (`scrub.rs`).
+//! Background recovery work, under the same stripe locks as client writes: resync of an
+//! array that was not stopped cleanly (`resync.rs`), rebuild of new members (`rebuild.rs`),
+//! replace (`replace.rs`) and scrub (`scrub.rs`). These walks drive the array (they sit above
+//! `array/` and reach its components through its accessors); the state the array's request
+//! paths consult while they run (resync's synced set, progress, the replace under way, scrub
+//! counts, throttle) is `state.rs`, below the array.
 //!
 //! Progress of a background operation is published through `Progress` (status, metrics,
 //! `uraid watch`); its pace by `Pacer`; its stripe work goes to the reactors through
@@ -10,19 +13,17 @@ mod rebuild;
 mod replace;
 mod resync;
 mod scrub;
+pub(crate) mod state;
 
 pub use rebuild::RebuildReport;
 pub use replace::ReplaceOutcome;
-pub(crate) use replace::Replacing;
 pub use resync::ResyncReport;
-pub(crate) use resync::ResyncState;
-pub(crate) use scrub::ScrubCounts;
-pub use scrub::{ScrubMode, ScrubReport};
+pub use state::{Priority, Progress, ProgressView, ScrubMode, ScrubReport, Throttle};
 
 use crate::array::Array;
 use crate::dev::BlockDev;
 use futures::future::join_all;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,83 +31,6 @@ use std::time::{Duration, Instant};
 /// member): enough to keep each member's queue busy, few enough that client I/O is never
 /// far behind it.
 pub(crate) const BATCH: usize = 8;
-
-/// How hard background work (resync, rebuild, scrub) may push while clients are active,
-/// and how fast it may go: the array's live settings (`Array::set_throttle`; `uraid serve
-/// --background-budget/--resync-min/--resync-max/--priority`, `uraid throttle` on a running
-/// server). Every walk reads them at each round, so a change applies at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Throttle {
-    /// Units in flight while clients are active (OpenZFS's rule: one unit reads one chunk
-    /// of each member it needs, so about one background I/O per member); 0: md's
-    /// `min_bytes_per_second` rule instead.
-    pub budget: usize,
-    /// Rate while clients are active when there is no budget (md's sync_speed_min); 0:
-    /// unlimited.
-    pub min_bytes_per_second: u64,
-    /// Rate while clients are idle (md's sync_speed_max); 0: unlimited.
-    pub max_bytes_per_second: u64,
-    /// With a budget: how long background work pauses after each round while clients are
-    /// active.
-    pub priority: Priority,
-}
-
-impl Throttle {
-    /// No throttle at all (the engine's default; the server sets its own).
-    pub const UNLIMITED: Throttle = Throttle {
-        budget: 0,
-        min_bytes_per_second: 0,
-        max_bytes_per_second: 0,
-        priority: Priority::Normal,
-    };
-}
-
-impl Default for Throttle {
-    fn default() -> Self {
-        Throttle::UNLIMITED
-    }
-}
-
-/// The share of time background work holds its budget while clients are active: after a
-/// round of `budget` units it pauses for the round's time times `pause_factor`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Priority {
-    /// Pauses twice the round's time: the budget is held a third of the time.
-    Low,
-    /// Pauses half the round's time: held two thirds of the time (the default).
-    Normal,
-    /// No pause: the budget is always in flight (clients still see at most `budget` units
-    /// of background I/O ahead of them).
-    High,
-}
-
-impl Priority {
-    pub fn name(self) -> &'static str {
-        match self {
-            Priority::Low => "low",
-            Priority::Normal => "normal",
-            Priority::High => "high",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Priority> {
-        match s {
-            "low" => Some(Priority::Low),
-            "normal" => Some(Priority::Normal),
-            "high" => Some(Priority::High),
-            _ => None,
-        }
-    }
-
-    /// Pause after a busy round, as a multiple of the round's time (numerator, denominator).
-    fn pause_factor(self) -> (u32, u32) {
-        match self {
-            Priority::Low => (2, 1),
-            Priority::Normal => (1, 2),
-            Priority::High => (0, 1),
-        }
-    }
-}
 
 /// The throttle of a walk running on its own thread, applying the array's `Throttle` as it
 /// is at each round. While clients did I/O since the last round: with a budget, rounds of
@@ -201,17 +125,29 @@ impl<D: BlockDev> Array<D> {
     /// Sets the throttle of background work (resync, rebuild, scrub); running walks apply
     /// it from their next round.
     pub fn set_throttle(&self, t: Throttle) {
-        *self.throttle.lock().unwrap_or_else(|e| e.into_inner()) = t;
+        *self
+            .recovery()
+            .throttle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = t;
     }
 
     /// The throttle background work applies now.
     pub fn throttle(&self) -> Throttle {
-        *self.throttle.lock().unwrap_or_else(|e| e.into_inner())
+        *self
+            .recovery()
+            .throttle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// A new pacer for a walk over units of `unit_bytes`.
     pub(crate) fn pacer(&self, unit_bytes: u64) -> Pacer {
-        Pacer::new(self.throttle.clone(), unit_bytes, self.client_ops())
+        Pacer::new(
+            self.recovery().throttle.clone(),
+            unit_bytes,
+            self.client_ops(),
+        )
     }
 
     /// Runs `work` over `units`: with reactors, slices of at most `BATCH` units spread over
@@ -228,7 +164,7 @@ impl<D: BlockDev> Array<D> {
         F: Fn(Arc<Self>, Vec<u64>) -> Fut + Clone + Send + 'static,
         Fut: std::future::Future<Output = Vec<T>> + 'static,
     {
-        match &self.rt {
+        match self.rt() {
             Some(rt) => {
                 // Spread over the reactors: a small round (the in-flight budget while
                 // clients are active) puts one unit on each rather than all on one.
@@ -254,85 +190,12 @@ impl<D: BlockDev> Array<D> {
         F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = T> + 'static,
     {
-        match &self.rt {
+        match self.rt() {
             Some(rt) => {
                 let a = self.clone();
                 rt.spawn_on(0, move || f(a)).await.ok()
             }
             None => Some(f(self.clone()).await),
-        }
-    }
-}
-
-/// Progress of one background operation, readable from any thread.
-pub struct Progress {
-    pub op: &'static str,
-    /// Work units (stripes) done and in total.
-    pub done: AtomicU64,
-    pub total: AtomicU64,
-    /// Bytes of member I/O per unit (for the rate).
-    pub unit_bytes: u64,
-    /// Stripes whose redundancy was rewritten.
-    pub repaired: AtomicU64,
-    pub running: AtomicBool,
-    started: Mutex<Option<Instant>>,
-}
-
-/// A point-in-time view of `Progress`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProgressView {
-    pub op: &'static str,
-    pub running: bool,
-    pub done: u64,
-    pub total: u64,
-    pub repaired: u64,
-    /// 0..=1.
-    pub fraction: f64,
-    pub bytes_per_second: f64,
-    pub eta_seconds: Option<f64>,
-}
-
-impl Progress {
-    pub fn new(op: &'static str, total: u64, unit_bytes: u64) -> Progress {
-        Progress {
-            op,
-            done: AtomicU64::new(0),
-            total: AtomicU64::new(total),
-            unit_bytes,
-            repaired: AtomicU64::new(0),
-            running: AtomicBool::new(false),
-            started: Mutex::new(None),
-        }
-    }
-
-    pub(crate) fn start(&self) {
-        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        self.running.store(true, Ordering::Release);
-    }
-
-    pub fn view(&self) -> ProgressView {
-        let done = self.done.load(Ordering::Acquire);
-        let total = self.total.load(Ordering::Acquire).max(1);
-        let secs = self
-            .started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map_or(0.0, |t| t.elapsed().as_secs_f64());
-        let rate = if secs > 0.0 {
-            done as f64 * self.unit_bytes as f64 / secs
-        } else {
-            0.0
-        };
-        let left = total.saturating_sub(done) as f64 * self.unit_bytes as f64;
-        ProgressView {
-            op: self.op,
-            running: self.running.load(Ordering::Acquire),
-            done,
-            total,
-            repaired: self.repaired.load(Ordering::Acquire),
-            fraction: done as f64 / total as f64,
-            bytes_per_second: rate,
-            eta_seconds: (rate > 0.0).then(|| left / rate),
         }
     }
 }

@@ -55,16 +55,16 @@ pub struct RebuildReport {
 impl<D: BlockDev> Array<D> {
     /// Members being rebuilt and their checkpoints (units they hold).
     pub fn rebuild_state(&self) -> Vec<(usize, u64)> {
-        self.members
+        self.members()
             .rebuilding()
             .iter()
-            .map(|i| (i, self.members.rebuilt(i)))
+            .map(|i| (i, self.members().rebuilt(i)))
             .collect()
     }
 
     /// Progress of the running (or last) rebuild.
     pub fn rebuild_progress(&self) -> crate::recovery::ProgressView {
-        self.rebuild.view()
+        self.recovery().rebuild_progress.view()
     }
 
     /// Rebuilds every member that is being rebuilt, from its checkpoint, while the array
@@ -81,17 +81,17 @@ impl<D: BlockDev> Array<D> {
         persist_every: Duration,
     ) -> Result<RebuildReport, ArrayError> {
         let mut report = RebuildReport::default();
-        let units = self.geo.units();
+        let units = self.geo().units();
         let (name, _, _) = self.identity();
         let name = name.to_string();
-        let p = &self.rebuild;
+        let p = &self.recovery().rebuild_progress;
         let t0 = Instant::now();
-        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
+        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
         // A member added while the walk ran (its checkpoint behind the walk) is picked up by
         // the next pass.
         loop {
-            let targets = self.members.rebuilding();
-            let Some(start) = targets.iter().map(|i| self.members.rebuilt(i)).min() else {
+            let targets = self.members().rebuilding();
+            let Some(start) = targets.iter().map(|i| self.members().rebuilt(i)).min() else {
                 break;
             };
             if stop.load(Ordering::Acquire) {
@@ -111,7 +111,7 @@ impl<D: BlockDev> Array<D> {
             let mut last_log = Instant::now();
             let mut next = start;
             while next < units {
-                if self.members.rebuilding().is_empty() {
+                if self.members().rebuilding().is_empty() {
                     // Every member being rebuilt failed: nothing left to do.
                     break;
                 }
@@ -131,11 +131,11 @@ impl<D: BlockDev> Array<D> {
                 // The members this batch brings forward: rebuilding from at most `next`, with
                 // the device they have now (one added or replaced during the batch is not).
                 let covered: Vec<(usize, usize)> = self
-                    .members
+                    .members()
                     .rebuilding()
                     .iter()
-                    .filter(|&t| self.members.rebuilt(t) >= next)
-                    .map(|t| (t, self.members.generation(t)))
+                    .filter(|&t| self.members().rebuilt(t) >= next)
+                    .map(|t| (t, self.members().generation(t)))
                     .collect();
                 let outcomes = self
                     .fan_out(&batch, Err(ArrayError::Shutdown), |a, b| async move {
@@ -153,7 +153,7 @@ impl<D: BlockDev> Array<D> {
                         target: "uraid_engine::recovery",
                         "array '{name}': rebuild stopped at unit {unit}: {e}; member(s) {} stay \
                          rebuilding from their last checkpoint",
-                        self.members.rebuilding()
+                        self.members().rebuilding()
                     );
                     return Err(e);
                 }
@@ -161,8 +161,10 @@ impl<D: BlockDev> Array<D> {
                 // and only if they still have the same device (one added behind the walk, or
                 // during the batch, keeps its own).
                 for &(t, gen) in &covered {
-                    if self.members.rebuilding().contains(t) && self.members.generation(t) == gen {
-                        self.members.set_rebuilt(t, end);
+                    if self.members().rebuilding().contains(t)
+                        && self.members().generation(t) == gen
+                    {
+                        self.members().set_rebuilt(t, end);
                     }
                 }
                 report.units += end - next;
@@ -191,25 +193,25 @@ impl<D: BlockDev> Array<D> {
             }
             // Every unit is on the members that reached the end: durable first, then active.
             let done_gens: Vec<(usize, usize)> = self
-                .members
+                .members()
                 .rebuilding()
                 .iter()
-                .filter(|&t| self.members.rebuilt(t) >= units)
-                .map(|t| (t, self.members.generation(t)))
+                .filter(|&t| self.members().rebuilt(t) >= units)
+                .map(|t| (t, self.members().generation(t)))
                 .collect();
             let done: MemberSet = done_gens.iter().map(|d| d.0).collect();
             if done.is_empty() {
-                if self.members.rebuilding().is_empty() {
+                if self.members().rebuilding().is_empty() {
                     break;
                 }
                 continue;
             }
             if self
                 .on_reactor(move |a| async move {
-                    a.each_live(done, |i| a.members.flush(i)).await;
+                    a.each_live(done, |i| a.members().flush(i)).await;
                     for &(t, gen) in &done_gens {
-                        if !a.members.is_failed(t) && a.members.generation(t) == gen {
-                            a.members.rebuild_done(t);
+                        if !a.members().is_failed(t) && a.members().generation(t) == gen {
+                            a.members().rebuild_done(t);
                         }
                     }
                     a.persist_rebuilt(&[]).await;
@@ -221,8 +223,8 @@ impl<D: BlockDev> Array<D> {
                 return Err(ArrayError::Shutdown);
             }
             // Units it resynced on the way (after an unclean stop) may have been the last.
-            self.resync.finish_if_all_synced();
-            let finished = done.minus(self.members.failed());
+            self.recovery().resync.finish_if_all_synced();
+            let finished = done.minus(self.members().failed());
             report.finished = report.finished.union(finished);
             p.running.store(false, Ordering::Release);
             if !finished.is_empty() {
@@ -231,7 +233,7 @@ impl<D: BlockDev> Array<D> {
                     "array '{name}': rebuild of member(s) {finished} finished in {:.1} s: the \
                      array is {}",
                     t0.elapsed().as_secs_f64(),
-                    if self.members.degraded().is_empty() {
+                    if self.members().degraded().is_empty() {
                         "fully redundant again"
                     } else {
                         "still degraded"
@@ -249,18 +251,18 @@ impl<D: BlockDev> Array<D> {
         let to: Vec<(usize, u64, usize)> = self
             .rebuild_state()
             .into_iter()
-            .map(|(i, r)| (i, r, self.members.generation(i)))
+            .map(|(i, r)| (i, r, self.members().generation(i)))
             .collect();
         if to.is_empty() {
             return;
         }
         self.on_reactor(move |a| async move {
             let set: MemberSet = to.iter().map(|t| t.0).collect();
-            a.each_live(set, |i| a.members.flush(i)).await;
+            a.each_live(set, |i| a.members().flush(i)).await;
             // A slot given another device since: its checkpoint is not this one's.
             let keep: Vec<(usize, u64)> = to
                 .iter()
-                .filter(|t| a.members.generation(t.0) == t.2)
+                .filter(|t| a.members().generation(t.0) == t.2)
                 .map(|t| (t.0, t.1))
                 .collect();
             a.persist_rebuilt(&keep).await;
@@ -274,9 +276,9 @@ impl<D: BlockDev> Array<D> {
             if self.skippable(unit) {
                 return Ok(());
             }
-            self.locks.lock(unit).await;
+            self.locks().lock(unit).await;
             let r = self.regenerate(unit, MemberSet::EMPTY).await;
-            self.locks.unlock(unit, false);
+            self.locks().unlock(unit, false);
             r
         }))
         .await
@@ -290,12 +292,12 @@ impl<D: BlockDev> Array<D> {
     /// consistent afterwards; on parity levels a data chunk decoded there came from parity
     /// that was not verified (logged: the flag accepted that risk). Caller holds the lock.
     pub(crate) async fn regenerate(&self, unit: u64, also: MemberSet) -> Result<(), ArrayError> {
-        let g = self.geo;
+        let g = self.geo();
         let len = g.chunk;
         let mut excl = MemberSet::EMPTY;
         loop {
             let failed = self.check_serving()?;
-            let targets = self.members.stale_at(unit).union(also).minus(failed);
+            let targets = self.members().stale_at(unit).union(also).minus(failed);
             if targets.is_empty() {
                 return Ok(());
             }
@@ -307,7 +309,7 @@ impl<D: BlockDev> Array<D> {
                     Attempt::Done(v) => v,
                     Attempt::Retry => continue,
                 };
-                let unsynced = self.resync.unsynced(unit);
+                let unsynced = self.recovery().resync.unsynced(unit);
                 // Parity is encoded only when a target holds parity here or the unit is
                 // resynced too (most units of a rebuilt data member need just the decode).
                 let need_parity = unsynced
@@ -325,7 +327,7 @@ impl<D: BlockDev> Array<D> {
                         .map(|b| &b.as_ref().expect("fetch_data returns every chunk")[..])
                         .collect();
                     let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-                    let codec = self.codec.as_ref().expect("parity level has a codec");
+                    let codec = self.codec().as_ref().expect("parity level has a codec");
                     codec.encode(&srcs, &mut out);
                 }
                 let at = g.member_offset(unit, 0);
@@ -334,7 +336,7 @@ impl<D: BlockDev> Array<D> {
                     if targets
                         .iter()
                         .any(|t| matches!(g.role(unit, t), Role::Data(_)))
-                        && self.resync.report_unreadable(unit)
+                        && self.recovery().resync.report_unreadable(unit)
                     {
                         let sdb = g.stripe_data_bytes();
                         tracing::error!(
@@ -387,11 +389,13 @@ impl<D: BlockDev> Array<D> {
             };
             // A target that fails here is failed like any member (its rebuild ends).
             self.write_members(writes).await;
-            if self.resync.unsynced(unit) && self.members.degraded().minus(targets).is_empty() {
+            if self.recovery().resync.unsynced(unit)
+                && self.members().degraded().minus(targets).is_empty()
+            {
                 // Every chunk of the unit was just written consistently (or, on mirrors,
                 // copied from the copy reads use and resync keeps).
                 if g.level.is_parity() {
-                    self.resync.mark(unit);
+                    self.recovery().resync.mark(unit);
                 }
             }
             return Ok(());

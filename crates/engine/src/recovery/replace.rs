@@ -30,6 +30,7 @@ use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
 use crate::metadata::Swap;
+use crate::recovery::state::Replacing;
 use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
@@ -50,27 +51,28 @@ pub enum ReplaceOutcome {
     Rebuilding { slot: usize },
 }
 
-/// The replace under way: slot, the replacement's generation and its device uuid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Replacing {
-    pub slot: usize,
-    pub gen: usize,
-    pub uuid: [u8; 16],
-}
-
 impl<D: BlockDev> Array<D> {
     /// The member being replaced, with its replacement's name and the units copied.
     pub fn replace_state(&self) -> Option<(usize, String)> {
-        let r = (*self.replacing.lock().unwrap_or_else(|e| e.into_inner()))?;
-        let (gen, name) = self.members.replacement(r.slot)?;
+        let r = (*self
+            .recovery()
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()))?;
+        let (gen, name) = self.members().replacement(r.slot)?;
         (gen == r.gen).then(|| (r.slot, name.to_string()))
     }
 
     /// Drops the replace started last if its replacement is still attached (an error
     /// before its walk could run): the member stays.
     pub fn abandon_replace(&self) {
-        if let Some(r) = *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) {
-            if self.members.drop_replacement(r.slot, r.gen) {
+        if let Some(r) = *self
+            .recovery()
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            if self.members().drop_replacement(r.slot, r.gen) {
                 tracing::warn!("member {}: replace abandoned; the member stays", r.slot);
             }
         }
@@ -78,7 +80,7 @@ impl<D: BlockDev> Array<D> {
 
     /// Progress of the running (or last) replace.
     pub fn replace_progress(&self) -> crate::recovery::ProgressView {
-        self.replace.view()
+        self.recovery().replace_progress.view()
     }
 
     /// Starts replacing active member `i` by `dev` (module docs): checks, zeroes `dev`'s
@@ -91,7 +93,7 @@ impl<D: BlockDev> Array<D> {
         dev: D,
         uuid: [u8; 16],
     ) -> Result<(), String> {
-        let g = self.geo;
+        let g = self.geo();
         if i >= g.members {
             return Err(format!("no member {i}: the array has {}", g.members));
         }
@@ -113,19 +115,24 @@ impl<D: BlockDev> Array<D> {
 
     /// Why member `i` cannot be replaced now, if it cannot.
     fn replace_refusal(&self, i: usize) -> Option<String> {
-        if self.members.is_failed(i) {
+        if self.members().is_failed(i) {
             return Some(format!(
                 "member {i} is failed or missing: add a device instead (uraid add)"
             ));
         }
-        if self.members.rebuilding().contains(i) {
+        if self.members().rebuilding().contains(i) {
             return Some(format!(
                 "member {i} is being rebuilt: it does not hold all of its data yet"
             ));
         }
-        if let Some(r) = *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(r) = *self
+            .recovery()
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             if self
-                .members
+                .members()
                 .replacement(r.slot)
                 .is_some_and(|x| x.0 == r.gen)
             {
@@ -135,7 +142,7 @@ impl<D: BlockDev> Array<D> {
                 ));
             }
         }
-        if !self.members.can_install(i) {
+        if !self.members().can_install(i) {
             return Some(format!(
                 "slot {i} was given {} devices this session already; restart the server first",
                 crate::members::MAX_GENERATIONS - 1
@@ -152,21 +159,24 @@ impl<D: BlockDev> Array<D> {
         // interleaves.
         self.replace_refusal(i).map_or(Ok(()), Err)?;
         self.clear_metadata_area(&dev).await?;
-        let meta = self.meta.state.lock().await;
+        let meta = self.meta().lock().await;
         self.replace_refusal(i).map_or(Ok(()), Err)?;
-        if self.members.set_replacement(i, dev).is_err() {
+        if self.members().set_replacement(i, dev).is_err() {
             return Err(format!("slot {i}: no room for another device"));
         }
-        let gen = self.members.generation_top(i);
-        *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Replacing { slot: i, gen, uuid });
+        let gen = self.members().generation_top(i);
+        *self
+            .recovery()
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Replacing { slot: i, gen, uuid });
         drop(meta);
         tracing::warn!(
             "member {i} ({}): being replaced by {name} (copied while it serves)",
-            self.members.name(i).unwrap_or("?")
+            self.members().name(i).unwrap_or("?")
         );
-        self.bitmap_sync_all().await;
-        if self.members.replacement(i).map(|r| r.0) != Some(gen) {
+        self.intent().sync_all(self.meta(), self.members()).await;
+        if self.members().replacement(i).map(|r| r.0) != Some(gen) {
             return Err(format!(
                 "{name}: writing its metadata failed; replace abandoned"
             ));
@@ -180,19 +190,24 @@ impl<D: BlockDev> Array<D> {
         self: &Arc<Self>,
         stop: &AtomicBool,
     ) -> Result<ReplaceOutcome, ArrayError> {
-        let Some(r) = *self.replacing.lock().unwrap_or_else(|e| e.into_inner()) else {
+        let Some(r) = *self
+            .recovery()
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        else {
             return Err(ArrayError::Refused("no replace was started".into()));
         };
         let (i, gen) = (r.slot, r.gen);
-        let units = self.geo.units();
+        let units = self.geo().units();
         let (name, _, _) = self.identity();
         let name = name.to_string();
-        let p = &self.replace;
+        let p = &self.recovery().replace_progress;
         p.total.store(units, Ordering::Release);
         p.done.store(0, Ordering::Release);
         p.start();
         let t0 = Instant::now();
-        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
+        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
         let mut pacer = self.pacer(p.unit_bytes);
         let mut next = 0u64;
         let end = |o: Result<ReplaceOutcome, ArrayError>| {
@@ -200,16 +215,16 @@ impl<D: BlockDev> Array<D> {
             o
         };
         while next < units {
-            if self.members.is_failed(i) {
+            if self.members().is_failed(i) {
                 return end(self.replacement_takes_over(r).await);
             }
-            if self.members.replacement(i).map(|x| x.0) != Some(gen) {
+            if self.members().replacement(i).map(|x| x.0) != Some(gen) {
                 return end(Err(ArrayError::Refused(format!(
                     "member {i}'s replacement failed; the member stays"
                 ))));
             }
             if stop.load(Ordering::Acquire) {
-                self.members.drop_replacement(i, gen);
+                self.members().drop_replacement(i, gen);
                 tracing::warn!(
                     target: "uraid_engine::recovery",
                     "array '{name}': replace of member {i} cancelled at unit {next} of {units}"
@@ -225,12 +240,12 @@ impl<D: BlockDev> Array<D> {
                 })
                 .await;
             if let Some(e) = outcomes.into_iter().find_map(Result::err) {
-                if self.members.is_failed(i)
-                    || self.members.replacement(i).map(|x| x.0) != Some(gen)
+                if self.members().is_failed(i)
+                    || self.members().replacement(i).map(|x| x.0) != Some(gen)
                 {
                     continue; // handled at the top
                 }
-                self.members.drop_replacement(i, gen);
+                self.members().drop_replacement(i, gen);
                 tracing::error!(
                     target: "uraid_engine::recovery",
                     "array '{name}': replace of member {i} stopped: {e}; the member stays"
@@ -263,9 +278,9 @@ impl<D: BlockDev> Array<D> {
             if self.skippable(unit) {
                 return Ok(());
             }
-            self.locks.lock(unit).await;
+            self.locks().lock(unit).await;
             let r = self.copy_unit(unit, i, gen).await;
-            self.locks.unlock(unit, false);
+            self.locks().unlock(unit, false);
             r
         }))
         .await
@@ -274,7 +289,7 @@ impl<D: BlockDev> Array<D> {
     /// Slot `i`'s chunk of `unit` onto its replacement: read from the member, or
     /// reconstructed from the rest of the stripe where it cannot be read.
     async fn copy_unit(&self, unit: u64, i: usize, gen: usize) -> Result<(), ArrayError> {
-        let g = self.geo;
+        let g = self.geo();
         let len = g.chunk;
         let (at, copies) = if g.level.is_parity() {
             (g.member_offset(unit, 0), Vec::new())
@@ -286,10 +301,10 @@ impl<D: BlockDev> Array<D> {
             }
         };
         // Members being rebuilt that do not hold this unit yet are never a source.
-        let stale = self.members.stale_at(unit);
-        let mut excl = stale.minus(self.members.failed());
+        let stale = self.members().stale_at(unit);
+        let mut excl = stale.minus(self.members().failed());
         let chunk: IoBuf = loop {
-            if self.members.is_failed(i) {
+            if self.members().is_failed(i) {
                 return Err(ArrayError::Refused(format!("member {i} failed")));
             }
             if !excl.contains(i) {
@@ -301,7 +316,7 @@ impl<D: BlockDev> Array<D> {
             // The member could not read it: from the others, unless the unit awaits resync
             // (its parity or copies may not match its data: nothing to decode from).
             let failed = self.check_serving()?;
-            if self.resync.unsynced(unit) {
+            if self.recovery().resync.unsynced(unit) {
                 return Err(ArrayError::Unreadable { members: excl });
             }
             if g.level.is_parity() {
@@ -328,7 +343,7 @@ impl<D: BlockDev> Array<D> {
                                 .collect();
                             let mut out: Vec<&mut [u8]> =
                                 parity.iter_mut().map(|b| &mut b[..]).collect();
-                            let codec = self.codec.as_ref().expect("parity level has a codec");
+                            let codec = self.codec().as_ref().expect("parity level has a codec");
                             codec.encode(&srcs, &mut out);
                         }
                         break parity.swap_remove(j);
@@ -345,11 +360,11 @@ impl<D: BlockDev> Array<D> {
                 Attempt::Retry => continue,
             }
         };
-        self.members
+        self.members()
             .write_replacement(i, gen, at, chunk)
             .await
             .map_err(|e| {
-                self.members.replacement_failed(i, gen, &e);
+                self.members().replacement_failed(i, gen, &e);
                 ArrayError::Refused(format!("member {i}'s replacement: {e}"))
             })
     }
@@ -358,20 +373,18 @@ impl<D: BlockDev> Array<D> {
     /// moment its outcome is recorded (no add, spare, remove or fail round interleaves).
     async fn swap_in(&self, r: Replacing) -> Result<ReplaceOutcome, ArrayError> {
         let i = r.slot;
-        if let Err(e) = self.members.flush_gen(i, r.gen).await {
-            self.members.replacement_failed(i, r.gen, &e);
+        if let Err(e) = self.members().flush_gen(i, r.gen).await {
+            self.members().replacement_failed(i, r.gen, &e);
             return Err(ArrayError::Refused(format!(
                 "member {i}'s replacement: flush: {e}; the member stays"
             )));
         }
-        let mut meta = self.meta.state.lock().await;
-        if self.members.is_failed(i) {
-            {
-                drop(meta);
-                return self.takeover(r).await;
-            }
+        let mut meta = self.meta().lock().await;
+        if self.members().is_failed(i) {
+            drop(meta);
+            return self.takeover(r).await;
         }
-        if self.members.replacement(i).map(|x| x.0) != Some(r.gen) {
+        if self.members().replacement(i).map(|x| x.0) != Some(r.gen) {
             return Err(ArrayError::Refused(format!(
                 "member {i}'s replacement failed; the member stays"
             )));
@@ -381,42 +394,38 @@ impl<D: BlockDev> Array<D> {
             gen: r.gen,
             uuid: r.uuid,
         });
-        self.persist(&mut meta, true).await;
+        self.meta().persist(self.members(), &mut meta, true).await;
         let swap = meta.swap.take();
         // A replacement failure during the round was held for this decision (I/O that
         // saw it waits in its failure barrier for this lock).
-        let repl_failed = self.members.take_replacement_failure(i);
+        let repl_failed = self.members().take_replacement_failure(i);
         if swap == Some(Swap::Done) {
             // Named on disk and promoted in the round: the old device is out.
-            if repl_failed && self.members.mark_failed(i) {
+            if repl_failed && self.members().mark_failed(i) {
                 // It failed a write during the round: it is the slot's device now, so the
                 // slot fails (recorded before the waiting I/O is acknowledged).
-                self.persist(&mut meta, false).await;
+                self.meta().persist(self.members(), &mut meta, false).await;
                 return Err(ArrayError::Refused(format!(
                     "member {i}'s replacement failed while being swapped in; the slot is failed"
                 )));
             }
-            if self.members.is_failed(i) {
+            if self.members().is_failed(i) {
                 // The old device failed before the promotion: writes meanwhile skipped the
                 // slot, so the new device is rebuilt.
-                {
-                    drop(meta);
-                    return self.takeover(r).await;
-                }
-            }
-            return Ok(ReplaceOutcome::Replaced { slot: i });
-        }
-        self.members.end_swap(i);
-        if swap != Some(Swap::Failed) {
-            // The slot failed before the round: it kept its old identity.
-            {
                 drop(meta);
                 return self.takeover(r).await;
             }
+            return Ok(ReplaceOutcome::Replaced { slot: i });
+        }
+        self.members().end_swap(i);
+        if swap != Some(Swap::Failed) {
+            // The slot failed before the round: it kept its old identity.
+            drop(meta);
+            return self.takeover(r).await;
         }
         // Its superblock could not be written: the round named the old device again (one
         // event past the replacement's); what failed on it is on the old one.
-        self.members.drop_replacement(i, r.gen);
+        self.members().drop_replacement(i, r.gen);
         Err(ArrayError::Refused(format!(
             "member {i}'s replacement: its superblock could not be written; the member stays"
         )))
@@ -434,12 +443,12 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// The take-over itself: the slot's failure durable, then every journal record that
-    /// wrote its old member checkpointed away (`journal_retire_slot`: replay must never
+    /// wrote its old member checkpointed away (`Journal::retire_slot`: replay must never
     /// write one onto the replacement), then, under the superblock lock, the add protocol.
     async fn takeover(&self, r: Replacing) -> Result<ReplaceOutcome, ArrayError> {
         self.failure_barrier().await;
         self.journal_retire_slot(r.slot).await;
-        let meta = self.meta.state.lock().await;
+        let meta = self.meta().lock().await;
         self.takeover_locked(meta, r).await
     }
 
@@ -450,9 +459,9 @@ impl<D: BlockDev> Array<D> {
         r: Replacing,
     ) -> Result<ReplaceOutcome, ArrayError> {
         let i = r.slot;
-        let promoted = self.members.generation(i) == r.gen;
-        if !self.members.is_failed(i)
-            || !(promoted || self.members.replacement(i).map(|x| x.0) == Some(r.gen))
+        let promoted = self.members().generation(i) == r.gen;
+        if !self.members().is_failed(i)
+            || !(promoted || self.members().replacement(i).map(|x| x.0) == Some(r.gen))
         {
             return Err(ArrayError::Refused(format!(
                 "member {i}: its replacement is gone"
@@ -461,24 +470,24 @@ impl<D: BlockDev> Array<D> {
         self.failure_on_disk(&mut meta, i).await;
         // Its metadata pages are stale now (the slot missed writes while failed): zeroed
         // again before it is named.
-        let zeros = buf::alloc(self.members.data_offset() as usize);
-        let z = match self.members.write_gen(i, r.gen, 0, zeros).await {
-            Ok(()) => self.members.flush_gen(i, r.gen).await,
+        let zeros = buf::alloc(self.members().data_offset() as usize);
+        let z = match self.members().write_gen(i, r.gen, 0, zeros).await {
+            Ok(()) => self.members().flush_gen(i, r.gen).await,
             Err(e) => Err(e),
         };
         if let Err(e) = z {
-            self.members.drop_replacement(i, r.gen);
+            self.members().drop_replacement(i, r.gen);
             return Err(ArrayError::Refused(format!(
                 "member {i}'s replacement: {e}"
             )));
         }
         if !promoted {
-            self.members.promote_replacement(i);
+            self.members().promote_replacement(i);
         }
         tracing::warn!(
             "member {i} failed during its replace: the replacement ({}) takes its slot and is \
              rebuilt from unit 0",
-            self.members.name(i).unwrap_or("?")
+            self.members().name(i).unwrap_or("?")
         );
         self.start_rebuilding_slot(meta, i, r.uuid, "the replacement")
             .await

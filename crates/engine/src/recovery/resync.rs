@@ -28,7 +28,7 @@ use crate::dev::BlockDev;
 use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uraid_core::MemberSet;
@@ -52,116 +52,11 @@ pub struct ResyncReport {
     pub deferred: u64,
 }
 
-/// Per-array resync state: which stripes are synced (one bit each), while resync is due.
-pub(crate) struct ResyncState {
-    pending: AtomicBool,
-    synced: Vec<AtomicU64>,
-    /// The units due at assembly (dirty regions of the write-intent bitmap, or all).
-    due: Vec<std::ops::Range<u64>>,
-    /// Stripes writes found unreadable (media error on a data chunk): not retried by writes.
-    given_up: std::sync::Mutex<std::collections::HashSet<u64>>,
-    /// Units whose degraded reads were refused (not yet resynced: parity untrusted).
-    reported: std::sync::Mutex<std::collections::HashSet<u64>>,
-}
-
-impl ResyncState {
-    /// `due`: the units to resync (None or empty: nothing, the array was stopped cleanly or
-    /// no region was dirty). Every other unit starts synced.
-    pub(crate) fn new(units: u64, due: Option<Vec<std::ops::Range<u64>>>) -> ResyncState {
-        let due: Vec<_> = due
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| !r.is_empty())
-            .collect();
-        let pending = !due.is_empty();
-        let words = if pending { units.div_ceil(64) } else { 0 };
-        let synced: Vec<AtomicU64> = (0..words).map(|_| AtomicU64::new(u64::MAX)).collect();
-        for u in due.iter().flat_map(|r| r.clone()) {
-            synced[(u / 64) as usize].fetch_and(!(1 << (u % 64)), Ordering::Relaxed);
-        }
-        ResyncState {
-            pending: AtomicBool::new(pending),
-            synced,
-            due,
-            given_up: Default::default(),
-            reported: Default::default(),
-        }
-    }
-
-    /// Units due at assembly.
-    pub(crate) fn due_units(&self) -> u64 {
-        self.due.iter().map(|r| r.end - r.start).sum()
-    }
-
-    pub(crate) fn is_pending(&self) -> bool {
-        self.pending.load(Ordering::Acquire)
-    }
-
-    /// Whether `unit` still needs resync (caller holds its stripe lock to act on it).
-    pub(crate) fn unsynced(&self, unit: u64) -> bool {
-        self.is_pending()
-            && self.synced[(unit / 64) as usize].load(Ordering::Acquire) & (1 << (unit % 64)) == 0
-    }
-
-    pub(crate) fn mark(&self, unit: u64) {
-        if let Some(w) = self.synced.get((unit / 64) as usize) {
-            w.fetch_or(1 << (unit % 64), Ordering::AcqRel);
-        }
-    }
-
-    fn given_up(&self, unit: u64) -> bool {
-        self.given_up
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&unit)
-    }
-
-    fn give_up(&self, unit: u64) {
-        self.given_up
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(unit);
-    }
-
-    /// Records that reads of `unit` were refused; true the first time (to log it once).
-    pub(crate) fn report_unreadable(&self, unit: u64) -> bool {
-        self.reported
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(unit)
-    }
-
-    /// Units whose reads were refused so far (status).
-    pub(crate) fn unreadable_reported(&self) -> u64 {
-        self.reported
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len() as u64
-    }
-
-    fn finish(&self) {
-        self.pending.store(false, Ordering::Release);
-    }
-
-    /// Ends the pending resync if every unit is synced (the rebuild resyncs the units it
-    /// rebuilds, and may finish what the walk had to leave to it).
-    pub(crate) fn finish_if_all_synced(&self) {
-        if self.is_pending()
-            && self
-                .synced
-                .iter()
-                .all(|w| w.load(Ordering::Acquire) == u64::MAX)
-        {
-            self.finish();
-        }
-    }
-}
-
 impl<D: BlockDev> Array<D> {
     /// Whether this array needs a resync (assembled after an unclean stop, level with
     /// redundancy) that has not finished.
     pub fn needs_resync(&self) -> bool {
-        self.resync.is_pending()
+        self.recovery().resync.is_pending()
     }
 
     /// Resyncs `unit` if it is still unsynced. Caller holds its stripe lock (a client write
@@ -172,20 +67,23 @@ impl<D: BlockDev> Array<D> {
     /// an unreadable data chunk is not retried by writes (each retry would spend the member's
     /// read-error budget); the walk reports it.
     pub(crate) async fn resync_if_unsynced(&self, unit: u64) -> Result<(), ArrayError> {
-        if !self.resync.unsynced(unit)
-            || !self.members.stale_at(unit).is_empty()
-            || self.resync.given_up(unit)
+        if !self.recovery().resync.unsynced(unit)
+            || !self.members().stale_at(unit).is_empty()
+            || self.recovery().resync.given_up(unit)
         {
             return Ok(());
         }
         match self.resync_unit(unit).await {
             Ok(Some(repaired)) => {
                 if repaired {
-                    self.recovery.repaired.fetch_add(1, Ordering::Relaxed);
+                    self.recovery()
+                        .resync_progress
+                        .repaired
+                        .fetch_add(1, Ordering::Relaxed);
                 }
-                self.resync.mark(unit);
+                self.recovery().resync.mark(unit);
             }
-            Ok(None) => self.resync.give_up(unit),
+            Ok(None) => self.recovery().resync.give_up(unit),
             Err(_) => {}
         }
         Ok(())
@@ -198,14 +96,14 @@ impl<D: BlockDev> Array<D> {
     /// media error: the stripe stays unsynced). `Err` when the array lost a member (resync
     /// needs all of them). Caller holds the lock.
     async fn resync_unit(&self, unit: u64) -> Result<Option<bool>, ArrayError> {
-        let g = self.geo;
+        let g = self.geo();
         let len = g.chunk;
         let mut excl = MemberSet::EMPTY;
         for _ in 0..8 {
             self.check_serving()?;
             // Resync needs every member's chunk of the unit (one being rebuilt holds it
             // once the rebuild passed it).
-            let stale = self.members.stale_at(unit);
+            let stale = self.members().stale_at(unit);
             if !stale.is_empty() {
                 return Err(ArrayError::Unreadable { members: stale });
             }
@@ -257,7 +155,7 @@ impl<D: BlockDev> Array<D> {
                         .map(|b| &b.as_ref().expect("data chunks were read")[..])
                         .collect();
                     let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-                    let codec = self.codec.as_ref().expect("parity level has a codec");
+                    let codec = self.codec().as_ref().expect("parity level has a codec");
                     codec.encode(&data, &mut out);
                 }
                 parity
@@ -286,19 +184,19 @@ impl<D: BlockDev> Array<D> {
     /// `stop` ends it early (the array stays "resync pending"). Runs on any
     /// thread (the server gives it its own). Progress in `recovery_progress()`.
     pub async fn resync(self: &Arc<Self>, stop: &AtomicBool) -> Result<ResyncReport, ArrayError> {
-        let p = &self.recovery;
-        let units = self.resync.due_units();
-        let due = self.resync.due.clone();
+        let p = &self.recovery().resync_progress;
+        let units = self.recovery().resync.due_units();
+        let due = self.recovery().resync.due.clone();
         p.total.store(units, Ordering::Release);
         p.done.store(0, Ordering::Release);
         p.start();
         let unit_bytes = p.unit_bytes;
         let (name, _, _) = self.identity();
-        let of = self.geo.units();
+        let of = self.geo().units();
         tracing::info!(
             target: "uraid_engine::recovery",
             "array '{name}': resync started: {units} of {of} stripes ({}): it was not stopped cleanly",
-            if self.intent.enabled() {
+            if self.intent().enabled() {
                 "the regions the write-intent bitmap marks dirty"
             } else {
                 "no write-intent bitmap"
@@ -315,7 +213,7 @@ impl<D: BlockDev> Array<D> {
         let mut last_log = Instant::now();
         let mut todo = due.into_iter().flatten();
         let mut n = 0u64;
-        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
+        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
         loop {
             let cap = pacer.cap(self.client_ops());
             let batch: Vec<u64> = todo.by_ref().take((BATCH * lanes).min(cap)).collect();
@@ -327,7 +225,7 @@ impl<D: BlockDev> Array<D> {
                 tracing::info!(
                     target: "uraid_engine::recovery",
                     "array '{name}': resync stopped after {n} of {units} stripes; {}",
-                    if self.intent.enabled() {
+                    if self.intent().enabled() {
                         "regions it finished are cleared from the bitmap and not redone"
                     } else {
                         "without a write-intent bitmap it starts over next time"
@@ -406,10 +304,10 @@ impl<D: BlockDev> Array<D> {
                 t0.elapsed().as_secs_f64(),
                 report.deferred
             );
-            self.resync.finish_if_all_synced();
+            self.recovery().resync.finish_if_all_synced();
             return Ok(report);
         }
-        self.resync.finish();
+        self.recovery().resync.finish();
         tracing::info!(
             target: "uraid_engine::recovery",
             "array '{name}': resync finished in {:.2} s: {} stripes checked, {} repaired, {} \
@@ -426,20 +324,20 @@ impl<D: BlockDev> Array<D> {
     /// stripe lock (no task holds two). Per unit: None if writes had resynced it already.
     async fn resync_batch(&self, batch: &[u64]) -> Vec<Option<Result<Option<bool>, ArrayError>>> {
         join_all(batch.iter().map(|&unit| async move {
-            if !self.resync.unsynced(unit) {
+            if !self.recovery().resync.unsynced(unit) {
                 return None;
             }
-            self.locks.lock(unit).await;
-            let r = if self.resync.unsynced(unit) {
+            self.locks().lock(unit).await;
+            let r = if self.recovery().resync.unsynced(unit) {
                 let r = self.resync_unit(unit).await;
                 if let Ok(Some(_)) = r {
-                    self.resync.mark(unit);
+                    self.recovery().resync.mark(unit);
                 }
                 Some(r)
             } else {
                 None
             };
-            self.locks.unlock(unit, false);
+            self.locks().unlock(unit, false);
             r
         }))
         .await
@@ -453,12 +351,12 @@ impl<D: BlockDev> Array<D> {
     /// Stripes whose degraded reads were refused because their parity was not resynced
     /// after an unclean stop (each logged once with its volume range).
     pub fn unsynced_stripes_refused(&self) -> u64 {
-        self.resync.unreadable_reported()
+        self.recovery().resync.unreadable_reported()
     }
 
     /// Progress of the array's background operation (resync).
     pub fn recovery_progress(&self) -> crate::recovery::ProgressView {
-        self.recovery.view()
+        self.recovery().resync_progress.view()
     }
 }
 
@@ -467,16 +365,16 @@ impl<D: BlockDev> Array<D> {
     #[doc(hidden)]
     pub async fn resync_unit_for_test(&self, unit: u64) {
         self.ensure_dirty().await;
-        self.locks.lock(unit).await;
+        self.locks().lock(unit).await;
         if let Ok(Some(_)) = self.resync_unit(unit).await {
-            self.resync.mark(unit);
+            self.recovery().resync.mark(unit);
         }
-        self.locks.unlock(unit, false);
+        self.locks().unlock(unit, false);
     }
 
     /// Used by tests to see a stripe's state.
     #[doc(hidden)]
     pub fn stripe_unsynced(&self, unit: u64) -> bool {
-        self.resync.unsynced(unit)
+        self.recovery().resync.unsynced(unit)
     }
 }

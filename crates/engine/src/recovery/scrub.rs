@@ -21,90 +21,15 @@
 use crate::array::{Array, ArrayError};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
+use crate::recovery::state::{ScrubMode, ScrubReport};
 use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uraid_core::scrub::{check_copies, check_stripe, Column, COLUMN};
 use uraid_core::MemberSet;
-
-/// Check only, or also repair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScrubMode {
-    Check,
-    Repair,
-}
-
-impl ScrubMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            ScrubMode::Check => "check",
-            ScrubMode::Repair => "repair",
-        }
-    }
-}
-
-/// What a scrub found (also live in `scrub_counts` while it runs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ScrubReport {
-    /// Units verified (units with nothing allocated are skipped).
-    pub units: u64,
-    /// 4 KiB columns whose redundancy disagreed.
-    pub mismatches: u64,
-    /// Of those, columns whose bad chunk was located (member named).
-    pub located: u64,
-    /// Columns rewritten (repair mode).
-    pub repaired: u64,
-    /// Units not verified because a chunk could not be read.
-    pub unreadable: u64,
-}
-
-/// Live scrub counters (status, metrics).
-#[derive(Default)]
-pub(crate) struct ScrubCounts {
-    units: AtomicU64,
-    mismatches: AtomicU64,
-    located: AtomicU64,
-    repaired: AtomicU64,
-    unreadable: AtomicU64,
-    /// 0 idle, 1 check, 2 repair.
-    mode: AtomicU8,
-    pub(crate) paused: AtomicBool,
-}
-
-impl ScrubCounts {
-    fn reset(&self, mode: ScrubMode) {
-        for c in [
-            &self.units,
-            &self.mismatches,
-            &self.located,
-            &self.repaired,
-            &self.unreadable,
-        ] {
-            c.store(0, Ordering::Release);
-        }
-        self.mode.store(
-            match mode {
-                ScrubMode::Check => 1,
-                ScrubMode::Repair => 2,
-            },
-            Ordering::Release,
-        );
-    }
-
-    fn report(&self) -> ScrubReport {
-        let l = |a: &AtomicU64| a.load(Ordering::Acquire);
-        ScrubReport {
-            units: l(&self.units),
-            mismatches: l(&self.mismatches),
-            located: l(&self.located),
-            repaired: l(&self.repaired),
-            unreadable: l(&self.unreadable),
-        }
-    }
-}
 
 /// One unit's outcome.
 #[derive(Clone, Default)]
@@ -127,7 +52,7 @@ impl<D: BlockDev> Array<D> {
         crate::recovery::ProgressView,
         bool,
     ) {
-        let c = &self.scrub_counts;
+        let c = &self.recovery().scrub_counts;
         let mode = match c.mode.load(Ordering::Acquire) {
             1 => Some(ScrubMode::Check),
             2 => Some(ScrubMode::Repair),
@@ -136,14 +61,17 @@ impl<D: BlockDev> Array<D> {
         (
             mode,
             c.report(),
-            self.scrub.view(),
+            self.recovery().scrub_progress.view(),
             c.paused.load(Ordering::Acquire),
         )
     }
 
     /// Pauses (true) or resumes a running scrub between batches.
     pub fn scrub_pause(&self, pause: bool) {
-        self.scrub_counts.paused.store(pause, Ordering::Release);
+        self.recovery()
+            .scrub_counts
+            .paused
+            .store(pause, Ordering::Release);
     }
 
     /// Verifies (and with `Repair` fixes) every unit's redundancy while the array serves
@@ -153,24 +81,24 @@ impl<D: BlockDev> Array<D> {
         mode: ScrubMode,
         stop: &AtomicBool,
     ) -> Result<ScrubReport, ArrayError> {
-        if self.geo.fault_tolerance() == 0 {
+        if self.geo().fault_tolerance() == 0 {
             return Err(ArrayError::Refused(format!(
                 "{} has no redundancy to check",
-                self.geo.level
+                self.geo().level
             )));
         }
-        let degraded = self.members.degraded();
+        let degraded = self.members().degraded();
         if !degraded.is_empty() {
             return Err(ArrayError::Refused(format!(
                 "the array is degraded (member(s) {degraded} missing, failed or rebuilding): \
                  scrub needs every member"
             )));
         }
-        let units = self.geo.units();
+        let units = self.geo().units();
         let (name, _, _) = self.identity();
         let name = name.to_string();
-        let p = &self.scrub;
-        let counts = &self.scrub_counts;
+        let p = &self.recovery().scrub_progress;
+        let counts = &self.recovery().scrub_counts;
         counts.reset(mode);
         p.total.store(units, Ordering::Release);
         p.done.store(0, Ordering::Release);
@@ -193,7 +121,7 @@ impl<D: BlockDev> Array<D> {
             mode.name()
         );
         let t0 = Instant::now();
-        let lanes = self.rt.as_ref().map_or(1, |rt| rt.reactors());
+        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
         let mut pacer = self.pacer(p.unit_bytes);
         let mut next = 0u64;
         let mut result = Ok(());
@@ -283,7 +211,7 @@ impl<D: BlockDev> Array<D> {
                     ..Default::default()
                 });
             }
-            self.locks.lock(unit).await;
+            self.locks().lock(unit).await;
             // Checked again under the lock: a first write may have begun filling the unit's
             // granule since (it is not verified until the fill is complete and recorded).
             let r = if self.empty_under_lock(unit) {
@@ -294,7 +222,7 @@ impl<D: BlockDev> Array<D> {
             } else {
                 self.scrub_unit(unit, mode).await
             };
-            self.locks.unlock(unit, false);
+            self.locks().unlock(unit, false);
             r
         }))
         .await
@@ -302,9 +230,9 @@ impl<D: BlockDev> Array<D> {
 
     /// Checks one unit (caller holds its lock); repairs it in `Repair` mode.
     async fn scrub_unit(&self, unit: u64, mode: ScrubMode) -> Result<UnitResult, ArrayError> {
-        let g = self.geo;
+        let g = self.geo();
         let len = g.chunk;
-        let degraded = self.members.degraded();
+        let degraded = self.members().degraded();
         if !degraded.is_empty() {
             return Err(ArrayError::Unreadable { members: degraded });
         }
@@ -330,7 +258,7 @@ impl<D: BlockDev> Array<D> {
             // error: it is rebuilt from the rest of the unit and rewritten (as md's check
             // does), and the unit is counted, not verified.
             Attempt::Retry => {
-                let bad = excl.minus(self.members.failed());
+                let bad = excl.minus(self.members().failed());
                 if !bad.is_empty() {
                     self.regenerate(unit, bad).await?;
                 }
@@ -342,7 +270,7 @@ impl<D: BlockDev> Array<D> {
         };
         let refs: Vec<&[u8]> = bufs.iter().map(|b| &b[..]).collect();
         let verdicts = if parity {
-            check_stripe(self.codec.as_ref().expect("parity codec"), &refs)
+            check_stripe(self.codec().as_ref().expect("parity codec"), &refs)
         } else {
             check_copies(&refs)
         };
@@ -366,7 +294,7 @@ impl<D: BlockDev> Array<D> {
                         target: "uraid_engine::recovery",
                         "scrub: unit {unit}: member {m} ({}) data offset {}: {bytes} byte(s) \
                          in the 4 KiB from there differ from what the {} say{}",
-                        self.members.name(m).unwrap_or("?"),
+                        self.members().name(m).unwrap_or("?"),
                         at + col + *first as u64,
                         if parity { "other chunks and the parity" } else { "other copies" },
                         if mode == ScrubMode::Repair { "; rewritten" } else { "" }
@@ -391,7 +319,7 @@ impl<D: BlockDev> Array<D> {
                         {
                             let mut outp: Vec<&mut [u8]> =
                                 p.iter_mut().map(|b| &mut b[..]).collect();
-                            self.codec
+                            self.codec()
                                 .as_ref()
                                 .expect("parity codec")
                                 .encode(&data, &mut outp);

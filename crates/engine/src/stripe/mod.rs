@@ -1,5 +1,5 @@
-//! Stripe-level work: the lock table (this file), member reads and decode (`io.rs`) and
-//! the execution of stripe writes (`write.rs`).
+//! The stripe lock table, and what a stripe operation queues on it (the array runs the
+//! operations: array/stripe_io.rs reads and decodes, array/stripe_write.rs writes).
 //!
 //! The lock table is sharded (`shard()`: runs of 8 stripes, one mutex-guarded map per shard,
 //! held only for a few instructions); waiters park with their wakers, which may belong to any
@@ -8,16 +8,20 @@
 //! or another writer then competes for the next turn, so nobody is held behind a holder that
 //! keeps finding new work (the first writer returns as soon as its batch is done).
 
-mod io;
-mod write;
-
-pub(crate) use io::Attempt;
-
-use crate::array::{ArrayError, WriteBuf};
+use crate::buf::WriteBuf;
+use crate::error::ArrayError;
 use futures::channel::oneshot;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::task::{Poll, Waker};
+
+/// Outcome of one attempt at a stripe operation.
+pub(crate) enum Attempt<T> {
+    Done(T),
+    /// A member read failed; the member was failed or excluded for this operation. Plan
+    /// again.
+    Retry,
+}
 
 /// Stripes are assigned to lock-table shards in runs of this many.
 const SHARD_RUN_SHIFT: u32 = 3;

@@ -1,19 +1,13 @@
 //! Member reads for stripe work, and reconstruction of chunks that cannot be read.
 
-use crate::array::{Array, ArrayError};
+use super::Array;
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
 use crate::members::Verdict;
+use crate::stripe::Attempt;
+use crate::ArrayError;
 use futures::future::join_all;
 use uraid_core::MemberSet;
-
-/// Outcome of one attempt at a stripe operation.
-pub(crate) enum Attempt<T> {
-    Done(T),
-    /// A member read failed; the member was failed or excluded for this operation. Plan
-    /// again.
-    Retry,
-}
 
 impl<D: BlockDev> Array<D> {
     /// Members this operation may read: not failed and not in `excl` (members whose read

@@ -1,24 +1,38 @@
 //! The array: maps volume byte ranges onto member I/O for every level, keeps parity correct
 //! through partial writes and member failures, and applies the member error policy.
 //!
-//! It knows nothing about the allocation map (that is `volume.rs`, on top of it). Its parts:
+//! It knows nothing about the allocation map (that is `volume.rs`, on top of it). It composes
+//! the components below it, which take each other as arguments and never import `Array`:
 //! * `members.rs`: the devices, their typed health, every member I/O (timeouts, error
 //!   classification);
-//! * `metadata.rs`: superblock rounds, dirty/clean, the failure barrier;
-//! * `stripe/`: the stripe lock table, stripe reads and decode, stripe write execution.
+//! * `metadata.rs`: superblock rounds, dirty/clean, the failure barrier (`Metadata`);
+//! * `bitmap.rs` (`WriteIntent`), `journal.rs` (`Journal`): durability of writes;
+//! * `stripe/`: the stripe lock table;
+//! * `recovery/state.rs` (`Recovery`): what background work the request paths consult.
+//!
+//! This module's files: request routing, reads and writes (here), stripe reads and decode
+//! (`stripe_io.rs`), stripe write execution (`stripe_write.rs`), the array's use of its
+//! journal (`journal.rs`), operator member administration (`admin.rs`).
 //!
 //! Concurrency model (ARCHITECTURE.md has the long form):
 //! * Healthy reads touch no shared state: any reactor reads data chunks straight off members.
 //! * Everything that reads parity or writes a stripe (mirror rows included) runs on the
 //!   calling reactor under a per-stripe lock (`stripe::StripeLocks`).
 
+use crate::bitmap::WriteIntent;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, MemberData, Members};
 use crate::metadata::{MemberId, Metadata};
 use crate::reactor::RuntimeHandle;
+use crate::recovery::state::Recovery;
 use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
+
+mod admin;
+mod journal;
+mod stripe_io;
+mod stripe_write;
 use futures::future::join_all;
 use std::future::Future;
 use std::io;
@@ -28,34 +42,10 @@ use uraid_core::format::Superblock;
 use uraid_core::geometry::{Extent, Level, SECTOR};
 use uraid_core::{Codec, Geometry, MemberSet};
 
+pub use crate::error::ArrayError;
+
 /// Bytes of a write request, shared between the pieces it is split into.
 pub use crate::buf::WriteBuf;
-
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum ArrayError {
-    #[error("request at offset {off} length {len} is beyond the end of the volume ({size} bytes)")]
-    OutOfRange { off: u64, len: u64, size: u64 },
-    #[error("request at offset {off} length {len} is not aligned to {SECTOR}-byte sectors")]
-    Misaligned { off: u64, len: u64 },
-    #[error("array has failed: {lost} of {members} members lost, {level} tolerates {tolerates}")]
-    Failed {
-        lost: usize,
-        members: usize,
-        level: Level,
-        tolerates: usize,
-    },
-    /// Media errors on members `members` and no redundancy left to reconstruct from: this
-    /// request fails, the array keeps serving everything else.
-    #[error(
-        "unreadable: media error on member(s) {members} and no redundancy left for this stripe"
-    )]
-    Unreadable { members: MemberSet },
-    #[error("reactor stopped before the request finished")]
-    Shutdown,
-    /// An operator command the array cannot carry out (never a client request's error).
-    #[error("{0}")]
-    Refused(String),
-}
 
 /// Counters for the request planner, readable while the array runs. Every request bumps
 /// them from every reactor, so each thread counts in its own shard (`crate::shard`: no cache
@@ -145,38 +135,28 @@ pub struct ArrayOptions {
     pub frozen_metadata: bool,
 }
 
+/// The composition of an array's components, and request routing over them. Each field is
+/// private to this module (and its children: admin.rs, journal.rs, stripe_io.rs,
+/// stripe_write.rs); the walks above it (recovery/, volume.rs) reach a component through
+/// its accessor and call its methods with the other components they need as arguments.
 pub struct Array<D: BlockDev> {
-    pub(crate) geo: Geometry,
-    pub(crate) codec: Option<Codec>,
-    pub(crate) members: Members<D>,
-    pub(crate) meta: Metadata,
-    pub(crate) locks: StripeLocks,
+    geo: Geometry,
+    codec: Option<Codec>,
+    members: Members<D>,
+    meta: Metadata,
+    locks: StripeLocks,
+    /// Request-planner counters (public: the control plane reads `stats.snapshot()`).
     pub stats: Stats,
-    pub(crate) resync: crate::recovery::ResyncState,
-    pub(crate) recovery: crate::recovery::Progress,
-    pub(crate) rebuild: crate::recovery::Progress,
-    pub(crate) scrub: crate::recovery::Progress,
-    pub(crate) replace: crate::recovery::Progress,
-    /// The replace started last (recovery/replace.rs); current while its slot has that
-    /// replacement generation.
-    pub(crate) replacing: std::sync::Mutex<Option<crate::recovery::Replacing>>,
-    /// Whether a unit may hold data (the volume's allocation map; unset: every unit); the
-    /// flag says whether a unit whose first write is filling it counts.
-    allocation: std::sync::OnceLock<Box<dyn Fn(u64, bool) -> bool + Send + Sync>>,
-    pub(crate) scrub_counts: crate::recovery::ScrubCounts,
-    /// The throttle of background work (recovery/mod.rs), shared with the running walks.
-    pub(crate) throttle: Arc<std::sync::Mutex<crate::recovery::Throttle>>,
-    pub(crate) intent: crate::bitmap::WriteIntent,
+    /// Background-work state: resync's synced set, walk progress, the replace under way,
+    /// scrub counts, throttle, allocation probe (recovery/state.rs).
+    recovery: Recovery,
+    intent: WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
-    pub(crate) journal: std::sync::OnceLock<crate::journal::Journal<D>>,
-    /// Member data-area writes that bypassed the journal (allocation-map pages), and how
-    /// many of them the last completed member flush covered (journal.rs, write-back FLUSH).
-    pub(crate) unjournaled: AtomicU64,
-    pub(crate) unjournaled_flushed: AtomicU64,
+    journal: std::sync::OnceLock<crate::journal::Journal<D>>,
     /// The reactors this array runs on, if any (background work is sent there).
-    pub(crate) rt: Option<RuntimeHandle>,
+    rt: Option<RuntimeHandle>,
     /// This array (background work started from `&self` holds it).
-    pub(crate) me: std::sync::Weak<Self>,
+    me: std::sync::Weak<Self>,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -220,10 +200,6 @@ impl<D: BlockDev> Array<D> {
         // unclean stop on any level with redundancy, over the regions the write-intent
         // bitmap marks dirty, or everything without one (recovery/resync.rs).
         let units = geo.units();
-        let unit_bytes = match geo.level {
-            Level::Raid1 | Level::Raid10 => geo.mirror_copies(0).len() as u64 * geo.chunk,
-            _ => geo.members as u64 * geo.chunk,
-        };
         let bc = sb.bitmap_chunk;
         let due = (!sb.clean && geo.fault_tolerance() > 0).then(|| match (&bitmap, bc) {
             (Some(words), bc) if bc > 0 => uraid_core::bitmap::dirty_units(&geo, bc, words),
@@ -245,19 +221,9 @@ impl<D: BlockDev> Array<D> {
             meta: Metadata::new(sb, ids, opts.frozen_metadata, absent),
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
-            resync: crate::recovery::ResyncState::new(units, due),
-            recovery: crate::recovery::Progress::new("resync", units, unit_bytes),
-            rebuild: crate::recovery::Progress::new("rebuild", units, unit_bytes),
-            scrub: crate::recovery::Progress::new("scrub", units, unit_bytes),
-            replace: crate::recovery::Progress::new("replace", units, geo.chunk),
-            replacing: std::sync::Mutex::new(None),
-            allocation: std::sync::OnceLock::new(),
-            scrub_counts: Default::default(),
-            throttle: Default::default(),
+            recovery: Recovery::new(&geo, due),
             intent,
             journal: std::sync::OnceLock::new(),
-            unjournaled: AtomicU64::new(0),
-            unjournaled_flushed: AtomicU64::new(0),
             rt: rt_handle,
             me: me.clone(),
         });
@@ -267,16 +233,12 @@ impl<D: BlockDev> Array<D> {
 
     /// Tells the array which units may hold data (`Volume::new`: from the allocation map).
     pub(crate) fn set_allocation(&self, f: Box<dyn Fn(u64, bool) -> bool + Send + Sync>) {
-        let _ = self.allocation.set(f);
+        self.recovery.set_allocation(f);
     }
 
-    /// Whether a background walk (rebuild, replace, scrub) can skip unit `unit`: no data
-    /// was ever written there or it was trimmed (the allocation map), nobody is filling it,
-    /// and it is not waiting for resync. Its chunks are then never read (a read of it
-    /// returns zeros from the map) and its first write fills whole stripes, so what any
-    /// member holds there does not matter.
+    /// Whether a background walk can skip unit `unit` (`Recovery::skippable`).
     pub(crate) fn skippable(&self, unit: u64) -> bool {
-        self.allocation.get().is_some_and(|f| !f(unit, true)) && !self.resync.unsynced(unit)
+        self.recovery.skippable(unit)
     }
 
     /// `skippable`, except that a unit whose first write is still filling it counts as
@@ -284,7 +246,41 @@ impl<D: BlockDev> Array<D> {
     /// unit yet (it holds whatever the member held: garbage, not a mismatch) or has written
     /// it whole already (consistent); either way nothing there to verify yet.
     pub(crate) fn empty_under_lock(&self, unit: u64) -> bool {
-        self.allocation.get().is_some_and(|f| !f(unit, false)) && !self.resync.unsynced(unit)
+        self.recovery.empty_under_lock(unit)
+    }
+
+    // ------------------------------------------------------------ components (for the walks)
+
+    pub(crate) fn geo(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub(crate) fn codec(&self) -> &Option<Codec> {
+        &self.codec
+    }
+
+    pub(crate) fn members(&self) -> &Members<D> {
+        &self.members
+    }
+
+    pub(crate) fn meta(&self) -> &Metadata {
+        &self.meta
+    }
+
+    pub(crate) fn locks(&self) -> &StripeLocks {
+        &self.locks
+    }
+
+    pub(crate) fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    pub(crate) fn intent(&self) -> &WriteIntent {
+        &self.intent
+    }
+
+    pub(crate) fn rt(&self) -> &Option<RuntimeHandle> {
+        &self.rt
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -351,21 +347,67 @@ impl<D: BlockDev> Array<D> {
         self.meta.persisted()
     }
 
+    // ------------------------------------------------------------ write-intent bitmap
+
+    /// One pass of the bitmap daemon: clears the bits of regions idle since the previous
+    /// pass (the server runs it every `BITMAP_TICK`), and checkpoints the journal (bounding
+    /// what a replay has to do). Returns how many bits it cleared. Runs on
+    /// a reactor when the array has them (io_uring I/O with the member timeouts: a hung
+    /// member fails instead of holding the bitmap lock), else here.
+    pub async fn bitmap_tick(self: &Arc<Self>) -> u64 {
+        match &self.rt {
+            Some(rt) => {
+                let a = self.clone();
+                rt.spawn_on(0, move || async move {
+                    let n = a
+                        .intent
+                        .clear_idle(&a.meta, &a.members, &a.recovery.resync, false)
+                        .await;
+                    a.journal_checkpoint().await;
+                    n
+                })
+                .await
+                .unwrap_or(0)
+            }
+            None => {
+                let n = self
+                    .intent
+                    .clear_idle(&self.meta, &self.members, &self.recovery.resync, false)
+                    .await;
+                self.journal_checkpoint().await;
+                n
+            }
+        }
+    }
+
+    /// Before a clean stop (after its flush): clears every bit not needed any more (none in
+    /// a session that wrote nothing, or while degraded).
+    pub(crate) async fn bitmap_close(&self) -> u64 {
+        self.intent
+            .clear_idle(&self.meta, &self.members, &self.recovery.resync, true)
+            .await
+    }
+
+    /// Page-write rounds so far that set bits (each: one page write + flush per member,
+    /// shared by every write waiting) and that cleared them.
+    pub fn bitmap_rounds(&self) -> (u64, u64) {
+        (
+            self.intent.set_rounds.load(Ordering::Relaxed),
+            self.intent.clear_rounds.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Write-intent bitmap state: region size (0: none), regions, regions dirty now.
+    pub fn bitmap_state(&self) -> (u64, u64, u64) {
+        let wi = &self.intent;
+        (wi.chunk, wi.regions(), wi.dirty())
+    }
+
     /// The failed set, or `Failed` if the array cannot serve every byte. Members being
     /// rebuilt count as lost here (they do not hold every unit yet) but are not in the set
     /// returned: writes go to them.
     pub(crate) fn check_serving(&self) -> Result<MemberSet, ArrayError> {
-        let f = self.members.failed();
-        if self.geo.survives(self.members.degraded()) {
-            Ok(f)
-        } else {
-            Err(ArrayError::Failed {
-                lost: self.members.degraded().len(),
-                members: self.geo.members,
-                level: self.geo.level,
-                tolerates: self.geo.fault_tolerance(),
-            })
-        }
+        self.members.check_serving(&self.geo)
     }
 
     /// Whether the array can still serve every byte.
@@ -386,44 +428,75 @@ impl<D: BlockDev> Array<D> {
 
     // ------------------------------------------------------------ every live member
 
-    /// Runs `op` on every live member of `set` concurrently. A member whose op fails is
-    /// failed (durably, before this returns); the successes are returned. This is the one
-    /// place whole-array operations (flush, metadata pages) apply the error policy.
+    /// `Metadata::each_live` over this array's members.
     pub(crate) async fn each_live<T, F, Fut>(&self, set: MemberSet, op: F) -> Vec<(usize, T)>
     where
         F: Fn(usize) -> Fut,
         Fut: Future<Output = io::Result<T>>,
     {
-        let live = set.minus(self.members.failed());
-        let results = join_all(live.iter().map(|i| {
-            let f = op(i);
-            async move { (i, f.await) }
-        }))
-        .await;
-        let mut ok = Vec::with_capacity(results.len());
-        for (i, r) in results {
-            match r {
-                Ok(v) => ok.push((i, v)),
-                Err(e) => self.fail_member(i, &e).await,
-            }
-        }
-        ok
+        self.meta.each_live(&self.members, set, op).await
     }
 
-    /// Writes `(member, data-area offset, buffer)` concurrently. A member whose write fails
-    /// is failed: what was written stays consistent without it.
+    /// `Metadata::write_members` over this array's members.
     pub(crate) async fn write_members<T: Into<MemberData>>(&self, writes: Vec<(usize, u64, T)>) {
-        let results = join_all(
-            writes
-                .into_iter()
-                .map(|(m, at, b)| async move { (m, self.members.write(m, at, b).await) }),
-        )
-        .await;
-        for (m, r) in results {
-            if let Err(e) = r {
-                self.fail_member(m, &e).await;
-            }
-        }
+        self.meta.write_members(&self.members, writes).await
+    }
+
+    /// Marks a member failed (logging the cause) and waits until the failure is durable.
+    pub(crate) async fn fail_member(&self, member: usize, err: &io::Error) {
+        self.meta.fail_member(&self.members, member, err).await
+    }
+
+    /// Waits until every failure known now is recorded in the superblocks of the survivors.
+    pub(crate) async fn failure_barrier(&self) {
+        self.meta.failure_barrier(&self.members).await
+    }
+
+    /// Records rebuild checkpoints in a superblock round (`Metadata::persist_rebuilt`).
+    pub(crate) async fn persist_rebuilt(&self, to: &[(usize, u64)]) {
+        self.meta.persist_rebuilt(&self.members, to).await
+    }
+
+    /// Whether superblocks are never written (read-only benchmarks).
+    pub(crate) fn meta_frozen(&self) -> bool {
+        self.meta.frozen()
+    }
+
+    /// The superblocks say "not clean" but the array is consistent (journal replayed): the
+    /// next clean stop records "clean" even if nothing is written meanwhile.
+    pub(crate) fn clean_round_due(&self) {
+        self.meta.clean_round_due()
+    }
+
+    /// Before the first write of a session: superblocks say "not clean", then every
+    /// member's bitmap copy is made equal to memory (bitmap.rs).
+    pub(crate) async fn ensure_dirty(&self) {
+        self.meta
+            .ensure_dirty(
+                &self.members,
+                self.intent.sync_all(&self.meta, &self.members),
+            )
+            .await
+    }
+
+    /// Flushes every member and, if anything was written since assembly and no resync is
+    /// still due, records a clean shutdown in the superblocks. A session that only read
+    /// leaves them untouched: members that were merely absent are not marked failed, since
+    /// their data is still current.
+    pub async fn close(&self) -> Result<(), ArrayError> {
+        // Deferred member writes (write-back journal) land first.
+        self.journal_drain().await;
+        self.flush_members().await;
+        self.check_serving()?;
+        // Everything is on the members: the journal is emptied (nothing to replay).
+        self.journal_checkpoint().await;
+        // Regions written this session are idle and flushed: their bits go (resync's
+        // unfinished regions keep theirs, so the next start resumes there).
+        self.bitmap_close().await;
+        self.meta
+            .record_clean(&self.members, || self.needs_resync())
+            .await;
+        self.check_serving().map(|_| ())
     }
 
     /// Makes every acknowledged write durable: on every live member, or, with a write-back
@@ -447,17 +520,13 @@ impl<D: BlockDev> Array<D> {
     /// Flushes every live member (whatever the journal mode) and waits for the failure
     /// barrier.
     pub(crate) async fn flush_members(&self) {
-        let seen = self.unjournaled.load(Ordering::Acquire);
-        let all = MemberSet::all(self.geo.members);
-        self.each_live(all, |i| self.members.flush(i)).await;
-        self.failure_barrier().await;
-        self.unjournaled_flushed.fetch_max(seen, Ordering::AcqRel);
+        self.meta.flush_members(&self.members).await
     }
 
     /// A member data-area write that does not go through the journal is about to be issued
     /// (allocation-map pages): the next FLUSH flushes the members.
     pub(crate) fn note_unjournaled(&self) {
-        self.unjournaled.fetch_add(1, Ordering::AcqRel);
+        self.members.note_unjournaled();
     }
 
     // ------------------------------------------------------------ reads
@@ -600,7 +669,7 @@ impl<D: BlockDev> Array<D> {
         self.locks.lock(stripe).await;
         let rebuilding = self.members.stale_at(stripe).minus(self.members.failed());
         let mut excl = rebuilding;
-        if self.resync.unsynced(stripe) {
+        if self.recovery.resync.unsynced(stripe) {
             self.locks.unlock(stripe, false);
             return Err(self.unsynced_unreadable(stripe, excl.union(self.members.failed())));
         }
@@ -667,7 +736,7 @@ impl<D: BlockDev> Array<D> {
         self.locks.lock(e.stripe).await;
         let rebuilding = self.members.stale_at(e.stripe).minus(self.members.failed());
         let mut excl = errors.union(rebuilding);
-        if self.resync.unsynced(e.stripe) {
+        if self.recovery.resync.unsynced(e.stripe) {
             // Parity not yet made consistent after an unclean stop: what it would rebuild
             // may be wrong, so the read fails instead (recovery/resync.rs).
             self.locks.unlock(e.stripe, false);
@@ -702,7 +771,7 @@ impl<D: BlockDev> Array<D> {
     /// The error for a read that would reconstruct data from a stripe whose parity was not
     /// resynced after an unclean stop (logged once per stripe, with its volume range).
     fn unsynced_unreadable(&self, stripe: u64, members: MemberSet) -> ArrayError {
-        if self.resync.report_unreadable(stripe) {
+        if self.recovery.resync.report_unreadable(stripe) {
             let sdb = self.geo.stripe_data_bytes();
             tracing::error!(
                 target: "uraid_engine::recovery",
@@ -740,7 +809,7 @@ impl<D: BlockDev> Array<D> {
             // Spread reads over the copies: chunk number picks the first choice. A row not
             // yet resynced reads its first copy, the one resync will keep.
             let n = copies.len();
-            let first = if self.resync.unsynced(e.stripe) {
+            let first = if self.recovery.resync.unsynced(e.stripe) {
                 0
             } else {
                 e.stripe as usize
@@ -817,7 +886,7 @@ impl<D: BlockDev> Array<D> {
         self.ensure_dirty().await;
         // The regions' write-intent bits are durable before any member is written, and stay
         // set until the guard is dropped (after the member writes).
-        let _intent = self.intent_begin(off, len).await;
+        let _intent = self.intent.begin(&self.meta, &self.members, off, len).await;
         self.stats.add(|c| &c.writes, 1);
         match self.geo.level {
             Level::Raid0 | Level::Raid1 | Level::Raid10 => {

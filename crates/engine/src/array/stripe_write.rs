@@ -1,11 +1,12 @@
 //! Executing stripe writes: group a volume write by stripe, queue each part on its stripe,
 //! and run a batch as one planned stripe operation (`uraid_core::plan`).
 
-use super::{Attempt, PendingWrite, Piece, Turn};
-use crate::array::{Array, ArrayError, WriteBuf};
+use super::Array;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::reactor;
+use crate::stripe::{Attempt, PendingWrite, Piece, Turn};
+use crate::{ArrayError, WriteBuf};
 use futures::future::join_all;
 use std::sync::Arc;
 use uraid_core::{plan_write, Shard, WritePlan};
@@ -89,7 +90,7 @@ impl<D: BlockDev> Array<D> {
                 return Err(e);
             }
         };
-        if !clean || stripes.clone().any(|s| self.resync.unsynced(s)) {
+        if !clean || stripes.clone().any(|s| self.recovery.resync.unsynced(s)) {
             unlock();
             return Ok(false);
         }
@@ -381,7 +382,7 @@ impl<D: BlockDev> Array<D> {
                     .filter(|w| r.kept.contains(w.0))
                     .collect();
                 if self.can_defer() {
-                    let region = self.intent_deferred_begin(stripe);
+                    let region = self.intent.deferred_begin(stripe);
                     return Ok(Some(r.defer(writes, region)));
                 }
                 self.write_members(writes).await;

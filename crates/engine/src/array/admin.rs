@@ -1,0 +1,277 @@
+//! Operator member administration on a running array: fail, remove, add (or a hot spare
+//! taking over). Each check and its superblock round run under the superblock lock
+//! (`Metadata::lock`), so two operator commands at once cannot both pass a check.
+
+use super::Array;
+use crate::dev::BlockDev;
+use crate::metadata::{MemberId, Meta};
+use uraid_core::format::{MemberState, Superblock};
+use uraid_core::MemberSet;
+
+impl<D: BlockDev> Array<D> {
+    /// Fails member `i` on the operator's request (`uraid fail`, mdadm --fail), durably.
+    /// Refused: an unknown or already failed member, one whose loss the array cannot
+    /// survive, and, without `force`, one that would leave no redundancy.
+    pub async fn fail_by_operator(
+        self: &std::sync::Arc<Self>,
+        i: usize,
+        force: bool,
+    ) -> Result<(), String> {
+        let g = self.geo;
+        if i >= g.members {
+            return Err(format!("no member {i}: the array has {}", g.members));
+        }
+        self.on_reactor(move |a| async move {
+            // Checked and marked under the superblock lock: two operator commands at once
+            // cannot both pass the check.
+            {
+                let _meta = a.meta.lock().await;
+                if a.members.is_failed(i) {
+                    return Err(format!("member {i} is already failed or missing"));
+                }
+                g.check_fail(a.members.degraded(), i, force)?;
+                if a.needs_resync() && a.journal_active().is_none() && g.level.is_parity() && !force
+                {
+                    return Err(format!(
+                        "a resync is pending (unclean stop): failing member {i} now would make \
+                         the stripes not yet resynced unreadable where it held data; wait for \
+                         the resync or pass --force"
+                    ));
+                }
+                a.members.mark_failed(i);
+                tracing::error!(
+                    "member {i} ({}) failed by the operator; marking it faulty",
+                    a.members.name(i).unwrap_or("?")
+                );
+            }
+            a.failure_barrier().await;
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|| Err("the server is stopping".to_string()))
+    }
+
+    /// Removes member `i` from the running array (`uraid remove`, mdadm --remove): its slot
+    /// is recorded with no device (`REMOVED_SLOT`), so the device is refused from now on and
+    /// the slot waits for a new member (`add`, or a spare). An active or rebuilding member is
+    /// failed first, with `fail_by_operator`'s refusals (and `force`). Durable when it
+    /// returns.
+    pub async fn remove_member(
+        self: &std::sync::Arc<Self>,
+        i: usize,
+        force: bool,
+    ) -> Result<String, String> {
+        let g = self.geo;
+        if i >= g.members {
+            return Err(format!("no member {i}: the array has {}", g.members));
+        }
+        if self.meta_frozen() {
+            return Err("the array's metadata is read-only".into());
+        }
+        if self.meta.removed().contains(i) {
+            return Err(format!("member {i} was removed already"));
+        }
+        if self.members.replacement(i).is_some() {
+            return Err(format!(
+                "member {i} is being replaced: cancel the replace first (uraid replace --cancel)"
+            ));
+        }
+        let was = if self.members.is_failed(i) {
+            "failed"
+        } else {
+            self.fail_by_operator(i, force).await?;
+            "active"
+        };
+        self.on_reactor(move |a| async move {
+            let mut meta = a.meta.lock().await;
+            if !a.members.is_failed(i) {
+                return Err(format!(
+                    "member {i} was given a new device meanwhile (a spare took it over)"
+                ));
+            }
+            if a.meta.removed().contains(i) {
+                return Err(format!("member {i} was removed already"));
+            }
+            if a.members.replacement(i).is_some() {
+                return Err(format!(
+                    "member {i} failed, but a replace started meanwhile takes its slot"
+                ));
+            }
+            let name = a.members.name(i).unwrap_or("?").to_string();
+            meta.ids[i].uuid = uraid_core::format::REMOVED_SLOT;
+            a.meta.mark_removed(i);
+            a.meta.persist(&a.members, &mut meta, true).await;
+            // The server lets go of the device (it can be added again, or used elsewhere).
+            a.members.retire(i, a.members.generation(i));
+            tracing::warn!("member {i} ({name}) removed from the array");
+            Ok(format!("member {i} ({name}, {was}) removed"))
+        })
+        .await
+        .unwrap_or_else(|| Err("the server is stopping".to_string()))
+    }
+
+    /// Slots whose member was removed and not yet replaced.
+    pub fn removed(&self) -> MemberSet {
+        self.meta.removed()
+    }
+
+    /// Puts `dev` into the lowest failed slot of the running array (`uraid add` on a server,
+    /// or a hot spare taking over), durably: its metadata area is zeroed (no stale map or
+    /// bitmap can be merged from it), then in one superblock round the slot is recorded
+    /// rebuilding from unit 0 with `uuid` (the new member gets its superblock too); from
+    /// then on writes reach it and the rebuild (`Array::rebuild`) fills it. The caller then
+    /// rewrites the member metadata (`Volume::add_member` does). Returns the slot.
+    pub async fn add_member_online(
+        self: &std::sync::Arc<Self>,
+        dev: D,
+        uuid: [u8; 16],
+    ) -> Result<usize, String> {
+        let g = self.geo;
+        self.check_new_size(&dev)?;
+        if g.fault_tolerance() == 0 {
+            return Err(format!(
+                "{} has no redundancy to rebuild a member from",
+                g.level
+            ));
+        }
+        if self.meta_frozen() {
+            return Err("the array's metadata is read-only".into());
+        }
+        self.on_reactor(move |a| async move { a.add_member_here(dev, uuid).await })
+            .await
+            .unwrap_or_else(|| Err("the server is stopping".into()))
+    }
+
+    async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
+        let name = dev.name().to_string();
+        // A refused add writes nothing to the device; the metadata area is cleared before
+        // the superblock lock (a hanging new device must not hold it), and the slot chosen
+        // under it.
+        if !self.can_take_member() {
+            return Err("the array has no failed or missing member to replace".into());
+        }
+        self.clear_metadata_area(&dev).await?;
+        // No journal record that wrote a failed slot's old member may be replayed onto the
+        // new device (`Journal::retire_slot`): the failures durable, then those records
+        // checkpointed away, before the slot is chosen (again, if another failed meanwhile).
+        let mut retired = MemberSet::EMPTY;
+        let (mut meta, slot) = loop {
+            self.failure_barrier().await;
+            for i in self.members.failed().minus(retired).iter() {
+                self.journal_retire_slot(i).await;
+                retired = retired.with(i);
+            }
+            // Past the tolerance the records stay (a forced assembly may want them), so no
+            // device may take a slot they wrote.
+            self.check_serving().map_err(|e| e.to_string())?;
+            let meta = self.meta.lock().await;
+            // A slot whose old member failed during a replace is its replacement's.
+            let Some(slot) = self
+                .members
+                .failed()
+                .iter()
+                .find(|&i| self.members.replacement(i).is_none())
+            else {
+                return Err("the array has no failed or missing member to replace".into());
+            };
+            if retired.contains(slot) {
+                break (meta, slot);
+            }
+        };
+        if !self.members.can_install(slot) {
+            return Err(format!(
+                "slot {slot} was given {} devices this session already; restart the server to \
+                 add another",
+                crate::members::MAX_GENERATIONS - 1
+            ));
+        }
+        self.failure_on_disk(&mut meta, slot).await;
+        if self.members.install(slot, dev).is_err() {
+            return Err(format!("slot {slot}: no room for another device"));
+        }
+        tracing::warn!(
+            "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"
+        );
+        self.start_rebuilding_slot(meta, slot, uuid, &name).await?;
+        Ok(slot)
+    }
+
+    /// Refuses a new device smaller than a member.
+    pub(crate) fn check_new_size(&self, dev: &D) -> Result<(), String> {
+        let need = self.members.data_offset() + self.geo.member_data;
+        if dev.size() < need {
+            return Err(format!(
+                "{}: too small ({} bytes); a member needs at least {need}",
+                dev.name(),
+                dev.size()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Zeroes and flushes a new device's bytes before the data area: no stale superblock,
+    /// bitmap or map sector with a valid checksum can survive on it.
+    pub(crate) async fn clear_metadata_area(&self, dev: &D) -> Result<(), String> {
+        let zeros = crate::buf::alloc(self.members.data_offset() as usize);
+        let (r, _) = dev.write(0, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{}: clearing its metadata area: {e}", dev.name()))
+    }
+
+    /// Before a failed slot gets a new device: its failure is on disk (state failed, no
+    /// checkpoint, its old uuid), so a crash before the round that names the new device
+    /// leaves it failed, never trusting the new one.
+    pub(crate) async fn failure_on_disk(&self, meta: &mut Meta, slot: usize) {
+        if !self.meta.persisted().contains(slot)
+            || meta.sb.states[slot] != MemberState::Failed
+            || meta.sb.rebuilt[slot] != 0
+        {
+            self.meta.persist(&self.members, meta, true).await;
+        }
+    }
+
+    /// Slot `slot` was just given its new device (its metadata area zeroed): it is recorded
+    /// rebuilding from unit 0 with device uuid `uuid` in one round (the device gets its
+    /// first superblock from that round, so a torn round leaves it without any: missing),
+    /// then every bitmap copy is made equal to memory. The caller rewrites the map pages.
+    pub(crate) async fn start_rebuilding_slot(
+        &self,
+        mut meta: tokio::sync::MutexGuard<'_, Meta>,
+        slot: usize,
+        uuid: [u8; 16],
+        name: &str,
+    ) -> Result<(), String> {
+        meta.ids[slot] = MemberId {
+            uuid,
+            sb_slot: 1,
+            events: meta.sb.events,
+        };
+        meta.sb.rebuilt[slot] = 0;
+        self.meta.clear_removed(slot);
+        self.members.start_rebuilding(slot);
+        self.meta.persist(&self.members, &mut meta, true).await;
+        drop(meta);
+        if self.members.is_failed(slot) {
+            return Err(format!(
+                "{name}: its superblock could not be written; failed again"
+            ));
+        }
+        // Every member's bitmap copy (the new one's is zero) made equal to memory.
+        self.intent.sync_all(&self.meta, &self.members).await;
+        Ok(())
+    }
+
+    /// Whether a device could be added now: a failed slot with room for another device.
+    pub fn can_take_member(&self) -> bool {
+        self.members
+            .failed()
+            .iter()
+            .find(|&i| self.members.replacement(i).is_none())
+            .is_some_and(|i| self.members.can_install(i))
+    }
+
+    /// The array's current superblock (a spare added while serving carries a copy).
+    pub async fn superblock(&self) -> Superblock {
+        self.meta.lock().await.sb.clone()
+    }
+}

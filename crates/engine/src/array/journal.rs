@@ -1,0 +1,185 @@
+//! The array's use of its journal (journal.rs): attaching it, logging stripe operations,
+//! checkpoints, the write-back deferred member writes, and what a FLUSH must do.
+
+use super::Array;
+use crate::buf::IoBuf;
+use crate::dev::BlockDev;
+use crate::journal::{Applied, Deferred, Journal, JournalStatus};
+use crate::ArrayError;
+use std::sync::Arc;
+use uraid_core::format::JournalMode;
+
+/// A deferred record's finish, owned by the task that does it: dropped before its member
+/// writes completed (runtime shutdown), it poisons the journal (the record is replayed).
+/// Either way the record leaves the journal's in-flight set and its write-intent region ends.
+struct OwnedApplied<D: BlockDev> {
+    a: Arc<Array<D>>,
+    seq: u64,
+    region: Option<u64>,
+    done: bool,
+}
+
+impl<D: BlockDev> Drop for OwnedApplied<D> {
+    fn drop(&mut self) {
+        if let Some(j) = self.a.journal.get() {
+            j.release(self.seq, self.done);
+        }
+        self.a.intent.deferred_end(self.region);
+    }
+}
+
+impl<D: BlockDev> Array<D> {
+    /// The journal, while it is in service.
+    pub(crate) fn journal_active(&self) -> Option<&Journal<D>> {
+        self.journal.get().filter(|j| j.active())
+    }
+
+    /// The journal device, if one is attached (tests snapshot it).
+    pub fn journal_dev(&self) -> Option<&D> {
+        self.journal.get().map(|j| j.dev())
+    }
+
+    /// Attaches the journal (after `assemble::replay`). Only parity levels have one.
+    pub fn attach_journal(&self, j: Journal<D>) {
+        j.set_watched(self.members.policy().io_timeout.is_some());
+        if self.geo.level.is_parity() && !self.meta_frozen() {
+            let _ = self.journal.set(j);
+        }
+    }
+
+    /// Logs the member writes of one stripe operation (`Journal::log`) and returns once the
+    /// record is durable; starts a background checkpoint when the log is half full.
+    pub(crate) async fn journal_log(
+        &self,
+        writes: &[(usize, u64, IoBuf)],
+    ) -> Result<Option<Applied<'_, D>>, ArrayError> {
+        let Some(j) = self.journal.get() else {
+            return Ok(None);
+        };
+        let r = j.log(&self.geo, &self.meta, &self.members, writes).await;
+        if matches!(r, Ok(Some(_))) && j.half_full() {
+            self.spawn_checkpoint();
+        }
+        r
+    }
+
+    fn spawn_checkpoint(&self) {
+        let Some(j) = self.journal.get() else { return };
+        if !j.claim_checkpoint() {
+            return;
+        }
+        match (&self.rt, self.me.upgrade()) {
+            (Some(rt), Some(a)) => {
+                rt.run_on(0, move || {
+                    crate::reactor::spawn_local(async move {
+                        a.journal_checkpoint().await;
+                        if let Some(j) = a.journal.get() {
+                            j.checkpoint_finished();
+                        }
+                    })
+                });
+            }
+            // No reactors (tests): writers checkpoint when the log is full.
+            _ => j.checkpoint_finished(),
+        }
+    }
+
+    /// Moves the journal's tail past every record whose member writes completed: members
+    /// flushed, then the superblock. Returns whether space was freed.
+    pub async fn journal_checkpoint(&self) -> bool {
+        match self.journal_active() {
+            Some(j) => j.checkpoint(&self.geo, &self.meta, &self.members).await,
+            None => false,
+        }
+    }
+
+    /// Before a new device takes failed slot `slot`: the journal's records that wrote the
+    /// slot's old member are checkpointed away (`Journal::retire_slot`). Call it once the
+    /// failure is durable, without the superblock lock.
+    pub(crate) async fn journal_retire_slot(&self, slot: usize) {
+        if let Some(j) = self.journal.get() {
+            j.retire_slot(slot, &self.geo, &self.meta, &self.members)
+                .await;
+        }
+    }
+
+    /// Waits until the switch to bitmap mode is durable (doing it if nobody has).
+    pub(crate) async fn journal_failed_wait(&self) {
+        if let Some(j) = self.journal.get() {
+            j.failed_wait(&self.geo, &self.meta, &self.members).await;
+        }
+    }
+
+    /// Whether a stripe operation may acknowledge once its record is durable and finish its
+    /// member writes in the background: a write-back journal in service, on a reactor (the
+    /// background task runs there; without reactors the writes are done inline).
+    pub(crate) fn can_defer(&self) -> bool {
+        self.journal_active()
+            .is_some_and(|j| j.mode() == JournalMode::WriteBack)
+            && crate::reactor::local().is_some()
+    }
+
+    /// Finishes a deferred stripe operation: its member writes, then the record is done and
+    /// the stripe unlocked — in a task of this reactor, so the acknowledged writers return
+    /// now. Readers of the stripe wait for the lock meanwhile (`wait_deferred`).
+    pub(crate) fn finish_deferred(self: &Arc<Self>, stripe: u64, d: Deferred) {
+        let a = self.clone();
+        let (seq, writes, region) = d.into_parts();
+        crate::reactor::spawn_local(async move {
+            let mut rec = OwnedApplied {
+                a: a.clone(),
+                seq,
+                region,
+                done: false,
+            };
+            a.write_members(writes).await;
+            rec.done = true;
+            drop(rec);
+            a.locks.unlock(stripe, true);
+        });
+    }
+
+    /// Before a read of `stripes` goes to the members: with a write-back journal, a stripe
+    /// whose acknowledged writes may still be on their way to the members is locked by their
+    /// writer until they arrive; wait for it. (One check of the lock table per stripe; none
+    /// without a write-back journal.)
+    pub(crate) async fn wait_deferred(&self, stripes: impl Iterator<Item = u64>) {
+        let Some(j) = self.journal.get() else { return };
+        if j.mode() != JournalMode::WriteBack {
+            return;
+        }
+        let mut last = None;
+        for st in stripes {
+            if last == Some(st) {
+                continue;
+            }
+            last = Some(st);
+            if self.locks.is_locked(st) {
+                self.locks.lock(st).await;
+                self.locks.unlock(st, false);
+            }
+        }
+    }
+
+    /// Waits until every journalled stripe operation finished its member writes (a clean
+    /// stop flushes the members after this).
+    pub(crate) async fn journal_drain(&self) {
+        if let Some(j) = self.journal.get() {
+            j.drain().await;
+        }
+    }
+
+    /// Journal state for status (None: the array has no journal).
+    pub fn journal_status(&self) -> Option<JournalStatus> {
+        self.journal.get().map(|j| j.status())
+    }
+
+    /// Whether a client FLUSH must flush the members: always without a write-back journal;
+    /// with one, only after member writes that bypassed it.
+    pub(crate) fn flush_needs_members(&self) -> bool {
+        match self.journal_active() {
+            Some(j) if j.mode() == JournalMode::WriteBack => self.members.unjournaled_pending(),
+            _ => true,
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The state of background work that the array's request paths and its status consult
+//! (below the array; the walks that drive it are recovery/{resync,rebuild,replace,scrub}.rs,
+//! above it): which units resync still owes, each walk's progress, the replace under way,
+//! scrub counters, the throttle and the allocation probe, grouped as `Recovery`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+use uraid_core::Geometry;
+
+/// Background-work state of one array. Each part has its own rules (`ResyncState`,
+/// `Progress`, `ScrubCounts`); `Recovery` only groups them and answers `skippable`.
+pub(crate) struct Recovery {
+    pub(crate) resync: ResyncState,
+    /// Progress of each walk.
+    pub(crate) resync_progress: Progress,
+    pub(crate) rebuild_progress: Progress,
+    pub(crate) scrub_progress: Progress,
+    pub(crate) replace_progress: Progress,
+    /// The replace started last (recovery/replace.rs); current while its slot has that
+    /// replacement generation.
+    pub(crate) replacing: Mutex<Option<Replacing>>,
+    pub(crate) scrub_counts: ScrubCounts,
+    /// The throttle of background work, shared with the running walks (`Pacer`).
+    pub(crate) throttle: Arc<Mutex<Throttle>>,
+    /// Whether a unit may hold data (the volume's allocation map; unset: every unit); the
+    /// flag says whether a unit whose first write is filling it counts.
+    allocation: OnceLock<Box<dyn Fn(u64, bool) -> bool + Send + Sync>>,
+}
+
+impl Recovery {
+    /// Resync units are stripes on parity levels and chunk rows on mirrors; `due`: the units
+    /// resync owes (`ResyncState::new`).
+    pub(crate) fn new(geo: &Geometry, due: Option<Vec<std::ops::Range<u64>>>) -> Recovery {
+        let units = geo.units();
+        let unit_bytes = match geo.level {
+            uraid_core::Level::Raid1 | uraid_core::Level::Raid10 => {
+                geo.mirror_copies(0).len() as u64 * geo.chunk
+            }
+            _ => geo.members as u64 * geo.chunk,
+        };
+        Recovery {
+            resync: ResyncState::new(units, due),
+            resync_progress: Progress::new("resync", units, unit_bytes),
+            rebuild_progress: Progress::new("rebuild", units, unit_bytes),
+            scrub_progress: Progress::new("scrub", units, unit_bytes),
+            replace_progress: Progress::new("replace", units, geo.chunk),
+            replacing: Mutex::new(None),
+            scrub_counts: Default::default(),
+            throttle: Default::default(),
+            allocation: OnceLock::new(),
+        }
+    }
+
+    /// Tells which units may hold data (`Volume::new`: from the allocation map).
+    pub(crate) fn set_allocation(&self, f: Box<dyn Fn(u64, bool) -> bool + Send + Sync>) {
+        let _ = self.allocation.set(f);
+    }
+
+    /// Whether a background walk (rebuild, replace, scrub) can skip unit `unit`: no data
+    /// was ever written there or it was trimmed (the allocation map), nobody is filling it,
+    /// and it is not waiting for resync. Its chunks are then never read (a read of it
+    /// returns zeros from the map) and its first write fills whole stripes, so what any
+    /// member holds there does not matter.
+    pub(crate) fn skippable(&self, unit: u64) -> bool {
+        self.allocation.get().is_some_and(|f| !f(unit, true)) && !self.resync.unsynced(unit)
+    }
+
+    /// `skippable` where a unit whose first write is still filling it counts as empty
+    /// (`Array::empty_under_lock`).
+    pub(crate) fn empty_under_lock(&self, unit: u64) -> bool {
+        self.allocation.get().is_some_and(|f| !f(unit, false)) && !self.resync.unsynced(unit)
+    }
+}
+
+/// How hard background work (resync, rebuild, scrub) may push while clients are active,
+/// and how fast it may go: the array's live settings (`Array::set_throttle`; `uraid serve
+/// --background-budget/--resync-min/--resync-max/--priority`, `uraid throttle` on a running
+/// server). Every walk reads them at each round, so a change applies at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttle {
+    /// Units in flight while clients are active (OpenZFS's rule: one unit reads one chunk
+    /// of each member it needs, so about one background I/O per member); 0: md's
+    /// `min_bytes_per_second` rule instead.
+    pub budget: usize,
+    /// Rate while clients are active when there is no budget (md's sync_speed_min); 0:
+    /// unlimited.
+    pub min_bytes_per_second: u64,
+    /// Rate while clients are idle (md's sync_speed_max); 0: unlimited.
+    pub max_bytes_per_second: u64,
+    /// With a budget: how long background work pauses after each round while clients are
+    /// active.
+    pub priority: Priority,
+}
+
+impl Throttle {
+    /// No throttle at all (the engine's default; the server sets its own).
+    pub const UNLIMITED: Throttle = Throttle {
+        budget: 0,
+        min_bytes_per_second: 0,
+        max_bytes_per_second: 0,
+        priority: Priority::Normal,
+    };
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle::UNLIMITED
+    }
+}
+
+/// The share of time background work holds its budget while clients are active: after a
+/// round of `budget` units it pauses for the round's time times `pause_factor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Pauses twice the round's time: the budget is held a third of the time.
+    Low,
+    /// Pauses half the round's time: held two thirds of the time (the default).
+    Normal,
+    /// No pause: the budget is always in flight (clients still see at most `budget` units
+    /// of background I/O ahead of them).
+    High,
+}
+
+impl Priority {
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Priority> {
+        match s {
+            "low" => Some(Priority::Low),
+            "normal" => Some(Priority::Normal),
+            "high" => Some(Priority::High),
+            _ => None,
+        }
+    }
+
+    /// Pause after a busy round, as a multiple of the round's time (numerator, denominator).
+    pub(crate) fn pause_factor(self) -> (u32, u32) {
+        match self {
+            Priority::Low => (2, 1),
+            Priority::Normal => (1, 2),
+            Priority::High => (0, 1),
+        }
+    }
+}
+
+/// Per-array resync state: which stripes are synced (one bit each), while resync is due.
+pub(crate) struct ResyncState {
+    pending: AtomicBool,
+    synced: Vec<AtomicU64>,
+    /// The units due at assembly (dirty regions of the write-intent bitmap, or all).
+    pub(crate) due: Vec<std::ops::Range<u64>>,
+    /// Stripes writes found unreadable (media error on a data chunk): not retried by writes.
+    given_up: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Units whose degraded reads were refused (not yet resynced: parity untrusted).
+    reported: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+impl ResyncState {
+    /// `due`: the units to resync (None or empty: nothing, the array was stopped cleanly or
+    /// no region was dirty). Every other unit starts synced.
+    pub(crate) fn new(units: u64, due: Option<Vec<std::ops::Range<u64>>>) -> ResyncState {
+        let due: Vec<_> = due
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| !r.is_empty())
+            .collect();
+        let pending = !due.is_empty();
+        let words = if pending { units.div_ceil(64) } else { 0 };
+        let synced: Vec<AtomicU64> = (0..words).map(|_| AtomicU64::new(u64::MAX)).collect();
+        for u in due.iter().flat_map(|r| r.clone()) {
+            synced[(u / 64) as usize].fetch_and(!(1 << (u % 64)), Ordering::Relaxed);
+        }
+        ResyncState {
+            pending: AtomicBool::new(pending),
+            synced,
+            due,
+            given_up: Default::default(),
+            reported: Default::default(),
+        }
+    }
+
+    /// Units due at assembly.
+    pub(crate) fn due_units(&self) -> u64 {
+        self.due.iter().map(|r| r.end - r.start).sum()
+    }
+
+    pub(crate) fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Whether `unit` still needs resync (caller holds its stripe lock to act on it).
+    pub(crate) fn unsynced(&self, unit: u64) -> bool {
+        self.is_pending()
+            && self.synced[(unit / 64) as usize].load(Ordering::Acquire) & (1 << (unit % 64)) == 0
+    }
+
+    pub(crate) fn mark(&self, unit: u64) {
+        if let Some(w) = self.synced.get((unit / 64) as usize) {
+            w.fetch_or(1 << (unit % 64), Ordering::AcqRel);
+        }
+    }
+
+    pub(crate) fn given_up(&self, unit: u64) -> bool {
+        self.given_up
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&unit)
+    }
+
+    pub(crate) fn give_up(&self, unit: u64) {
+        self.given_up
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(unit);
+    }
+
+    /// Records that reads of `unit` were refused; true the first time (to log it once).
+    pub(crate) fn report_unreadable(&self, unit: u64) -> bool {
+        self.reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(unit)
+    }
+
+    /// Units whose reads were refused so far (status).
+    pub(crate) fn unreadable_reported(&self) -> u64 {
+        self.reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len() as u64
+    }
+
+    pub(crate) fn finish(&self) {
+        self.pending.store(false, Ordering::Release);
+    }
+
+    /// Ends the pending resync if every unit is synced (the rebuild resyncs the units it
+    /// rebuilds, and may finish what the walk had to leave to it).
+    pub(crate) fn finish_if_all_synced(&self) {
+        if self.is_pending()
+            && self
+                .synced
+                .iter()
+                .all(|w| w.load(Ordering::Acquire) == u64::MAX)
+        {
+            self.finish();
+        }
+    }
+}
+
+/// The replace under way: slot, the replacement's generation and its device uuid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Replacing {
+    pub slot: usize,
+    pub gen: usize,
+    pub uuid: [u8; 16],
+}
+
+/// Check only, or also repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScrubMode {
+    Check,
+    Repair,
+}
+
+impl ScrubMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScrubMode::Check => "check",
+            ScrubMode::Repair => "repair",
+        }
+    }
+}
+
+/// What a scrub found (also live in `scrub_counts` while it runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScrubReport {
+    /// Units verified (units with nothing allocated are skipped).
+    pub units: u64,
+    /// 4 KiB columns whose redundancy disagreed.
+    pub mismatches: u64,
+    /// Of those, columns whose bad chunk was located (member named).
+    pub located: u64,
+    /// Columns rewritten (repair mode).
+    pub repaired: u64,
+    /// Units not verified because a chunk could not be read.
+    pub unreadable: u64,
+}
+
+/// Live scrub counters (status, metrics).
+#[derive(Default)]
+pub(crate) struct ScrubCounts {
+    pub(crate) units: AtomicU64,
+    pub(crate) mismatches: AtomicU64,
+    pub(crate) located: AtomicU64,
+    pub(crate) repaired: AtomicU64,
+    pub(crate) unreadable: AtomicU64,
+    /// 0 idle, 1 check, 2 repair.
+    pub(crate) mode: AtomicU8,
+    pub(crate) paused: AtomicBool,
+}
+
+impl ScrubCounts {
+    pub(crate) fn reset(&self, mode: ScrubMode) {
+        for c in [
+            &self.units,
+            &self.mismatches,
+            &self.located,
+            &self.repaired,
+            &self.unreadable,
+        ] {
+            c.store(0, Ordering::Release);
+        }
+        self.mode.store(
+            match mode {
+                ScrubMode::Check => 1,
+                ScrubMode::Repair => 2,
+            },
+            Ordering::Release,
+        );
+    }
+
+    pub(crate) fn report(&self) -> ScrubReport {
+        let l = |a: &AtomicU64| a.load(Ordering::Acquire);
+        ScrubReport {
+            units: l(&self.units),
+            mismatches: l(&self.mismatches),
+            located: l(&self.located),
+            repaired: l(&self.repaired),
+            unreadable: l(&self.unreadable),
+        }
+    }
+}
+
+/// Progress of one background operation, readable from any thread.
+pub struct Progress {
+    pub op: &'static str,
+    /// Work units (stripes) done and in total.
+    pub done: AtomicU64,
+    pub total: AtomicU64,
+    /// Bytes of member I/O per unit (for the rate).
+    pub unit_bytes: u64,
+    /// Stripes whose redundancy was rewritten.
+    pub repaired: AtomicU64,
+    pub running: AtomicBool,
+    started: Mutex<Option<Instant>>,
+}
+
+/// A point-in-time view of `Progress`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressView {
+    pub op: &'static str,
+    pub running: bool,
+    pub done: u64,
+    pub total: u64,
+    pub repaired: u64,
+    /// 0..=1.
+    pub fraction: f64,
+    pub bytes_per_second: f64,
+    pub eta_seconds: Option<f64>,
+}
+
+impl Progress {
+    pub fn new(op: &'static str, total: u64, unit_bytes: u64) -> Progress {
+        Progress {
+            op,
+            done: AtomicU64::new(0),
+            total: AtomicU64::new(total),
+            unit_bytes,
+            repaired: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            started: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn start(&self) {
+        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.running.store(true, Ordering::Release);
+    }
+
+    pub fn view(&self) -> ProgressView {
+        let done = self.done.load(Ordering::Acquire);
+        let total = self.total.load(Ordering::Acquire).max(1);
+        let secs = self
+            .started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let rate = if secs > 0.0 {
+            done as f64 * self.unit_bytes as f64 / secs
+        } else {
+            0.0
+        };
+        let left = total.saturating_sub(done) as f64 * self.unit_bytes as f64;
+        ProgressView {
+            op: self.op,
+            running: self.running.load(Ordering::Acquire),
+            done,
+            total,
+            repaired: self.repaired.load(Ordering::Acquire),
+            fraction: done as f64 / total as f64,
+            bytes_per_second: rate,
+            eta_seconds: (rate > 0.0).then(|| left / rate),
+        }
+    }
+}
