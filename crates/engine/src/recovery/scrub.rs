@@ -211,10 +211,8 @@ impl<D: BlockDev> Array<D> {
                     ..Default::default()
                 });
             }
-            self.locks().lock(unit).await;
-            let r = self.scrub_unit(unit, mode).await;
-            self.locks().unlock(unit, false);
-            r
+            let _held = self.locks().lock(unit).await;
+            self.scrub_unit(unit, mode).await
         }))
         .await
     }
