@@ -14,6 +14,9 @@
 //!   resync of a clean region; a lost set cannot happen (set → flush → write).
 //! * Page writes (sets and clears) are serialised by one async mutex, so a set never lands
 //!   before an earlier clear of the same page.
+//! * A region's in-flight count never goes below zero (`debug_assert!` in `end_inflight`:
+//!   it is on every client write's path, and in release a wrapped count only keeps the bit
+//!   set, which costs a resync of a clean region, never data).
 
 use crate::buf;
 use crate::dev::BlockDev;
@@ -99,6 +102,15 @@ impl WriteIntent {
             .sum()
     }
 
+    /// A write in region `r` ended (its guard, or a deferred write's `deferred_end`).
+    fn end_inflight(&self, r: u64) {
+        let was = self.inflight[r as usize].fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(
+            was > 0,
+            "write-intent region {r}: in-flight count below zero"
+        );
+    }
+
     fn touch(&self, r: u64) {
         let w = &self.touched[(r / 64) as usize];
         let bit = 1 << (r % 64);
@@ -120,7 +132,7 @@ impl Drop for IntentGuard<'_> {
     fn drop(&mut self) {
         for r in self.regions.clone() {
             self.wi.touch(r);
-            self.wi.inflight[r as usize].fetch_sub(1, Ordering::SeqCst);
+            self.wi.end_inflight(r);
         }
     }
 }
@@ -142,7 +154,7 @@ impl WriteIntent {
     pub(crate) fn deferred_end(&self, r: Option<u64>) {
         if let Some(r) = r {
             self.touch(r);
-            self.inflight[r as usize].fetch_sub(1, Ordering::SeqCst);
+            self.end_inflight(r);
         }
     }
 

@@ -24,6 +24,10 @@
 //!   it, so no commit counts past it), records already durable finish their member writes,
 //!   the members are flushed (write-back: what only the journal held), a superblock round
 //!   records "no journal", and only then do stripe operations continue without it.
+//! * Assertions (`assert!`, also in release: each is O(1) per record or checkpoint, and a
+//!   violation would make replay write the wrong bytes): a record never straddles the end
+//!   of a lap and positions only move forward (`reserve`); a checkpoint never moves the
+//!   tail backwards (`checkpoint`).
 //! * Members a record leaves out because they failed are durably recorded failed before the
 //!   record is written (else a cut brings them back trusted under replayed parity). The write-intent bitmap runs under the
 //!   journal all along, so its dirty regions cover everything written since.
@@ -660,6 +664,13 @@ impl<D: BlockDev> Journal<D> {
             return Reserve::Changed;
         }
         let pos = fmt::next_lap(st.head, size, self.log_len);
+        // A record never straddles the end of a lap, and positions only move forward.
+        assert!(
+            pos >= st.head && pos % self.log_len + size <= self.log_len,
+            "journal record at {pos} ({size} bytes) straddles a lap of {} (head {})",
+            self.log_len,
+            st.head
+        );
         if pos + size - st.tail > self.log_len {
             return Reserve::Full;
         }
@@ -756,6 +767,14 @@ impl<D: BlockDev> Journal<D> {
         if tail == sb.tail {
             return false;
         }
+        // Every record still in flight lies past the durable tail: it only moves forward.
+        assert!(
+            tail > sb.tail && tail_seq >= sb.tail_seq,
+            "journal checkpoint moving backwards: tail {tail} (seq {tail_seq}) behind {} \
+             (seq {})",
+            sb.tail,
+            sb.tail_seq
+        );
         // Every record before `tail` has completed its member writes: make them durable.
         meta.flush_members(members).await;
         if members.check_serving(geo).is_err() {

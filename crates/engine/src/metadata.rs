@@ -10,6 +10,8 @@
 //!   (4 KiB at member offsets 0 and 4096) that does *not* hold its freshest valid superblock,
 //!   and flushes it, so a round torn by a crash leaves that copy intact: `events - 1`, which
 //!   assembly accepts (`assemble::decide`, md's event margin of one).
+//! * The event count only grows, one per round (`assert!` in `persist`, also in release: a
+//!   round that wrote a lower count would let assembly pick a stale member).
 //! * Rounds are serialised by one async mutex; a round that itself fails a member runs again.
 //!   Nothing that can fail a member (and so needs a round) runs while holding it.
 
@@ -211,6 +213,13 @@ impl Metadata {
                 return;
             }
             self.catch_up(members, meta, failed).await;
+            // Event counts only grow: assembly trusts the member with the highest.
+            assert!(
+                meta.sb.events >= self.events(),
+                "superblock events moving backwards: {} after {}",
+                meta.sb.events,
+                self.events()
+            );
             meta.sb.events += 1;
             meta.sb.utime = now();
             // A replacement being swapped in takes the slot's identity in this round (only

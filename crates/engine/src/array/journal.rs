@@ -5,6 +5,7 @@ use super::Array;
 use crate::buf::IoBuf;
 use crate::dev::BlockDev;
 use crate::journal::{Applied, Deferred, Journal, JournalStatus};
+use crate::stripe::HeldStripe;
 use crate::ArrayError;
 use std::sync::Arc;
 use uraid_core::format::JournalMode;
@@ -122,10 +123,11 @@ impl<D: BlockDev> Array<D> {
     /// Finishes a deferred stripe operation: its member writes, then the record is done and
     /// the stripe unlocked — in a task of this reactor, so the acknowledged writers return
     /// now. Readers of the stripe wait for the lock meanwhile (`wait_deferred`).
-    pub(crate) fn finish_deferred(self: &Arc<Self>, stripe: u64, d: Deferred) {
+    pub(crate) fn finish_deferred(self: &Arc<Self>, held: HeldStripe, d: Deferred) {
         let a = self.clone();
         let (seq, writes, region) = d.into_parts();
         crate::reactor::spawn_local(async move {
+            let held = a.locks.resume(held);
             let mut rec = OwnedApplied {
                 a: a.clone(),
                 seq,
@@ -135,7 +137,7 @@ impl<D: BlockDev> Array<D> {
             a.write_members(writes).await;
             rec.done = true;
             drop(rec);
-            a.locks.unlock(stripe, true);
+            drop(held);
         });
     }
 
@@ -155,8 +157,7 @@ impl<D: BlockDev> Array<D> {
             }
             last = Some(st);
             if self.locks.is_locked(st) {
-                self.locks.lock(st).await;
-                self.locks.unlock(st, false);
+                drop(self.locks.lock(st).await);
             }
         }
     }

@@ -666,11 +666,11 @@ impl<D: BlockDev> Array<D> {
         let lo = exts.iter().map(|e| e.chunk_off).min().unwrap_or(0);
         let hi = exts.iter().map(|e| e.chunk_off + e.len).max().unwrap_or(0);
         let want: Vec<usize> = exts.iter().map(|e| e.index).collect();
-        self.locks.lock(stripe).await;
+        let held = self.locks.lock(stripe).await;
         let rebuilding = self.members.stale_at(stripe).minus(self.members.failed());
         let mut excl = rebuilding;
         if self.recovery.resync.unsynced(stripe) {
-            self.locks.unlock(stripe, false);
+            drop(held);
             return Err(self.unsynced_unreadable(stripe, excl.union(self.members.failed())));
         }
         let r = loop {
@@ -699,7 +699,7 @@ impl<D: BlockDev> Array<D> {
             }
             Err(e) => Err(e),
         };
-        self.locks.unlock(stripe, false);
+        drop(held);
         r
     }
 
@@ -733,13 +733,13 @@ impl<D: BlockDev> Array<D> {
     /// the reconstructed bytes are written back to them (md's read-error correction).
     /// Members being rebuilt that do not hold the stripe yet are not read.
     async fn reconstruct(&self, e: Extent, errors: MemberSet) -> Result<IoBuf, ArrayError> {
-        self.locks.lock(e.stripe).await;
+        let held = self.locks.lock(e.stripe).await;
         let rebuilding = self.members.stale_at(e.stripe).minus(self.members.failed());
         let mut excl = errors.union(rebuilding);
         if self.recovery.resync.unsynced(e.stripe) {
             // Parity not yet made consistent after an unclean stop: what it would rebuild
             // may be wrong, so the read fails instead (recovery/resync.rs).
-            self.locks.unlock(e.stripe, false);
+            drop(held);
             return Err(self.unsynced_unreadable(e.stripe, excl.union(self.members.failed())));
         }
         let r = loop {
@@ -764,7 +764,7 @@ impl<D: BlockDev> Array<D> {
                 self.rewrite(m, at, data).await;
             }
         }
-        self.locks.unlock(e.stripe, false);
+        drop(held);
         r
     }
 
@@ -842,7 +842,7 @@ impl<D: BlockDev> Array<D> {
     /// Copies a mirror extent from a readable copy over the copies in `bad`, under the row's
     /// lock (so no write to the row runs in between).
     async fn repair_mirror(&self, e: Extent, bad: MemberSet) {
-        self.locks.lock(e.stripe).await;
+        let _held = self.locks.lock(e.stripe).await;
         let f = self.members.stale_at(e.stripe);
         let copies = self.geo.mirror_copies(e.stripe);
         let good = copies
@@ -861,7 +861,6 @@ impl<D: BlockDev> Array<D> {
                 }
             }
         }
-        self.locks.unlock(e.stripe, false);
     }
 
     // ------------------------------------------------------------ writes
@@ -913,12 +912,13 @@ impl<D: BlockDev> Array<D> {
                 self.geo.member_offset(e.stripe, 0),
             )]
         };
-        if mirror {
-            self.locks.lock(e.stripe).await;
-            if let Err(err) = self.resync_if_unsynced(e.stripe).await {
-                self.locks.unlock(e.stripe, false);
-                return Err(err);
-            }
+        let held = if mirror {
+            Some(self.locks.lock(e.stripe).await)
+        } else {
+            None
+        };
+        if held.is_some() {
+            self.resync_if_unsynced(e.stripe).await?;
         }
         let r = match self.check_serving() {
             Ok(f) => {
@@ -938,9 +938,7 @@ impl<D: BlockDev> Array<D> {
             }
             Err(err) => Err(err),
         };
-        if mirror {
-            self.locks.unlock(e.stripe, false);
-        }
+        drop(held);
         r
     }
 }

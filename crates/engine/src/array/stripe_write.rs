@@ -75,14 +75,12 @@ impl<D: BlockDev> Array<D> {
             return Ok(false);
         }
         let stripes = first..first + n;
+        let mut held = Vec::with_capacity(n as usize);
         for s in stripes.clone() {
-            self.locks.lock(s).await;
+            held.push(self.locks.lock(s).await);
         }
-        let unlock = || {
-            for s in stripes.clone() {
-                self.locks.unlock(s, false);
-            }
-        };
+        // Releases the run's stripes, in order.
+        let unlock = || drop(held);
         let clean = match self.check_serving() {
             Ok(f) => f.is_empty() && self.members.degraded().is_empty(),
             Err(e) => {
@@ -175,7 +173,7 @@ impl<D: BlockDev> Array<D> {
         let (turn, rx) = self.locks.queue(stripe, src, pieces).await;
         match turn {
             Turn::Done(r) => r,
-            Turn::Lead => {
+            Turn::Lead(held) => {
                 // Let writes that are already runnable join this stripe operation.
                 reactor::yield_now().await;
                 let batch = self.locks.take_batch(stripe);
@@ -196,8 +194,8 @@ impl<D: BlockDev> Array<D> {
                 match tail {
                     // Write-back journal: acknowledged once the record is durable; the member
                     // writes finish in the background, holding the stripe (journal.rs).
-                    Some(t) => self.finish_deferred(stripe, t),
-                    None => self.locks.unlock(stripe, true),
+                    Some(t) => self.finish_deferred(held.detach(), t),
+                    None => drop(held),
                 }
                 rx.await.unwrap_or(Err(ArrayError::Shutdown))
             }

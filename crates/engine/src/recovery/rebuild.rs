@@ -276,10 +276,8 @@ impl<D: BlockDev> Array<D> {
             if self.skippable(unit) {
                 return Ok(());
             }
-            self.locks().lock(unit).await;
-            let r = self.regenerate(unit, MemberSet::EMPTY).await;
-            self.locks().unlock(unit, false);
-            r
+            let _held = self.locks().lock(unit).await;
+            self.regenerate(unit, MemberSet::EMPTY).await
         }))
         .await
     }

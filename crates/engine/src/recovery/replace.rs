@@ -278,10 +278,8 @@ impl<D: BlockDev> Array<D> {
             if self.skippable(unit) {
                 return Ok(());
             }
-            self.locks().lock(unit).await;
-            let r = self.copy_unit(unit, i, gen).await;
-            self.locks().unlock(unit, false);
-            r
+            let _held = self.locks().lock(unit).await;
+            self.copy_unit(unit, i, gen).await
         }))
         .await
     }

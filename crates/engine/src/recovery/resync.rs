@@ -327,8 +327,8 @@ impl<D: BlockDev> Array<D> {
             if !self.recovery().resync.unsynced(unit) {
                 return None;
             }
-            self.locks().lock(unit).await;
-            let r = if self.recovery().resync.unsynced(unit) {
+            let _held = self.locks().lock(unit).await;
+            if self.recovery().resync.unsynced(unit) {
                 let r = self.resync_unit(unit).await;
                 if let Ok(Some(_)) = r {
                     self.recovery().resync.mark(unit);
@@ -336,9 +336,7 @@ impl<D: BlockDev> Array<D> {
                 Some(r)
             } else {
                 None
-            };
-            self.locks().unlock(unit, false);
-            r
+            }
         }))
         .await
     }
@@ -365,11 +363,10 @@ impl<D: BlockDev> Array<D> {
     #[doc(hidden)]
     pub async fn resync_unit_for_test(&self, unit: u64) {
         self.ensure_dirty().await;
-        self.locks().lock(unit).await;
+        let _held = self.locks().lock(unit).await;
         if let Ok(Some(_)) = self.resync_unit(unit).await {
             self.recovery().resync.mark(unit);
         }
-        self.locks().unlock(unit, false);
     }
 
     /// Used by tests to see a stripe's state.

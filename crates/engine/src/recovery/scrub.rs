@@ -211,19 +211,16 @@ impl<D: BlockDev> Array<D> {
                     ..Default::default()
                 });
             }
-            self.locks().lock(unit).await;
+            let _held = self.locks().lock(unit).await;
             // Checked again under the lock: a first write may have begun filling the unit's
             // granule since (it is not verified until the fill is complete and recorded).
-            let r = if self.empty_under_lock(unit) {
-                Ok(UnitResult {
+            if self.empty_under_lock(unit) {
+                return Ok(UnitResult {
                     skipped: true,
                     ..Default::default()
-                })
-            } else {
-                self.scrub_unit(unit, mode).await
-            };
-            self.locks().unlock(unit, false);
-            r
+                });
+            }
+            self.scrub_unit(unit, mode).await
         }))
         .await
     }

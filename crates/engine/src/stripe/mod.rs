@@ -7,6 +7,14 @@
 //! everything queued (write merging) and releases it, waking every waiter: a degraded reader
 //! or another writer then competes for the next turn, so nobody is held behind a holder that
 //! keeps finding new work (the first writer returns as soon as its batch is done).
+//!
+//! Rules:
+//! * A stripe is held through a `StripeGuard`; dropping it releases the stripe, on every
+//!   path. Write-back's deferred member writes carry the hold to their task
+//!   (`StripeGuard::detach`, `StripeLocks::resume`).
+//! * Only a held stripe is released, and the count of waiting lockers never goes below
+//!   zero: `assert!`, also in release (O(1) under the shard mutex already taken; a violation
+//!   would let two holders write one stripe).
 
 use crate::buf::WriteBuf;
 use crate::error::ArrayError;
@@ -73,11 +81,50 @@ pub(crate) struct StripeLocks {
 }
 
 /// What a queued writer found when it woke.
-pub(crate) enum Turn {
+pub(crate) enum Turn<'a> {
     /// Another holder ran our write: its result.
     Done(Result<(), ArrayError>),
     /// We hold the stripe and must run the queued batch.
-    Lead,
+    Lead(StripeGuard<'a>),
+}
+
+/// A held stripe lock (`StripeLocks::lock`, or a writer's `Turn::Lead`): dropping it
+/// releases the stripe (`StripeLocks::unlock`), on every path out of the holder, also when
+/// its future is dropped.
+#[must_use = "dropping the guard releases the stripe at once"]
+pub(crate) struct StripeGuard<'a> {
+    locks: &'a StripeLocks,
+    stripe: u64,
+    /// Taken by a writer to run a queued batch (else by a locker).
+    by_writer: bool,
+}
+
+impl StripeGuard<'_> {
+    /// Hands the hold to a task that outlives this borrow (write-back's deferred member
+    /// writes): the stripe stays locked until the task turns it back into a guard
+    /// (`StripeLocks::resume`) and drops that.
+    pub(crate) fn detach(self) -> HeldStripe {
+        let held = HeldStripe {
+            stripe: self.stripe,
+            by_writer: self.by_writer,
+        };
+        std::mem::forget(self);
+        held
+    }
+}
+
+impl Drop for StripeGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.unlock(self.stripe, self.by_writer);
+    }
+}
+
+/// A stripe hold detached from its guard (`StripeGuard::detach`): the stripe stays locked
+/// until `StripeLocks::resume` makes a guard of it again and that guard is dropped.
+#[must_use = "the stripe stays locked until this is resumed and the guard dropped"]
+pub(crate) struct HeldStripe {
+    stripe: u64,
+    by_writer: bool,
 }
 
 impl StripeLocks {
@@ -114,9 +161,9 @@ impl StripeLocks {
             .is_some_and(|s| s.locked)
     }
 
-    /// Takes the stripe's lock. A locker that waits gets the lock before queued writers
-    /// the next time it is released.
-    pub(crate) async fn lock(&self, stripe: u64) {
+    /// Takes the stripe's lock, held until the guard is dropped. A locker that waits gets
+    /// the lock before queued writers the next time it is released.
+    pub(crate) async fn lock(&self, stripe: u64) -> StripeGuard<'_> {
         let mut guard = LockerGuard {
             locks: self,
             stripe,
@@ -127,12 +174,17 @@ impl StripeLocks {
                 let writers_next = s.writer_turn && !s.pending.is_empty();
                 if (!s.locked && !writers_next) || (s.handoff && guard.counted) {
                     if guard.counted {
+                        assert!(s.lockers > 0, "stripe {stripe}: locker count below zero");
                         s.lockers -= 1;
                         guard.counted = false;
                     }
                     s.handoff = false;
                     s.locked = true;
-                    Poll::Ready(())
+                    Poll::Ready(StripeGuard {
+                        locks: self,
+                        stripe,
+                        by_writer: false,
+                    })
                 } else {
                     if !guard.counted {
                         s.lockers += 1;
@@ -146,14 +198,24 @@ impl StripeLocks {
         .await
     }
 
-    /// Releases the stripe and wakes every waiter. Every waiter, not just the first: a task
+    /// A detached hold (`StripeGuard::detach`) as a guard again.
+    pub(crate) fn resume(&self, held: HeldStripe) -> StripeGuard<'_> {
+        StripeGuard {
+            locks: self,
+            stripe: held.stripe,
+            by_writer: held.by_writer,
+        }
+    }
+
+    /// Releases the stripe and wakes every waiter (the guard's drop calls it). Every waiter, not just the first: a task
     /// polled again while waiting registers its waker twice, and a stale entry must never
     /// swallow the only wake-up a real waiter gets. Waiters re-check the lock (and queued
     /// writers whether their write was already done).
     /// `by_writer`: the holder ran a write batch (else it took the lock with `lock`). Turns
     /// alternate: after a batch a waiting locker goes first, after a locker queued writes do.
-    pub(crate) fn unlock(&self, stripe: u64, by_writer: bool) {
+    fn unlock(&self, stripe: u64, by_writer: bool) {
         let waiters = self.with_slot(stripe, |s| {
+            assert!(s.locked, "unlock of stripe {stripe}, which is not locked");
             if by_writer && s.lockers > 0 {
                 s.handoff = true;
             } else {
@@ -168,13 +230,13 @@ impl StripeLocks {
     }
 
     /// Queues a write part on its stripe and waits until either another holder ran it or
-    /// this task holds the stripe (then it must `take_batch`, run it and `unlock`).
+    /// this task holds the stripe (then it must `take_batch`, run it and drop the guard).
     pub(crate) async fn queue(
         &self,
         stripe: u64,
         src: WriteBuf,
         pieces: Vec<Piece>,
-    ) -> (Turn, oneshot::Receiver<Result<(), ArrayError>>) {
+    ) -> (Turn<'_>, oneshot::Receiver<Result<(), ArrayError>>) {
         let (tx, mut rx) = oneshot::channel();
         // Queue, and take the stripe at once if it is idle (one trip through the table).
         let lead = self.with_slot(stripe, |s| {
@@ -189,8 +251,15 @@ impl StripeLocks {
                 true
             }
         });
+        let guard = || {
+            Turn::Lead(StripeGuard {
+                locks: self,
+                stripe,
+                by_writer: true,
+            })
+        };
         if lead {
-            return (Turn::Lead, rx);
+            return (guard(), rx);
         }
         let turn = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = std::pin::Pin::new(&mut rx).poll(cx) {
@@ -203,7 +272,7 @@ impl StripeLocks {
                 } else {
                     s.locked = true;
                     s.writer_turn = false;
-                    Poll::Ready(Turn::Lead)
+                    Poll::Ready(guard())
                 }
             })
         })
@@ -233,6 +302,11 @@ impl Drop for LockerGuard<'_> {
             return;
         }
         let release = self.locks.with_slot(self.stripe, |s| {
+            assert!(
+                s.lockers > 0,
+                "stripe {}: locker count below zero",
+                self.stripe
+            );
             s.lockers -= 1;
             s.handoff && s.lockers == 0
         });
