@@ -1,6 +1,6 @@
 //! The write-intent bitmap at run time (layout and region arithmetic: `uraid_core::bitmap`).
 //!
-//! Rules (ARCHITECTURE.md invariant 14):
+//! Rules (docs/invariants.md, "A write-intent bit precedes the write"):
 //! * A bit set in memory is set on every live member and flushed. A client write is issued
 //!   to the members only after the bits of every region it touches are set (`WriteIntent::begin`): the
 //!   fast path is one atomic add and one load per region; the first write into a clear

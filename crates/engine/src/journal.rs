@@ -1,6 +1,6 @@
 //! The journal device at run time (format: `uraid_core::journal`, docs/format.md).
 //!
-//! Rules (ARCHITECTURE.md invariant 15):
+//! Rules (docs/invariants.md, "Journal records precede member writes"):
 //! * Every stripe operation of a parity array with an active journal writes one record — the
 //!   complete new contents of every member range it is about to write, data and parity —
 //!   and the record is *durable* (written, and a journal flush completed after it and after

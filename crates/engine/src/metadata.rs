@@ -1,6 +1,7 @@
 //! Superblock persistence: dirty/clean rounds and the failure barrier.
 //!
-//! Rules (ARCHITECTURE.md, invariants 4 and 7):
+//! Rules (docs/invariants.md, "Failures are durable before acknowledgement" and "Superblock
+//! rounds never tear the only copy"):
 //! * A member failure is *durable* once every surviving member's superblock records it. The
 //!   in-memory failed set may run ahead of the durable one, but no write or flush that
 //!   completed without a failed member is acknowledged before the failure is durable

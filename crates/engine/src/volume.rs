@@ -2,7 +2,8 @@
 //! trimmed granules, trim, write-zeroes, block status). It depends on the array; the array
 //! never on it.
 //!
-//! Crash rules for the map (ARCHITECTURE.md invariant 6, docs/format.md):
+//! Crash rules for the map (docs/invariants.md, "Allocation-map bits follow the data";
+//! docs/format.md):
 //! * A granule moves from clear to allocated only through a *fill*: the first writer claims
 //!   it (other writers to it wait), writes the whole granule (zeros around its own bytes, so
 //!   parity is computed fresh), flushes the members, writes the map page with the bit set,

@@ -1,4 +1,4 @@
-//! The `/metrics` document: Prometheus text format 0.0.4, written by hand (ARCHITECTURE.md
+//! The `/metrics` document: Prometheus text format 0.0.4, written by hand (docs/design/control-plane.md
 //! says why). `FAMILIES` is the table of metric families in the order they are written:
 //! each has its name, type and help, and a function that writes its samples from one
 //! `Snapshot` of the array and the server.

@@ -14,7 +14,7 @@
 //! (`stripe_io.rs`), stripe write execution (`stripe_write.rs`), the array's use of its
 //! journal (`journal.rs`), operator member administration (`admin.rs`).
 //!
-//! Concurrency model (ARCHITECTURE.md has the long form):
+//! Concurrency model (docs/design/stripes.md has the long form):
 //! * Healthy reads touch no shared state: any reactor reads data chunks straight off members.
 //! * Everything that reads parity or writes a stripe (mirror rows included) runs on the
 //!   calling reactor under a per-stripe lock (`stripe::StripeLocks`).

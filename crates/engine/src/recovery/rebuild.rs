@@ -1,7 +1,7 @@
 //! Rebuild: a new member in a failed slot (`uraid add`) is filled with what it should hold,
 //! unit by unit (stripes on parity levels, mirror rows on RAID1/10), while the array serves.
 //!
-//! Rules (ARCHITECTURE.md invariant 16):
+//! Rules (docs/invariants.md, "A rebuilding member is read only below its checkpoint"):
 //! * A rebuilding member holds the units below its *checkpoint* (`Members::rebuilt`). Reads
 //!   never use it at or above the checkpoint (`Members::stale_at`: the stripe is read as
 //!   degraded, reconstructed from the others); writes go to it everywhere (what they write

@@ -2,7 +2,7 @@
 //! (`uraid replace`, md's want_replacement). The data is copied from the member itself, so
 //! the array never loses redundancy on the way, unlike fail + add.
 //!
-//! Rules (ARCHITECTURE.md invariant 18):
+//! Rules (docs/invariants.md, "A replacement holds no superblock before its swap"):
 //! * From the start every write and flush of the slot goes to both devices (`Members`:
 //!   the slot's (current, replacement) generations are one word, so an I/O sees a
 //!   consistent pair); reads use the old device only. Superblocks go to the old device

@@ -3,14 +3,14 @@
 //! stripe under its stripe lock and rewrites parity computed from the data (mirrors: the
 //! first live copy over the others), while the array serves.
 //!
-//! Rules (ARCHITECTURE.md invariant 13):
+//! Rules (docs/invariants.md, "Unsynced stripes are resynced before the array is clean"):
 //! * Until resync has passed a stripe, that stripe is *unsynced*. A client write into an
 //!   unsynced stripe resyncs it first, under the same lock hold (`stripe_write`,
 //!   `write_plain`), so no write builds parity on top of an inconsistent stripe; the stripe
 //!   is then marked synced and the walker skips it.
 //! * Reads on a healthy array never wait for resync (they take no stripe lock).
-//! * Without a write-intent bitmap every stripe is walked (issue 10 adds the bitmap that
-//!   narrows it to dirty regions) and progress is not persisted: a restart resyncs again.
+//! * Without a write-intent bitmap every stripe is walked, and progress is not persisted: a
+//!   restart resyncs again; with one, only the dirty regions' stripes (bitmap.rs).
 //! * Resync needs every member: a member that fails during resync stops it (the unsynced
 //!   stripes' parity is then not trustworthy for reconstruction; logged as an error). A
 //!   chunk that cannot be read (media error) leaves its stripe unsynced, logged; the walk

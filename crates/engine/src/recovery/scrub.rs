@@ -1,7 +1,7 @@
 //! Scrub: read every stripe (mirror row), verify its redundancy, and with `repair` fix it
 //! (md's check and repair, with raid6check's locating of the bad chunk).
 //!
-//! Rules (ARCHITECTURE.md, "Scrub"):
+//! Rules (docs/invariants.md, "Scrub blames only a chunk it located"; docs/design/scrub.md):
 //! * Each unit is checked under its stripe lock (no write is half done meanwhile), in 4 KiB
 //!   columns (`uraid_core::scrub`). A column whose parity disagrees is *located* when the
 //!   level has two or more parities (or three or more mirror copies) and exactly one chunk
