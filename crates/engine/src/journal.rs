@@ -585,8 +585,10 @@ impl<D: BlockDev> Journal<D> {
             }
             // An array past its tolerance frees no space (checkpoints stop): fail the write.
             members.check_serving(geo)?;
-            meta.failure_barrier(members).await;
+            // The set first, then the barrier that makes it durable: a member failing after
+            // the snapshot changes the set, and the reservation below sees it (Changed).
             let failed = members.failed();
+            meta.failure_barrier(members).await;
             let kept: MemberSet = writes
                 .iter()
                 .map(|w| w.0)

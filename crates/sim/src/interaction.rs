@@ -5,7 +5,7 @@
 //! member failures (operator, device death, death after N operations), media errors, slow
 //! members, a journal in either mode and its failure, the write-intent bitmap daemon, a
 //! device taking a failed slot (`add`, or a hot spare taking over) and its rebuild, replace,
-//! remove, scrub (with corruption planted on a member's medium after a clean stop), resync
+//! remove, scrub (with corruption planted on a member's medium of a synced array), resync
 //! after an unclean stop, and restarts
 //! in the middle of any walk.
 //!
@@ -177,8 +177,6 @@ struct Media {
     /// Devices the array may be assembled from (old replaced ones stay: assembly must
     /// refuse them by uuid).
     present: Vec<bool>,
-    /// The last stage stopped cleanly (every stripe in sync).
-    clean: bool,
 }
 
 /// The model: the volume's contents when the stage began, per sector possibly unknown
@@ -410,7 +408,6 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
         images,
         journal,
         present: vec![true; n],
-        clean: true,
     };
     let size = g.volume_size();
     let mut base = Base {
@@ -482,7 +479,6 @@ fn run_stage(
             report
                 .actions
                 .push(format!("power cut during assembly: {e}"));
-            media.clean = false;
             report.power_cuts += 1;
             let order: Vec<usize> = devs.lock().expect("devs").iter().map(|d| d.0).collect();
             for (k, img) in clock
@@ -549,8 +545,12 @@ fn run_stage(
     // on its member's medium; a scrub in repair mode must locate and repair it before any
     // client reads (a healthy read does not check parity, so it would serve the flip).
     let quiet = a.failed().is_empty() && a.rebuild_state().is_empty() && !a.needs_resync();
-    if media.clean && quiet && a.geometry().parity() >= 2 && rng.below(3) == 0 {
-        if let Some(what) = plant(&vol, &devs, rng) {
+    // A power cut during that scrub leaves the simulator's own damage on the media: undone
+    // after the stage where the medium still holds it (`unplant`).
+    let mut planted = None;
+    if quiet && a.geometry().parity() >= 2 && rng.below(2) == 0 {
+        if let Some((what, at)) = plant(&vol, &devs, rng) {
+            planted = Some(at);
             let a2 = a.clone();
             let r = rt.handle().block_on(0, move || async move {
                 a2.scrub_run(ScrubMode::Repair, &AtomicBool::new(false))
@@ -558,6 +558,9 @@ fn run_stage(
             });
             st.log(format!("planted corruption at {what}; scrub repair: {r:?}"));
             let fixed = matches!(&r, Ok(rep) if rep.located >= 1 && rep.repaired >= 1);
+            if fixed {
+                planted = None;
+            }
             if !fixed && !clock.is_off() {
                 report
                     .actions
@@ -633,7 +636,8 @@ fn run_stage(
         let r = rt
             .handle()
             .block_on(0, move || async move { v.close().await });
-        clean = r.is_ok() && !clock.is_off();
+        // Clean means every row in sync: a stop with resync still owed (degraded) is not.
+        clean = r.is_ok() && !clock.is_off() && !a.needs_resync();
         if clean {
             let mut h = st.hist.lock().expect("hist");
             let t = h.now();
@@ -645,7 +649,6 @@ fn run_stage(
     }
     clock.power_cut();
     report.power_cuts += usize::from(!clean);
-    media.clean = clean;
     let out = clock.images().expect("the power went");
     // Clock order → device index.
     let mut order: Vec<usize> = devs.iter().map(|d| d.0).collect();
@@ -657,6 +660,9 @@ fn run_stage(
             media.present.resize(i + 1, true);
         }
         media.images[i] = img;
+    }
+    if let Some(p) = planted {
+        unplant(media, p);
     }
     let hist = std::mem::replace(
         &mut *st.hist.lock().expect("hist"),
@@ -820,7 +826,14 @@ fn read_back(
 
 /// Flips one sector of one chunk of an allocated stripe on its member's medium (`devs`: the
 /// stage's devices); returns where.
-fn plant(vol: &Volume<MemDev>, devs: &[(usize, MemDev)], rng: &mut Rng) -> Option<String> {
+/// Where a sector was flipped: device index, offset, the bytes before.
+type Planted = (usize, usize, Vec<u8>);
+
+fn plant(
+    vol: &Volume<MemDev>,
+    devs: &[(usize, MemDev)],
+    rng: &mut Rng,
+) -> Option<(String, Planted)> {
     let g = *vol.geometry();
     let sdb = g.stripe_data_bytes();
     let runs = vol.allocation(0, vol.size()).ok()?;
@@ -840,6 +853,7 @@ fn plant(vol: &Volume<MemDev>, devs: &[(usize, MemDev)], rng: &mut Rng) -> Optio
     let at =
         (DATA_OFFSET + g.member_offset(stripe, 0) + rng.below(g.chunk / SECTOR) * SECTOR) as usize;
     let mut state = d.1.state.lock().expect("device state");
+    let before = state.data[at..at + SECTOR as usize].to_vec();
     for b in &mut state.data[at..at + SECTOR as usize] {
         *b ^= 0x5A;
     }
@@ -848,9 +862,23 @@ fn plant(vol: &Volume<MemDev>, devs: &[(usize, MemDev)], rng: &mut Rng) -> Optio
             *b ^= 0x5A;
         }
     }
-    Some(format!(
-        "stripe {stripe}, member {slot}, device offset {at}"
+    Some((
+        format!("stripe {stripe}, member {slot}, device offset {at}"),
+        (d.0, at, before),
     ))
+}
+
+/// Undoes a planted flip the power cut left on a medium (a repair that landed stays).
+fn unplant(media: &mut Media, p: Planted) {
+    let (dev, at, before) = p;
+    let sector = &mut media.images[dev][at..at + SECTOR as usize];
+    if sector
+        .iter()
+        .zip(&before)
+        .all(|(&now, &was)| now == was ^ 0x5A)
+    {
+        sector.copy_from_slice(&before);
+    }
 }
 
 /// What wrong bytes look like (for failure messages).

@@ -446,6 +446,9 @@ impl<D: BlockDev> Array<D> {
     async fn takeover(&self, r: Replacing) -> Result<ReplaceOutcome, ArrayError> {
         self.failure_barrier().await;
         self.journal_retire_slot(r.slot).await;
+        // Past the tolerance the records stay (a forced assembly may want them), so the
+        // replacement may not take the slot they wrote.
+        self.check_serving()?;
         let meta = self.meta().lock().await;
         self.takeover_locked(meta, r).await
     }
