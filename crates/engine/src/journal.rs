@@ -5,9 +5,9 @@
 //!   complete new contents of every member range it is about to write, data and parity —
 //!   and the record is *durable* (written, and a journal flush completed after it and after
 //!   every earlier record was written) before any of those member writes is issued
-//!   (`journal_log`). A power cut therefore leaves every stripe either untouched since its
+//!   (`Journal::log`). A power cut therefore leaves every stripe either untouched since its
 //!   last durable state or described completely by a durable record: replay at assembly
-//!   (`replay`) rewrites the records in order, which makes every stripe consistent, so a
+//!   (`replay_records`, then `new_epoch`) rewrites the records in order, which makes every stripe consistent, so a
 //!   dirty array needs no resync and a dirty *degraded* one is safe to start.
 //! * Durability is a prefix: a journal flush covers exactly the records whose writes
 //!   completed before it began, and a record counts as durable only when every record
@@ -313,7 +313,7 @@ pub fn pending_records<J: BlockDev>(dev: &J, sb: &Superblock) -> Result<u64, Str
 }
 
 impl<D: BlockDev> Journal<D> {
-    /// A journal whose superblock `sb` was just written by `replay` (empty log).
+    /// A journal whose superblock `sb` was just written by `new_epoch` (empty log).
     pub fn new(dev: D, mode: JournalMode, sb: JournalSuper, replayed: u64) -> Journal<D> {
         let st = LogState {
             head: sb.tail,
@@ -438,7 +438,7 @@ impl<D: BlockDev> Journal<D> {
 }
 
 /// A record reserved whose write has not finished: dropping it (a cancelled request)
-/// poisons the journal (journal_log).
+/// poisons the journal (`Journal::log`).
 struct Abandon<'a, D: BlockDev> {
     j: &'a Journal<D>,
     seq: u64,

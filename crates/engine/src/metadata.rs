@@ -541,7 +541,7 @@ impl Metadata {
 
     /// Flushes every live member (whatever the journal mode) and waits for the failure
     /// barrier; the member writes that bypassed the journal until now are then flushed
-    /// (`Members::unjournaled_flushed`).
+    /// (`Members::unjournaled_covered`).
     pub(crate) async fn flush_members<D: BlockDev>(&self, members: &Members<D>) {
         let seen = members.unjournaled_issued();
         let all = MemberSet::all(members.count());

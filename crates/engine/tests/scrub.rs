@@ -142,31 +142,8 @@ fn no_false_mismatches_under_writes() {
         f.jitter.store(true, Ordering::Relaxed);
         f.yield_ops.store(true, Ordering::Relaxed);
     }
-    let stop = AtomicBool::new(false);
-    let done = std::cell::Cell::new(false);
-    let size = vol.size();
-    let mut rng = Rng::new(3);
-    let (found, scrubs) = block_on(async {
-        let s = async {
-            let (mut found, mut scrubs) = (0, 0);
-            while !done.get() {
-                let r = a.scrub_run(ScrubMode::Check, &stop).await.unwrap();
-                found += r.mismatches;
-                scrubs += 1;
-            }
-            (found, scrubs)
-        };
-        let w = async {
-            for i in 0..300 {
-                let len = (1 + rng.below(64)) * 512;
-                let off = rng.below((size - len) / 512) * 512;
-                let d = payload(900 + i, len as usize);
-                vol.write(off, d.clone()).await.unwrap();
-                want[off as usize..(off + len) as usize].copy_from_slice(&d);
-            }
-            done.set(true);
-        };
-        futures::join!(s, w).0
+    let (found, scrubs) = scrubs_under_writes(&vol, 3, 300, 64, |off, d| {
+        want[off as usize..off as usize + d.len()].copy_from_slice(d)
     });
     assert!(scrubs > 3, "the scrubs overlapped the writes: {scrubs}");
     assert_eq!(found, 0, "{scrubs} scrubs under writes found mismatches");
@@ -255,35 +232,7 @@ fn scrub_racing_first_writes_reports_no_mismatch() {
             f.jitter.store(true, Ordering::Relaxed);
             f.yield_ops.store(true, Ordering::Relaxed);
         }
-        let a = vol.array().clone();
-        let stop = AtomicBool::new(false);
-        let done = std::cell::Cell::new(false);
-        let size = vol.size();
-        let mut rng = Rng::new(11);
-        let (found, scrubs) = block_on(async {
-            let s = async {
-                let (mut found, mut scrubs) = (0, 0);
-                while !done.get() {
-                    let r = a.scrub_run(ScrubMode::Check, &stop).await.unwrap();
-                    found += r.mismatches;
-                    scrubs += 1;
-                    // A scrub of a volume with nothing allocated yet never waits.
-                    uraid_engine::reactor::yield_now().await;
-                }
-                (found, scrubs)
-            };
-            let w = async {
-                for i in 0..200 {
-                    let len = (1 + rng.below(8)) * 512;
-                    let off = rng.below((size - len) / 512) * 512;
-                    vol.write(off, payload(700 + i, len as usize))
-                        .await
-                        .unwrap();
-                }
-                done.set(true);
-            };
-            futures::join!(s, w).0
-        });
+        let (found, scrubs) = scrubs_under_writes(&vol, 11, 200, 8, |_, _| {});
         assert!(
             scrubs > 3,
             "{level}: the scrubs overlapped the writes: {scrubs}"
@@ -294,4 +243,44 @@ fn scrub_racing_first_writes_reports_no_mismatch() {
         );
         assert_eq!(scrub(&vol, ScrubMode::Check).mismatches, 0, "{level}");
     }
+}
+
+/// Check-mode scrubs, one after another, while `writes` seeded writes (up to `max_sectors`
+/// each; `wrote` sees each one) go to `vol`: the mismatches found and the scrubs run.
+fn scrubs_under_writes(
+    vol: &Volume<MemDev>,
+    seed: u64,
+    writes: u64,
+    max_sectors: u64,
+    mut wrote: impl FnMut(u64, &[u8]),
+) -> (u64, u64) {
+    let a = vol.array().clone();
+    let stop = AtomicBool::new(false);
+    let done = std::cell::Cell::new(false);
+    let size = vol.size();
+    let mut rng = Rng::new(seed);
+    block_on(async {
+        let s = async {
+            let (mut found, mut scrubs) = (0, 0);
+            while !done.get() {
+                let r = a.scrub_run(ScrubMode::Check, &stop).await.unwrap();
+                found += r.mismatches;
+                scrubs += 1;
+                // A scrub of a volume with nothing allocated yet never waits.
+                uraid_engine::reactor::yield_now().await;
+            }
+            (found, scrubs)
+        };
+        let w = async {
+            for i in 0..writes {
+                let len = (1 + rng.below(max_sectors)) * 512;
+                let off = rng.below((size - len) / 512) * 512;
+                let d = payload(seed * 1000 + i, len as usize);
+                vol.write(off, d.clone()).await.unwrap();
+                wrote(off, &d);
+            }
+            done.set(true);
+        };
+        futures::join!(s, w).0
+    })
 }

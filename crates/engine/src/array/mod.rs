@@ -523,7 +523,7 @@ impl<D: BlockDev> Array<D> {
         self.meta.flush_members(&self.members).await
     }
 
-    /// A member data-area write that does not go through the journal is about to be issued
+    /// A member data-area write that does not go through the journal has completed
     /// (allocation-map pages): the next FLUSH flushes the members.
     pub(crate) fn note_unjournaled(&self) {
         self.members.note_unjournaled();

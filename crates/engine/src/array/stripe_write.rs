@@ -374,11 +374,10 @@ impl<D: BlockDev> Array<D> {
             // With a journal: the whole update is durable there before any member sees it.
             let record = self.journal_log(&writes).await?;
             if let Some(r) = record {
-                // Members that failed since the plan: not in the record, not written.
-                let writes: Vec<(usize, u64, IoBuf)> = writes
-                    .into_iter()
-                    .filter(|w| r.kept.contains(w.0))
-                    .collect();
+                // Members that failed since the plan: not in the record, not written (in
+                // place: no copy of the list on the usual path, where nothing failed).
+                let mut writes = writes;
+                writes.retain(|w| r.kept.contains(w.0));
                 if self.can_defer() {
                     let region = self.intent.deferred_begin(stripe);
                     return Ok(Some(r.defer(writes, region)));
