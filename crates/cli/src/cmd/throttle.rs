@@ -36,7 +36,8 @@ pub fn run(a: ThrottleArgs) -> Result<()> {
     let plan = assemble::plan(&members)?;
     let Some(sock) = live_socket(&plan, &target, embedded)? else {
         bail!(
-            "no running server of array '{}': the throttle is set when serving                      (uraid serve --background-budget, --priority, --resync-min, --resync-max)",
+            "no running server of array '{}': the throttle is set when serving \
+             (uraid serve --background-budget, --priority, --resync-min, --resync-max)",
             plan.sb.name
         );
     };
