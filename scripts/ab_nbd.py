@@ -8,7 +8,7 @@ docs/investigations/perf-notes.md
 scrape every second while it runs, --scrape). Usage:
 
     scripts/ab_nbd.py --a OLD/uraid --b target/release/uraid [--runs 7] [--runtime 3] [--scrape]
-        [--set random|write]
+        [--set random|write|qd1]
 """
 import argparse, os, shutil, statistics, subprocess, sys, threading
 
@@ -17,6 +17,8 @@ from benchlib import TICK, Server, cpu_ticks, fio_json, run, spread
 WORKLOADS = [("4k randread QD32", "randread", "4k", 32), ("4k randwrite QD32", "randwrite", "4k", 32)]
 # --set write: sequential writes (the zero-copy write path); IOPS x block size = throughput.
 WRITES = [("1M seq write QD8", "write", "1m", 8), ("128k seq write QD8", "write", "128k", 8)]
+# --set qd1: one request at a time (IOPS = 1 / mean latency).
+QD1 = [("4k randread QD1", "randread", "4k", 1), ("4k randwrite QD1", "randwrite", "4k", 1)]
 
 
 
@@ -37,10 +39,11 @@ def main():
     ap.add_argument("--runtime", type=float, default=3)
     ap.add_argument("--dir", default="/dev/shm/uraid-abnbd")
     ap.add_argument("--scrape", action="store_true", help="scrape B's /metrics every second while it runs")
-    ap.add_argument("--set", choices=("random", "write"), default="random",
-                    help="random: 4k random read and write QD32; write: 1M and 128k sequential writes QD8")
+    ap.add_argument("--set", choices=("random", "write", "qd1"), default="random",
+                    help="random: 4k random read and write QD32; write: 1M and 128k sequential writes QD8; "
+                         "qd1: 4k random read and write QD1")
     a = ap.parse_args()
-    workloads = WRITES if a.set == "write" else WORKLOADS
+    workloads = {"random": WORKLOADS, "write": WRITES, "qd1": QD1}[a.set]
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
     members = [os.path.join(a.dir, f"m{i}") for i in range(10)]

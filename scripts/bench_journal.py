@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Journal device: sync-write latency and IOPS without a journal, with a write-through and
-with a write-back journal, side by side in one run (issue 10's report; docs/benchmarks.md).
+with a write-back journal, side by side in one run (docs/benchmarks.md).
 
 RAID6 4+2, chunk 64K. The members are files on a *slower* device than the journal: the
 machine's disk (default --dir /var/tmp/...; fdatasync there costs real device time) while
@@ -105,7 +105,7 @@ def main():
     m = lambda mode, test, k: med([x[k] for x in res[mode][test]])
     out = []
     w = out.append
-    w("## Journal device: sync writes (issue 10)")
+    w("## Journal device: sync writes")
     w("")
     w(f"Command: `python3 scripts/bench_journal.py --runs {a.runs} --seconds {a.seconds} "
       f"--size {a.size}` (release build; the script's docstring says what each row measures). "
