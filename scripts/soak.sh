@@ -7,12 +7,12 @@ cd "$(dirname "$0")/.."
 minutes=${1:-10}
 start=${2:-1000}
 shift $(( $# > 2 ? 2 : $# )) || true
-focus=""; test_name="seeded_runs_within_the_tolerance_match_the_model"; count_var=URAID_SIM_SEEDS
+focus=""; test_name="seeded_runs_within_the_tolerance_match_the_model"; count_var=URAID_SIM_SEEDS; beyond=""
 for a in "$@"; do
   case "$a" in
     --focus) ;;
     journal) focus=journal ;;
-    --beyond) test_name="past_the_tolerance_the_array_fails_cleanly"; count_var=URAID_SIM_BEYOND_SEEDS ;;
+    --beyond) test_name="past_the_tolerance_the_array_fails_cleanly"; count_var=URAID_SIM_BEYOND_SEEDS; beyond=1 ;;
   esac
 done
 cargo test -q -p uraid-engine --test interaction --no-run >/dev/null 2>&1 || cargo test -p uraid-engine --test interaction --no-run
@@ -25,7 +25,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
       cargo test -q -p uraid-engine --test interaction "$test_name" >"$log" 2>&1; then
     grep -E '^seed [0-9]+ ' "$log" | cut -c1-400 || tail -20 "$log"
     for s in $(grep -Eo '^seed [0-9]+' "$log" | awk '{print $2}'); do
-      echo "soak: seed $s failed; rerun: URAID_SIM_FOCUS=$focus URAID_SIM_SEED=$s URAID_SIM_LOG=1 cargo test -p uraid-engine --test interaction one_seed -- --nocapture"
+      echo "soak: seed $s failed; rerun: URAID_SIM_FOCUS=$focus URAID_SIM_BEYOND=$beyond URAID_SIM_SEED=$s URAID_SIM_LOG=1 cargo test -p uraid-engine --test interaction one_seed -- --nocapture"
     done
     failed=1
   fi

@@ -254,6 +254,60 @@ fn writes_into_an_unreadable_unsynced_stripe_succeed_without_failing_the_member(
     assert!(a.stripe_unsynced(5));
 }
 
+/// A write into an unsynced stripe whose plan must decode a data chunk with a media error
+/// (the parity it would decode from may disagree with the data) never writes the decoded
+/// bytes back: the sector keeps its old data or stays unreadable, never garbage. Found by
+/// the interaction simulator's beyond-tolerance mode (seed 476: the decoded chunk went to
+/// the member, and reads after reassembly returned it).
+#[test]
+fn a_write_into_an_unsynced_stripe_never_writes_back_a_chunk_decoded_from_its_parity() {
+    let members = 4;
+    let (mut images, want) = written(Level::Raid5, members);
+    let g = *mem_array(Level::Raid5, members, CHUNK, 16 * CHUNK, None)
+        .0
+        .geometry();
+    let s = 5;
+    // Parity torn at the cut: it no longer matches the data.
+    corrupt(
+        &mut images,
+        g.parity_member(s, 0),
+        g.member_offset(s, 0),
+        CHUNK,
+    );
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &[true; 4]).unwrap();
+    let a = vol.array().clone();
+    assert!(a.stripe_unsynced(s));
+    let m0 = g.data_member(s, 0);
+    let at = DATA_OFFSET + g.member_offset(s, 0);
+    a.member_dev(m0).unwrap().faults.bad_range(at, at + 512);
+    // Data chunks 1 and 2 whole: the plan reads chunk 0 (reconstruct-write), meets the
+    // media error, and would decode chunk 0 from the torn parity.
+    let sdb = g.stripe_data_bytes();
+    let off = s * sdb + CHUNK;
+    let new = payload(9, 2 * CHUNK as usize);
+    let _ = block_on(vol.write(off, new.clone()));
+    let chunk0 = (s * sdb) as usize..(s * sdb + CHUNK) as usize;
+    match block_on(vol.read(s * sdb, CHUNK)) {
+        Ok(got) => assert!(
+            got.to_vec() == want[chunk0],
+            "chunk 0 holds bytes never written"
+        ),
+        Err(e) => assert!(
+            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+            "{e}"
+        ),
+    }
+    // What is on the member itself (the media error aside) is still the old data.
+    let img = member_bytes(&vol, m0);
+    let lo = (DATA_OFFSET + g.member_offset(s, 0)) as usize;
+    let old = &want[(s * sdb) as usize..(s * sdb + CHUNK) as usize];
+    assert!(
+        img[lo..lo + CHUNK as usize] == *old,
+        "member {m0} holds bytes decoded from torn parity"
+    );
+}
+
 /// A member dying while a write resyncs its stripe: the write still succeeds (as it would
 /// on a degraded stripe), it is not an I/O error.
 #[test]

@@ -219,6 +219,55 @@ fn an_unreadable_chunk_is_rewritten() {
     assert!(read_all(&vol) == want);
 }
 
+/// A data chunk with a media error in a stripe resync could not make consistent (torn
+/// parity after an unclean stop): a scrub never rebuilds it from that parity, writes
+/// nothing there and leaves the stripe unsynced; reads of it stay refused, never wrong.
+/// Found by the interaction simulator (seed 480: the scrub wrote the decoded chunk and
+/// marked the stripe synced, and reads returned it).
+#[test]
+fn an_unreadable_data_chunk_of_an_unsynced_stripe_is_not_rebuilt_from_its_parity() {
+    let (mut images, want) = written(Level::Raid6, 6);
+    let vol0 = reassemble(&images, &[true; 6]).unwrap();
+    let g = *vol0.array().geometry();
+    drop(vol0);
+    let stripe = 5;
+    // Torn parity: both parities disagree with the data.
+    for j in 0..2 {
+        corrupt(
+            &mut images,
+            g.parity_member(stripe, j),
+            g.member_offset(stripe, 0),
+            4096,
+        );
+    }
+    uraid_sim::make_dirty(&mut images);
+    let vol = reassemble(&images, &[true; 6]).unwrap();
+    let a = vol.array().clone();
+    let m = g.data_member(stripe, 1);
+    let at = DATA_OFFSET + g.member_offset(stripe, 0);
+    a.member_dev(m).unwrap().faults.bad_range(at, at + 512);
+    let r = scrub(&vol, ScrubMode::Repair);
+    assert_eq!(r.unreadable, 1, "{r:?}");
+    assert!(a.stripe_unsynced(stripe), "the stripe was marked synced");
+    let img = member_bytes(&vol, m);
+    let o = at as usize;
+    let vo = (stripe * g.stripe_data_bytes() + CHUNK) as usize;
+    assert!(
+        img[o..o + 4096] == want[vo..vo + 4096],
+        "member {m} holds a chunk decoded from torn parity"
+    );
+    match block_on(vol.read(vo as u64, 4096)) {
+        Ok(got) => assert!(
+            got.to_vec() == want[vo..vo + 4096],
+            "read returned wrong bytes"
+        ),
+        Err(e) => assert!(
+            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+            "{e}"
+        ),
+    }
+}
+
 /// A scrub that meets a granule while its first write is still filling it (the members hold
 /// whatever they held before: garbage on these fresh members) verifies nothing there: the
 /// unit is checked again under its lock (found by the interaction simulator: scrubs racing

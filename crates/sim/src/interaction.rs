@@ -393,8 +393,21 @@ impl Stage {
     }
 }
 
+/// `URAID_SIM_LOG=1` also shows the engine's own log (warnings and errors: read errors
+/// corrected, journal failures, unreadable stripes), interleaved with the stage's actions.
+fn engine_log() {
+    if std::env::var_os("URAID_SIM_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .with_writer(std::io::stderr)
+            .without_time()
+            .try_init();
+    }
+}
+
 /// Runs one configuration to its end; Err says what went wrong, with the seed.
 pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
+    engine_log();
     let g = cfg.geometry();
     let mut images = fresh_images_with(g, cfg.journal);
     let journal = cfg.journal.map(|_| {
@@ -545,8 +558,10 @@ fn run_stage(
     // on its member's medium; a scrub in repair mode must locate and repair it before any
     // client reads (a healthy read does not check parity, so it would serve the flip).
     let quiet = a.failed().is_empty() && a.rebuild_state().is_empty() && !a.needs_resync();
-    // A power cut during that scrub leaves the simulator's own damage on the media: undone
-    // after the stage where the medium still holds it (`unplant`).
+    // A power cut during that scrub, or after it before the members were flushed (a repair
+    // is a member write like any other, in the volatile cache until a flush), leaves the
+    // simulator's own damage on the media: undone after the stage where the medium still
+    // holds it (`unplant`).
     let mut planted = None;
     if quiet && a.geometry().parity() >= 2 && rng.below(2) == 0 {
         if let Some((what, at)) = plant(&vol, &devs, rng) {
@@ -558,9 +573,6 @@ fn run_stage(
             });
             st.log(format!("planted corruption at {what}; scrub repair: {r:?}"));
             let fixed = matches!(&r, Ok(rep) if rep.located >= 1 && rep.repaired >= 1);
-            if fixed {
-                planted = None;
-            }
             if !fixed && !clock.is_off() {
                 report
                     .actions

@@ -211,6 +211,10 @@ impl<D: BlockDev> Array<D> {
     ) -> Result<Option<crate::journal::Deferred>, ArrayError> {
         // No parity is built on an unsynced stripe (recovery/resync.rs).
         self.resync_if_unsynced(stripe).await?;
+        // Still unsynced (degraded, or a data chunk resync cannot read): its parity may
+        // disagree with its data, so a chunk decoded from it is never written to a member
+        // (docs/invariants.md, "Unsynced stripes are resynced before the array is clean").
+        let unsynced = self.recovery.resync.unsynced(stripe);
         let g = self.geo;
         let k = g.data_chunks();
         let m = g.parity();
@@ -243,7 +247,12 @@ impl<D: BlockDev> Array<D> {
         // Members whose reads failed with a correctable error during this operation, and
         // members being rebuilt that do not hold this stripe yet: they are written (which
         // repairs them, or brings them up to date for the part written) but never read.
-        let mut excl = self.members.stale_at(stripe).minus(self.members.failed());
+        let stale = self.members.stale_at(stripe).minus(self.members.failed());
+        let mut excl = if unsynced {
+            stale.union(self.recovery.resync.unreadable(stripe))
+        } else {
+            stale
+        };
         loop {
             let failed = self.check_serving()?;
             let shard = |mem: usize| {
@@ -272,6 +281,18 @@ impl<D: BlockDev> Array<D> {
                         Attempt::Done(v) => v,
                         Attempt::Retry => continue,
                     };
+                    // A partly written chunk whose old bytes had to be decoded goes to its
+                    // member with them: refused on an unsynced stripe, like a read of it.
+                    if unsynced
+                        && fetch
+                            .iter()
+                            .any(|&i| touched[i] && excl.contains(g.data_member(stripe, i)))
+                    {
+                        self.recovery
+                            .resync
+                            .note_unreadable(stripe, excl.minus(stale).minus(failed));
+                        return Err(self.unsynced_unreadable(stripe, excl.union(failed)));
+                    }
                     let mut old = old.into_iter();
                     let mut data: Vec<IoBuf> = (0..k)
                         .map(|i| {
@@ -300,9 +321,9 @@ impl<D: BlockDev> Array<D> {
                     // (decoded from the stripe: writing them back repairs the sector, as a
                     // read would; otherwise every later write here would hit it again).
                     let mut data: Vec<Option<IoBuf>> = data.into_iter().map(Some).collect();
-                    for i in
-                        (0..k).filter(|&i| touched[i] || excl.contains(g.data_member(stripe, i)))
-                    {
+                    for i in (0..k).filter(|&i| {
+                        touched[i] || (!unsynced && excl.contains(g.data_member(stripe, i)))
+                    }) {
                         data_out.push((i, data[i].take().expect("chunk present")));
                     }
                 }
@@ -342,7 +363,9 @@ impl<D: BlockDev> Array<D> {
                     // attempt (which turned it into this plan): decoded from the stripe
                     // as it is on disk and written back, which repairs the sector.
                     let bad: Vec<usize> = (0..k)
-                        .filter(|&i| !touched[i] && excl.contains(g.data_member(stripe, i)))
+                        .filter(|&i| {
+                            !unsynced && !touched[i] && excl.contains(g.data_member(stripe, i))
+                        })
                         .collect();
                     if !bad.is_empty() {
                         if let Attempt::Done(v) =
@@ -356,6 +379,11 @@ impl<D: BlockDev> Array<D> {
                         }
                     }
                 }
+            }
+            if unsynced && !excl.minus(stale).is_empty() {
+                self.recovery
+                    .resync
+                    .note_unreadable(stripe, excl.minus(stale).minus(failed));
             }
             // Write new data and parity to every live member (unreadable ones included: the
             // write repairs them).

@@ -236,6 +236,14 @@ impl<D: BlockDev> Array<D> {
         // After an unclean stop, resync's rule comes first (parity from the data, the first
         // mirror copy over the others): a torn write is not a corrupt member.
         self.resync_if_unsynced(unit).await?;
+        if g.level.is_parity() && self.recovery().resync.unsynced(unit) {
+            // Resync could not read it (a data chunk with a media error): its parity is not
+            // verified, so nothing here can be judged or rebuilt from it.
+            return Ok(UnitResult {
+                unreadable: true,
+                ..Default::default()
+            });
+        }
         // Every chunk of the unit: (member, data-area offset).
         let (chunks, parity): (Vec<(usize, u64)>, bool) = if g.level.is_parity() {
             let at = g.member_offset(unit, 0);

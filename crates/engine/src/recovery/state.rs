@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
-use uraid_core::Geometry;
+use uraid_core::{Geometry, MemberSet};
 
 /// Background-work state of one array. Each part has its own rules (`ResyncState`,
 /// `Progress`, `ScrubCounts`); `Recovery` only groups them and answers `skippable`.
@@ -156,8 +156,11 @@ pub(crate) struct ResyncState {
     synced: Vec<AtomicU64>,
     /// The units due at assembly (dirty regions of the write-intent bitmap, or all).
     pub(crate) due: Vec<std::ops::Range<u64>>,
-    /// Stripes writes found unreadable (media error on a data chunk): not retried by writes.
-    given_up: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Stripes writes found unreadable (media error on a data chunk): not retried by writes;
+    /// with the members whose chunk a write met a media error in (writes plan around them:
+    /// a chunk decoded from an unsynced stripe's parity may be wrong, so it is never
+    /// written back, and reading it again would only spend the member's error budget).
+    given_up: std::sync::Mutex<std::collections::HashMap<u64, MemberSet>>,
     /// Units whose degraded reads were refused (not yet resynced: parity untrusted).
     reported: std::sync::Mutex<std::collections::HashSet<u64>>,
 }
@@ -211,14 +214,33 @@ impl ResyncState {
         self.given_up
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(&unit)
+            .contains_key(&unit)
     }
 
     pub(crate) fn give_up(&self, unit: u64) {
         self.given_up
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(unit);
+            .entry(unit)
+            .or_insert(MemberSet::EMPTY);
+    }
+
+    /// A write met media errors on `members` in unsynced `unit`: later writes plan around
+    /// them (`unreadable`).
+    pub(crate) fn note_unreadable(&self, unit: u64, members: MemberSet) {
+        let mut g = self.given_up.lock().unwrap_or_else(|e| e.into_inner());
+        let e = g.entry(unit).or_insert(MemberSet::EMPTY);
+        *e = e.union(members);
+    }
+
+    /// Members whose chunk of unsynced `unit` a write found unreadable.
+    pub(crate) fn unreadable(&self, unit: u64) -> MemberSet {
+        self.given_up
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&unit)
+            .copied()
+            .unwrap_or(MemberSet::EMPTY)
     }
 
     /// Records that reads of `unit` were refused; true the first time (to log it once).
