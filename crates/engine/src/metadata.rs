@@ -25,15 +25,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use uraid_core::format::{MemberState, Superblock, SB_SIZE};
 use uraid_core::MemberSet;
 
+/// What the superblock lock guards (`Metadata::lock`): the array's current superblock, who
+/// each member is on disk, and a replacement's swap. Its fields are private to this module:
+/// every edit is a `Metadata` method that states its rule and ends in the round that makes
+/// it durable.
 pub(crate) struct Meta {
-    pub(crate) sb: Superblock,
-    pub(crate) ids: Vec<MemberId>,
-    /// A replace being finished (recovery/replace.rs `swap_in`): set before its round,
-    /// moved on by the round, read back after it.
-    pub(crate) swap: Option<Swap>,
+    sb: Superblock,
+    ids: Vec<MemberId>,
+    /// A replace being finished (`Metadata::swap_round`): set before its round, moved on by
+    /// the round, read back after it.
+    swap: Option<Swap>,
 }
 
-/// Where the swap of a replacement into its slot stands (`Meta::swap`).
+/// Where the swap of a replacement into its slot stands (`Metadata::swap_round`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Swap {
     /// The next round names the replacement (generation `gen`, device `uuid`) in `slot`
@@ -63,7 +67,9 @@ pub struct MemberId {
 }
 
 pub(crate) struct Metadata {
-    pub(crate) state: tokio::sync::Mutex<Meta>,
+    /// The superblock lock (`lock`). Lock order (array/mod.rs): taken after stripe,
+    /// write-intent and journal locks, never before them.
+    state: tokio::sync::Mutex<Meta>,
     /// Serialises the first write's preparation (`ensure_dirty`).
     first_write: tokio::sync::Mutex<()>,
     /// The failed set the superblocks on disk record.
@@ -77,9 +83,9 @@ pub(crate) struct Metadata {
     /// The superblocks' event count after the last round (status).
     events: AtomicU64,
     /// Array identity, for status without taking the superblock lock.
-    pub(crate) name: String,
-    pub(crate) uuid: [u8; 16],
-    pub(crate) ctime: u64,
+    name: String,
+    uuid: [u8; 16],
+    ctime: u64,
     /// Read-only metadata: never write superblocks (bench on someone's array, tests).
     frozen: bool,
 }
@@ -134,6 +140,11 @@ impl Metadata {
 
     pub(crate) fn events(&self) -> u64 {
         self.events.load(Ordering::Acquire)
+    }
+
+    /// The array's name, uuid and creation time (fixed at creation).
+    pub(crate) fn identity(&self) -> (&str, [u8; 16], u64) {
+        (&self.name, self.uuid, self.ctime)
     }
 }
 
@@ -480,14 +491,83 @@ impl Metadata {
         self.state.lock().await
     }
 
-    /// Slot `i`'s member is removed (`REMOVED_SLOT`); the caller's round records it.
-    pub(crate) fn mark_removed(&self, i: usize) {
-        self.removed.fetch_or(1 << i, Ordering::AcqRel);
+    /// The array's current superblock (a spare added while serving carries a copy).
+    pub(crate) async fn superblock(&self) -> Superblock {
+        self.state.lock().await.sb.clone()
     }
 
-    /// Slot `i` has a member again.
-    pub(crate) fn clear_removed(&self, i: usize) {
-        self.removed.fetch_and(!(1 << i), Ordering::AcqRel);
+    /// Removes slot `i`'s member (the caller checked, under this lock, that it is failed):
+    /// the slot names no device (`REMOVED_SLOT`) from this round on, so its old device is
+    /// refused at assembly and the slot waits for a new one. Durable when it returns.
+    pub(crate) async fn remove_slot<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        i: usize,
+    ) {
+        meta.ids[i].uuid = uraid_core::format::REMOVED_SLOT;
+        self.removed.fetch_or(1 << i, Ordering::AcqRel);
+        self.persist(members, meta, true).await;
+    }
+
+    /// Before failed slot `slot` gets a new device: its failure is on disk (state failed, no
+    /// rebuild checkpoint, its old uuid), writing a round if it is not yet, so a crash
+    /// before the round that names the new device leaves the slot failed, never trusting
+    /// the new device.
+    pub(crate) async fn failure_on_disk<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        slot: usize,
+    ) {
+        if !self.persisted().contains(slot)
+            || meta.sb.states[slot] != MemberState::Failed
+            || meta.sb.rebuilt[slot] != 0
+        {
+            self.persist(members, meta, true).await;
+        }
+    }
+
+    /// Names device `uuid` in slot `slot`, which was just given it (`failure_on_disk` ran
+    /// first, its metadata area is zeroed), rebuilding from unit 0, in one round. The device
+    /// gets its first superblock from that round (`sb_slot: 1`: it is written to slot 0), so
+    /// a torn round leaves it without any: missing, never trusted. A device that fails the
+    /// round leaves the slot failed (`members.is_failed(slot)` afterwards).
+    pub(crate) async fn name_rebuilding<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        slot: usize,
+        uuid: [u8; 16],
+    ) {
+        meta.ids[slot] = MemberId {
+            uuid,
+            sb_slot: 1,
+            events: meta.sb.events,
+        };
+        meta.sb.rebuilt[slot] = 0;
+        self.removed.fetch_and(!(1 << slot), Ordering::AcqRel);
+        members.start_rebuilding(slot);
+        self.persist(members, meta, true).await;
+    }
+
+    /// The swap of replacement `gen` (device `uuid`) into live slot `slot`, in one round
+    /// (`persist`: the replacement's superblock is written first, then it is promoted and
+    /// named by the others). Returns how it stands: `Done` (the superblocks name it),
+    /// `Failed` (the slot names the old device, one event past anything the replacement may
+    /// hold) or `Pending` (the slot failed before the round: it kept its old identity).
+    pub(crate) async fn swap_round<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        slot: usize,
+        gen: usize,
+        uuid: [u8; 16],
+    ) -> Swap {
+        let pending = Swap::Pending { slot, gen, uuid };
+        meta.swap = Some(pending);
+        self.persist(members, meta, true).await;
+        meta.swap.take().unwrap_or(pending)
     }
 
     /// Runs `op` on every live member of `set` concurrently. A member whose op fails is
