@@ -10,7 +10,7 @@
 //! * A superblock round writes every live member's superblock into the one of its two slots
 //!   (4 KiB at member offsets 0 and 4096) that does *not* hold its freshest valid superblock,
 //!   and flushes it, so a round torn by a crash leaves that copy intact: `events - 1`, which
-//!   assembly accepts (`assemble::decide`, md's event margin of one).
+//!   assembly accepts (`uraid_core::assemble::decide`, md's event margin of one).
 //! * The event count only grows, one per round (`assert!` in `persist`, also in release: a
 //!   round that wrote a lower count would let assembly pick a stale member).
 //! * Rounds are serialised by one async mutex; a round that itself fails a member runs again.
@@ -24,6 +24,9 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use uraid_core::format::{MemberState, Superblock, SB_SIZE};
 use uraid_core::MemberSet;
+
+/// Who a member is on disk (defined with the assembly decision that produces it).
+pub use uraid_core::assemble::MemberId;
 
 /// What the superblock lock guards (`Metadata::lock`): the array's current superblock, who
 /// each member is on disk, and a replacement's swap. Its fields are private to this module:
@@ -52,18 +55,6 @@ pub(crate) enum Swap {
     /// It could not be marked swapping or its superblock could not be written: the slot
     /// names the old device.
     Failed,
-}
-
-/// Who a member is on disk: its device uuid, and which superblock slot holds its freshest
-/// valid superblock (the next round writes the *other* slot, so a torn round can never
-/// destroy a member's only valid copy, also on a member that missed the previous round).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MemberId {
-    pub uuid: [u8; 16],
-    pub sb_slot: usize,
-    /// The event count of that superblock (members taken one event behind, or forced, are
-    /// behind the array's).
-    pub events: u64,
 }
 
 pub(crate) struct Metadata {
