@@ -149,6 +149,137 @@ fn superblock_of(meta: &Meta, i: usize) -> (usize, u64, crate::buf::IoBuf) {
     (slot, (slot * SB_SIZE) as u64, buf::copy_of(&sb.encode()))
 }
 
+// The steps of one superblock round (`Metadata::persist`), each against one snapshot of
+// the failed set (`failed`).
+
+/// A replacement being swapped in takes the slot's identity in this round (only if the slot
+/// is live: a failed one keeps its old uuid, and the takeover names the replacement in its
+/// own round). From here it cannot be dropped. Returns (slot, generation, the slot's old
+/// identity) when it does; a replacement that cannot be marked swapping fails the swap.
+fn swap_begin<D: BlockDev>(
+    members: &Members<D>,
+    meta: &mut Meta,
+    failed: MemberSet,
+) -> Option<(usize, usize, MemberId)> {
+    let Some(Swap::Pending { slot: s, gen, uuid }) = meta.swap else {
+        return None;
+    };
+    if failed.contains(s) {
+        return None;
+    }
+    if !members.begin_swap(s, gen) {
+        meta.swap = Some(Swap::Failed);
+        return None;
+    }
+    let old = meta.ids[s];
+    meta.ids[s] = MemberId {
+        uuid,
+        sb_slot: 1,
+        events: meta.sb.events,
+    };
+    Some((s, gen, old))
+}
+
+/// Every member's state in the round's superblock, against the same snapshot of the failed
+/// set: a rebuilding member that fails meanwhile is written as rebuilding (its next round
+/// records it failed), never as active.
+fn record_states<D: BlockDev>(members: &Members<D>, meta: &mut Meta, failed: MemberSet) {
+    let rebuilding = members.rebuilding_marked().minus(failed);
+    for i in 0..members.count() {
+        meta.sb.states[i] = if failed.contains(i) {
+            MemberState::Failed
+        } else if rebuilding.contains(i) {
+            MemberState::Rebuilding
+        } else {
+            MemberState::Active
+        };
+        // Only the rebuild moves a checkpoint (`persist_rebuilt`, after flushing the
+        // member): a round for another reason keeps the last one.
+        if meta.sb.states[i] != MemberState::Rebuilding {
+            meta.sb.rebuilt[i] = 0;
+        }
+        if meta.ids[i].uuid != [0; 16] {
+            meta.sb.slot_uuids[i] = meta.ids[i].uuid;
+        }
+    }
+}
+
+/// A replacement being swapped in (`swap_begin`'s slot, generation and old identity) gets
+/// its superblock first, durably, before any other member's names it: a crash in between
+/// leaves a round one event behind on the others (taken), never a slot naming a device with
+/// no superblock. Returns the slot if it was swapped in, and whether the round must run again.
+async fn write_swapped<D: BlockDev>(
+    members: &Members<D>,
+    meta: &mut Meta,
+    (s, gen, old): (usize, usize, MemberId),
+) -> (Option<usize>, bool) {
+    let (slot, at, block) = superblock_of(meta, s);
+    let r = match members.write_gen(s, gen, at, block).await {
+        Ok(()) => members.flush_gen(s, gen).await,
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(()) => {
+            // Named on disk (first): it is the slot's device from now on, in one store; the
+            // old one is retired and never written again.
+            meta.ids[s].sb_slot = slot;
+            meta.ids[s].events = meta.sb.events;
+            meta.swap = Some(Swap::Done);
+            members.promote_replacement(s);
+            (Some(s), false)
+        }
+        Err(e) => {
+            // The slot keeps the old device: this pass names it again, and a second pass
+            // moves the others one event past anything the replacement may hold (a write
+            // that landed before its flush failed), so the two never tie at assembly. Events
+            // move by one per pass, never two.
+            tracing::error!("member {s}: writing its replacement's superblock failed: {e}");
+            meta.swap = Some(Swap::Failed);
+            meta.ids[s] = old;
+            meta.sb.slot_uuids[s] = old.uuid;
+            (None, true)
+        }
+    }
+}
+
+/// Writes the round's superblock to every member of `live` but `swapped` (written first, by
+/// `write_swapped`), each into its other slot, flushed; a member that fails is marked
+/// failed. Returns whether one did (the round runs again to record it).
+async fn write_round<D: BlockDev>(
+    members: &Members<D>,
+    meta: &mut Meta,
+    live: MemberSet,
+    swapped: Option<usize>,
+) -> bool {
+    let writes = live.iter().filter(|&i| swapped != Some(i)).map(|i| {
+        let (slot, at, block) = superblock_of(meta, i);
+        async move {
+            // Superblocks go to the current device only: never mirrored to a replacement,
+            // which must not claim the slot before it has it.
+            let r = match members.write_cur(i, at, block).await {
+                Ok(()) => members.flush(i).await,
+                Err(e) => Err(e),
+            };
+            (i, slot, r)
+        }
+    });
+    let mut newly = false;
+    for (i, slot, r) in join_all(writes).await {
+        match r {
+            Ok(()) => {
+                meta.ids[i].sb_slot = slot;
+                meta.ids[i].events = meta.sb.events;
+            }
+            Err(e) => {
+                tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
+                members.mark_failed(i);
+                newly = true;
+            }
+        }
+    }
+    newly
+}
+
 impl Metadata {
     /// Marks a member failed (logging the cause) and waits until the failure is durable.
     pub(crate) async fn fail_member<D: BlockDev>(
@@ -225,111 +356,14 @@ impl Metadata {
             );
             meta.sb.events += 1;
             meta.sb.utime = now();
-            // A replacement being swapped in takes the slot's identity in this round (only
-            // if the slot is live: a failed one keeps its old uuid, and the takeover names
-            // the replacement in its own round). From here it cannot be dropped.
-            let mut swap_old = None;
-            let mut again = false;
-            if let Some(Swap::Pending { slot: s, gen, uuid }) = meta.swap {
-                if !failed.contains(s) {
-                    if members.begin_swap(s, gen) {
-                        swap_old = Some((s, gen, meta.ids[s]));
-                        meta.ids[s] = MemberId {
-                            uuid,
-                            sb_slot: 1,
-                            events: meta.sb.events,
-                        };
-                    } else {
-                        meta.swap = Some(Swap::Failed);
-                    }
-                }
-            }
-            // Against the same snapshot of the failed set: a rebuilding member that fails
-            // meanwhile is written as rebuilding (its next round records it failed), never
-            // as active.
-            let rebuilding = members.rebuilding_marked().minus(failed);
-            for i in 0..members.count() {
-                meta.sb.states[i] = if failed.contains(i) {
-                    MemberState::Failed
-                } else if rebuilding.contains(i) {
-                    MemberState::Rebuilding
-                } else {
-                    MemberState::Active
-                };
-                // Only the rebuild moves a checkpoint (`persist_rebuilt`, after flushing
-                // the member): a round for another reason keeps the last one.
-                if meta.sb.states[i] != MemberState::Rebuilding {
-                    meta.sb.rebuilt[i] = 0;
-                }
-                if meta.ids[i].uuid != [0; 16] {
-                    meta.sb.slot_uuids[i] = meta.ids[i].uuid;
-                }
-            }
+            let swap_old = swap_begin(members, meta, failed);
+            record_states(members, meta, failed);
             let live = MemberSet::all(members.count()).minus(failed);
-            // A replacement being swapped in gets its superblock first, durably, before any
-            // other member's names it: a crash in between leaves a round one event behind
-            // on the others (taken), never a slot naming a device with no superblock.
-            let mut swapped = None;
-            if let Some((s, gen, old)) = swap_old {
-                let (slot, at, block) = superblock_of(meta, s);
-                let r = match members.write_gen(s, gen, at, block).await {
-                    Ok(()) => members.flush_gen(s, gen).await,
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(()) => {
-                        // Named on disk (first): it is the slot's device from now on, in
-                        // one store; the old one is retired and never written again.
-                        meta.ids[s].sb_slot = slot;
-                        meta.ids[s].events = meta.sb.events;
-                        meta.swap = Some(Swap::Done);
-                        members.promote_replacement(s);
-                        swapped = Some(s);
-                    }
-                    Err(e) => {
-                        // The slot keeps the old device: this pass names it again, and a
-                        // second pass moves the others one event past anything the
-                        // replacement may hold (a write that landed before its flush
-                        // failed), so the two never tie at assembly. Events move by one
-                        // per pass, never two.
-                        tracing::error!(
-                            "member {s}: writing its replacement's superblock failed: {e}"
-                        );
-                        meta.swap = Some(Swap::Failed);
-                        meta.ids[s] = old;
-                        meta.sb.slot_uuids[s] = old.uuid;
-                        again = true;
-                    }
-                }
-            }
-            let writes = live.iter().filter(|&i| swapped != Some(i)).map(|i| {
-                let (slot, at, block) = superblock_of(meta, i);
-                async move {
-                    // Superblocks go to the current device only: never mirrored to a
-                    // replacement, which must not claim the slot before it has it.
-                    let r = match members.write_cur(i, at, block).await {
-                        Ok(()) => members.flush(i).await,
-                        Err(e) => Err(e),
-                    };
-                    (i, slot, r)
-                }
-            });
-            let mut newly = false;
-            for (i, slot, r) in join_all(writes).await {
-                match r {
-                    Ok(()) => {
-                        meta.ids[i].sb_slot = slot;
-                        meta.ids[i].events = meta.sb.events;
-                    }
-                    Err(e) => {
-                        tracing::error!(
-                            "member {i}: superblock update failed: {e}; marking it faulty"
-                        );
-                        members.mark_failed(i);
-                        newly = true;
-                    }
-                }
-            }
+            let (swapped, again) = match swap_old {
+                Some(old) => write_swapped(members, meta, old).await,
+                None => (None, false),
+            };
+            let newly = write_round(members, meta, live, swapped).await;
             // Exactly what this round wrote (a slot given a new device is no longer failed
             // on disk; its next failure must be written again).
             self.persisted.store(failed.bits(), Ordering::Release);
