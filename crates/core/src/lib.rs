@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod alloc;
+pub mod assemble;
 pub mod bitmap;
 pub mod codec;
 pub mod format;

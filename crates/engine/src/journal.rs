@@ -49,7 +49,7 @@ use uraid_core::{Geometry, MemberSet};
 /// The journal of a running array.
 pub struct Journal<D: BlockDev> {
     dev: D,
-    pub(crate) mode: JournalMode,
+    mode: JournalMode,
     uuid: [u8; 16],
     log_len: u64,
     epoch: u64,
@@ -66,20 +66,21 @@ pub struct Journal<D: BlockDev> {
     /// The failure was logged.
     reported: AtomicBool,
     checkpoint_running: AtomicBool,
-    pub(crate) stats: JournalStats,
+    stats: JournalStats,
     /// I/O timeouts: the array's watchdog ages the journal's I/Os like a member's and aborts
     /// them (ETIMEDOUT: the journal fails, the array falls back to bitmap mode).
     pub(crate) health: crate::members::Health,
     watched: AtomicBool,
 }
 
+/// Counters for status and metrics (`Journal::status`).
 #[derive(Default)]
-pub(crate) struct JournalStats {
-    pub(crate) records: AtomicU64,
-    pub(crate) bytes: AtomicU64,
-    pub(crate) commits: AtomicU64,
-    pub(crate) checkpoints: AtomicU64,
-    pub(crate) replayed: AtomicU64,
+struct JournalStats {
+    records: AtomicU64,
+    bytes: AtomicU64,
+    commits: AtomicU64,
+    checkpoints: AtomicU64,
+    replayed: AtomicU64,
 }
 
 struct LogState {

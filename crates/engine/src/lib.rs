@@ -13,8 +13,8 @@
 //!    (array/{stripe_io,stripe_write,journal,admin}.rs are part of it);
 //! 6. `recovery` (resync, rebuild, replace, scrub walks), `volume` (the allocation map and the
 //!    client-facing volume; `alloc` is its map), `assemble` (creating arrays, reading
-//!    superblocks, deciding and opening an assembly, `assemble::replay`): they drive the
-//!    array through its methods and component accessors.
+//!    superblocks, core's assembly decision, opening an assembly, `assemble::replay`): they
+//!    drive the array through its methods and component accessors.
 
 pub mod alloc;
 pub mod array;

@@ -9,8 +9,8 @@
 //!   reconstructs the chunk and rewrites it, md's read-error correction) until the member's
 //!   error budget is spent; everything else fails the member.
 //!
-//! Failing a member needs the superblocks (the failure barrier in `metadata.rs`), so the
-//! array does that; this module only decides.
+//! Failing a member durably needs the superblocks, so `Metadata` does that (its
+//! `fail_member` and `failure_barrier`, metadata.rs); this module only decides.
 
 use crate::buf::{IoBuf, Segments};
 use crate::dev::BlockDev;

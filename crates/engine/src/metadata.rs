@@ -10,7 +10,7 @@
 //! * A superblock round writes every live member's superblock into the one of its two slots
 //!   (4 KiB at member offsets 0 and 4096) that does *not* hold its freshest valid superblock,
 //!   and flushes it, so a round torn by a crash leaves that copy intact: `events - 1`, which
-//!   assembly accepts (`assemble::decide`, md's event margin of one).
+//!   assembly accepts (`uraid_core::assemble::decide`, md's event margin of one).
 //! * The event count only grows, one per round (`assert!` in `persist`, also in release: a
 //!   round that wrote a lower count would let assembly pick a stale member).
 //! * Rounds are serialised by one async mutex; a round that itself fails a member runs again.
@@ -25,15 +25,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use uraid_core::format::{MemberState, Superblock, SB_SIZE};
 use uraid_core::MemberSet;
 
+/// Who a member is on disk (defined with the assembly decision that produces it).
+pub use uraid_core::assemble::MemberId;
+
+/// What the superblock lock guards (`Metadata::lock`): the array's current superblock, who
+/// each member is on disk, and a replacement's swap. Its fields are private to this module:
+/// every edit is a `Metadata` method that states its rule and ends in the round that makes
+/// it durable.
 pub(crate) struct Meta {
-    pub(crate) sb: Superblock,
-    pub(crate) ids: Vec<MemberId>,
-    /// A replace being finished (recovery/replace.rs `swap_in`): set before its round,
-    /// moved on by the round, read back after it.
-    pub(crate) swap: Option<Swap>,
+    sb: Superblock,
+    ids: Vec<MemberId>,
+    /// A replace being finished (`Metadata::swap_round`): set before its round, moved on by
+    /// the round, read back after it.
+    swap: Option<Swap>,
 }
 
-/// Where the swap of a replacement into its slot stands (`Meta::swap`).
+/// Where the swap of a replacement into its slot stands (`Metadata::swap_round`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Swap {
     /// The next round names the replacement (generation `gen`, device `uuid`) in `slot`
@@ -50,20 +57,10 @@ pub(crate) enum Swap {
     Failed,
 }
 
-/// Who a member is on disk: its device uuid, and which superblock slot holds its freshest
-/// valid superblock (the next round writes the *other* slot, so a torn round can never
-/// destroy a member's only valid copy, also on a member that missed the previous round).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MemberId {
-    pub uuid: [u8; 16],
-    pub sb_slot: usize,
-    /// The event count of that superblock (members taken one event behind, or forced, are
-    /// behind the array's).
-    pub events: u64,
-}
-
 pub(crate) struct Metadata {
-    pub(crate) state: tokio::sync::Mutex<Meta>,
+    /// The superblock lock (`lock`). Lock order (array/mod.rs): taken after stripe,
+    /// write-intent and journal locks, never before them.
+    state: tokio::sync::Mutex<Meta>,
     /// Serialises the first write's preparation (`ensure_dirty`).
     first_write: tokio::sync::Mutex<()>,
     /// The failed set the superblocks on disk record.
@@ -77,9 +74,9 @@ pub(crate) struct Metadata {
     /// The superblocks' event count after the last round (status).
     events: AtomicU64,
     /// Array identity, for status without taking the superblock lock.
-    pub(crate) name: String,
-    pub(crate) uuid: [u8; 16],
-    pub(crate) ctime: u64,
+    name: String,
+    uuid: [u8; 16],
+    ctime: u64,
     /// Read-only metadata: never write superblocks (bench on someone's array, tests).
     frozen: bool,
 }
@@ -135,6 +132,11 @@ impl Metadata {
     pub(crate) fn events(&self) -> u64 {
         self.events.load(Ordering::Acquire)
     }
+
+    /// The array's name, uuid and creation time (fixed at creation).
+    pub(crate) fn identity(&self) -> (&str, [u8; 16], u64) {
+        (&self.name, self.uuid, self.ctime)
+    }
 }
 
 /// Member `i`'s superblock as the array's current one says it, and where it goes: the
@@ -145,6 +147,137 @@ fn superblock_of(meta: &Meta, i: usize) -> (usize, u64, crate::buf::IoBuf) {
     sb.device_uuid = meta.ids[i].uuid;
     let slot = 1 - meta.ids[i].sb_slot;
     (slot, (slot * SB_SIZE) as u64, buf::copy_of(&sb.encode()))
+}
+
+// The steps of one superblock round (`Metadata::persist`), each against one snapshot of
+// the failed set (`failed`).
+
+/// A replacement being swapped in takes the slot's identity in this round (only if the slot
+/// is live: a failed one keeps its old uuid, and the takeover names the replacement in its
+/// own round). From here it cannot be dropped. Returns (slot, generation, the slot's old
+/// identity) when it does; a replacement that cannot be marked swapping fails the swap.
+fn swap_begin<D: BlockDev>(
+    members: &Members<D>,
+    meta: &mut Meta,
+    failed: MemberSet,
+) -> Option<(usize, usize, MemberId)> {
+    let Some(Swap::Pending { slot: s, gen, uuid }) = meta.swap else {
+        return None;
+    };
+    if failed.contains(s) {
+        return None;
+    }
+    if !members.begin_swap(s, gen) {
+        meta.swap = Some(Swap::Failed);
+        return None;
+    }
+    let old = meta.ids[s];
+    meta.ids[s] = MemberId {
+        uuid,
+        sb_slot: 1,
+        events: meta.sb.events,
+    };
+    Some((s, gen, old))
+}
+
+/// Every member's state in the round's superblock, against the same snapshot of the failed
+/// set: a rebuilding member that fails meanwhile is written as rebuilding (its next round
+/// records it failed), never as active.
+fn record_states<D: BlockDev>(members: &Members<D>, meta: &mut Meta, failed: MemberSet) {
+    let rebuilding = members.rebuilding_marked().minus(failed);
+    for i in 0..members.count() {
+        meta.sb.states[i] = if failed.contains(i) {
+            MemberState::Failed
+        } else if rebuilding.contains(i) {
+            MemberState::Rebuilding
+        } else {
+            MemberState::Active
+        };
+        // Only the rebuild moves a checkpoint (`persist_rebuilt`, after flushing the
+        // member): a round for another reason keeps the last one.
+        if meta.sb.states[i] != MemberState::Rebuilding {
+            meta.sb.rebuilt[i] = 0;
+        }
+        if meta.ids[i].uuid != [0; 16] {
+            meta.sb.slot_uuids[i] = meta.ids[i].uuid;
+        }
+    }
+}
+
+/// A replacement being swapped in (`swap_begin`'s slot, generation and old identity) gets
+/// its superblock first, durably, before any other member's names it: a crash in between
+/// leaves a round one event behind on the others (taken), never a slot naming a device with
+/// no superblock. Returns the slot if it was swapped in, and whether the round must run again.
+async fn write_swapped<D: BlockDev>(
+    members: &Members<D>,
+    meta: &mut Meta,
+    (s, gen, old): (usize, usize, MemberId),
+) -> (Option<usize>, bool) {
+    let (slot, at, block) = superblock_of(meta, s);
+    let r = match members.write_gen(s, gen, at, block).await {
+        Ok(()) => members.flush_gen(s, gen).await,
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(()) => {
+            // Named on disk (first): it is the slot's device from now on, in one store; the
+            // old one is retired and never written again.
+            meta.ids[s].sb_slot = slot;
+            meta.ids[s].events = meta.sb.events;
+            meta.swap = Some(Swap::Done);
+            members.promote_replacement(s);
+            (Some(s), false)
+        }
+        Err(e) => {
+            // The slot keeps the old device: this pass names it again, and a second pass
+            // moves the others one event past anything the replacement may hold (a write
+            // that landed before its flush failed), so the two never tie at assembly. Events
+            // move by one per pass, never two.
+            tracing::error!("member {s}: writing its replacement's superblock failed: {e}");
+            meta.swap = Some(Swap::Failed);
+            meta.ids[s] = old;
+            meta.sb.slot_uuids[s] = old.uuid;
+            (None, true)
+        }
+    }
+}
+
+/// Writes the round's superblock to every member of `live` but `swapped` (written first, by
+/// `write_swapped`), each into its other slot, flushed; a member that fails is marked
+/// failed. Returns whether one did (the round runs again to record it).
+async fn write_round<D: BlockDev>(
+    members: &Members<D>,
+    meta: &mut Meta,
+    live: MemberSet,
+    swapped: Option<usize>,
+) -> bool {
+    let writes = live.iter().filter(|&i| swapped != Some(i)).map(|i| {
+        let (slot, at, block) = superblock_of(meta, i);
+        async move {
+            // Superblocks go to the current device only: never mirrored to a replacement,
+            // which must not claim the slot before it has it.
+            let r = match members.write_cur(i, at, block).await {
+                Ok(()) => members.flush(i).await,
+                Err(e) => Err(e),
+            };
+            (i, slot, r)
+        }
+    });
+    let mut newly = false;
+    for (i, slot, r) in join_all(writes).await {
+        match r {
+            Ok(()) => {
+                meta.ids[i].sb_slot = slot;
+                meta.ids[i].events = meta.sb.events;
+            }
+            Err(e) => {
+                tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
+                members.mark_failed(i);
+                newly = true;
+            }
+        }
+    }
+    newly
 }
 
 impl Metadata {
@@ -223,111 +356,14 @@ impl Metadata {
             );
             meta.sb.events += 1;
             meta.sb.utime = now();
-            // A replacement being swapped in takes the slot's identity in this round (only
-            // if the slot is live: a failed one keeps its old uuid, and the takeover names
-            // the replacement in its own round). From here it cannot be dropped.
-            let mut swap_old = None;
-            let mut again = false;
-            if let Some(Swap::Pending { slot: s, gen, uuid }) = meta.swap {
-                if !failed.contains(s) {
-                    if members.begin_swap(s, gen) {
-                        swap_old = Some((s, gen, meta.ids[s]));
-                        meta.ids[s] = MemberId {
-                            uuid,
-                            sb_slot: 1,
-                            events: meta.sb.events,
-                        };
-                    } else {
-                        meta.swap = Some(Swap::Failed);
-                    }
-                }
-            }
-            // Against the same snapshot of the failed set: a rebuilding member that fails
-            // meanwhile is written as rebuilding (its next round records it failed), never
-            // as active.
-            let rebuilding = members.rebuilding_marked().minus(failed);
-            for i in 0..members.count() {
-                meta.sb.states[i] = if failed.contains(i) {
-                    MemberState::Failed
-                } else if rebuilding.contains(i) {
-                    MemberState::Rebuilding
-                } else {
-                    MemberState::Active
-                };
-                // Only the rebuild moves a checkpoint (`persist_rebuilt`, after flushing
-                // the member): a round for another reason keeps the last one.
-                if meta.sb.states[i] != MemberState::Rebuilding {
-                    meta.sb.rebuilt[i] = 0;
-                }
-                if meta.ids[i].uuid != [0; 16] {
-                    meta.sb.slot_uuids[i] = meta.ids[i].uuid;
-                }
-            }
+            let swap_old = swap_begin(members, meta, failed);
+            record_states(members, meta, failed);
             let live = MemberSet::all(members.count()).minus(failed);
-            // A replacement being swapped in gets its superblock first, durably, before any
-            // other member's names it: a crash in between leaves a round one event behind
-            // on the others (taken), never a slot naming a device with no superblock.
-            let mut swapped = None;
-            if let Some((s, gen, old)) = swap_old {
-                let (slot, at, block) = superblock_of(meta, s);
-                let r = match members.write_gen(s, gen, at, block).await {
-                    Ok(()) => members.flush_gen(s, gen).await,
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(()) => {
-                        // Named on disk (first): it is the slot's device from now on, in
-                        // one store; the old one is retired and never written again.
-                        meta.ids[s].sb_slot = slot;
-                        meta.ids[s].events = meta.sb.events;
-                        meta.swap = Some(Swap::Done);
-                        members.promote_replacement(s);
-                        swapped = Some(s);
-                    }
-                    Err(e) => {
-                        // The slot keeps the old device: this pass names it again, and a
-                        // second pass moves the others one event past anything the
-                        // replacement may hold (a write that landed before its flush
-                        // failed), so the two never tie at assembly. Events move by one
-                        // per pass, never two.
-                        tracing::error!(
-                            "member {s}: writing its replacement's superblock failed: {e}"
-                        );
-                        meta.swap = Some(Swap::Failed);
-                        meta.ids[s] = old;
-                        meta.sb.slot_uuids[s] = old.uuid;
-                        again = true;
-                    }
-                }
-            }
-            let writes = live.iter().filter(|&i| swapped != Some(i)).map(|i| {
-                let (slot, at, block) = superblock_of(meta, i);
-                async move {
-                    // Superblocks go to the current device only: never mirrored to a
-                    // replacement, which must not claim the slot before it has it.
-                    let r = match members.write_cur(i, at, block).await {
-                        Ok(()) => members.flush(i).await,
-                        Err(e) => Err(e),
-                    };
-                    (i, slot, r)
-                }
-            });
-            let mut newly = false;
-            for (i, slot, r) in join_all(writes).await {
-                match r {
-                    Ok(()) => {
-                        meta.ids[i].sb_slot = slot;
-                        meta.ids[i].events = meta.sb.events;
-                    }
-                    Err(e) => {
-                        tracing::error!(
-                            "member {i}: superblock update failed: {e}; marking it faulty"
-                        );
-                        members.mark_failed(i);
-                        newly = true;
-                    }
-                }
-            }
+            let (swapped, again) = match swap_old {
+                Some(old) => write_swapped(members, meta, old).await,
+                None => (None, false),
+            };
+            let newly = write_round(members, meta, live, swapped).await;
             // Exactly what this round wrote (a slot given a new device is no longer failed
             // on disk; its next failure must be written again).
             self.persisted.store(failed.bits(), Ordering::Release);
@@ -480,14 +516,83 @@ impl Metadata {
         self.state.lock().await
     }
 
-    /// Slot `i`'s member is removed (`REMOVED_SLOT`); the caller's round records it.
-    pub(crate) fn mark_removed(&self, i: usize) {
-        self.removed.fetch_or(1 << i, Ordering::AcqRel);
+    /// The array's current superblock (a spare added while serving carries a copy).
+    pub(crate) async fn superblock(&self) -> Superblock {
+        self.state.lock().await.sb.clone()
     }
 
-    /// Slot `i` has a member again.
-    pub(crate) fn clear_removed(&self, i: usize) {
-        self.removed.fetch_and(!(1 << i), Ordering::AcqRel);
+    /// Removes slot `i`'s member (the caller checked, under this lock, that it is failed):
+    /// the slot names no device (`REMOVED_SLOT`) from this round on, so its old device is
+    /// refused at assembly and the slot waits for a new one. Durable when it returns.
+    pub(crate) async fn remove_slot<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        i: usize,
+    ) {
+        meta.ids[i].uuid = uraid_core::format::REMOVED_SLOT;
+        self.removed.fetch_or(1 << i, Ordering::AcqRel);
+        self.persist(members, meta, true).await;
+    }
+
+    /// Before failed slot `slot` gets a new device: its failure is on disk (state failed, no
+    /// rebuild checkpoint, its old uuid), writing a round if it is not yet, so a crash
+    /// before the round that names the new device leaves the slot failed, never trusting
+    /// the new device.
+    pub(crate) async fn failure_on_disk<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        slot: usize,
+    ) {
+        if !self.persisted().contains(slot)
+            || meta.sb.states[slot] != MemberState::Failed
+            || meta.sb.rebuilt[slot] != 0
+        {
+            self.persist(members, meta, true).await;
+        }
+    }
+
+    /// Names device `uuid` in slot `slot`, which was just given it (`failure_on_disk` ran
+    /// first, its metadata area is zeroed), rebuilding from unit 0, in one round. The device
+    /// gets its first superblock from that round (`sb_slot: 1`: it is written to slot 0), so
+    /// a torn round leaves it without any: missing, never trusted. A device that fails the
+    /// round leaves the slot failed (`members.is_failed(slot)` afterwards).
+    pub(crate) async fn name_rebuilding<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        slot: usize,
+        uuid: [u8; 16],
+    ) {
+        meta.ids[slot] = MemberId {
+            uuid,
+            sb_slot: 1,
+            events: meta.sb.events,
+        };
+        meta.sb.rebuilt[slot] = 0;
+        self.removed.fetch_and(!(1 << slot), Ordering::AcqRel);
+        members.start_rebuilding(slot);
+        self.persist(members, meta, true).await;
+    }
+
+    /// The swap of replacement `gen` (device `uuid`) into live slot `slot`, in one round
+    /// (`persist`: the replacement's superblock is written first, then it is promoted and
+    /// named by the others). Returns how it stands: `Done` (the superblocks name it),
+    /// `Failed` (the slot names the old device, one event past anything the replacement may
+    /// hold) or `Pending` (the slot failed before the round: it kept its old identity).
+    pub(crate) async fn swap_round<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        slot: usize,
+        gen: usize,
+        uuid: [u8; 16],
+    ) -> Swap {
+        let pending = Swap::Pending { slot, gen, uuid };
+        meta.swap = Some(pending);
+        self.persist(members, meta, true).await;
+        meta.swap.take().unwrap_or(pending)
     }
 
     /// Runs `op` on every live member of `set` concurrently. A member whose op fails is

@@ -12,6 +12,7 @@ use uraid_core::Level;
 use uraid_engine::assemble::{self, CreateOptions};
 use uraid_engine::{ArrayOptions, BlockDev, Runtime, Volume};
 use uraid_sim::mem_array;
+use uraid_sim::rng::Rng;
 
 const LOOPS: u64 = 12;
 const GROUPS: u64 = 3;
@@ -41,11 +42,9 @@ fn hammer<D: BlockDev>(
                     let (a, tx, base) = (a.clone(), tx.clone(), base.clone());
                     async move {
                         let mut mine: Vec<(u64, u8)> = Vec::new();
-                        let mut x = t * 7919 + 1;
+                        let mut rng = Rng::new(t * 7919 + 1);
                         for i in 0..ops_per_loop {
-                            x = x
-                                .wrapping_mul(6364136223846793005)
-                                .wrapping_add(1442695040888963407);
+                            let x = rng.next_u64();
                             let s = ((x >> 20) % (sectors / LOOPS)) * LOOPS + t;
                             if i % 3 == 2 {
                                 let got = a.read(s * SECTOR, SECTOR).await.map(|g| g.to_vec());
@@ -553,12 +552,10 @@ fn whole_stripe_runs_racing_small_writes_keep_parity() {
             let (a, tx) = (array.clone(), tx.clone());
             rt.handle().run_on((t % 2) as usize, move || {
                 uraid_engine::reactor::spawn_local(async move {
-                    let mut x = t * 7919 + 3;
+                    let mut rng = Rng::new(t * 7919 + 3);
                     let mut r = Ok(());
                     for i in 0..OPS {
-                        x = x
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
+                        let x = rng.next_u64();
                         // Sector values carry the writer and its op: (t, i) fits a byte pair.
                         let v = (t * OPS + i + 1) as u16;
                         let (off, len) = if t % 3 != 2 {

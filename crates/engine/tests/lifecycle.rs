@@ -13,8 +13,9 @@ use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
 use uraid_core::Level;
 use uraid_engine::{ReplaceOutcome, Volume};
-use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
-use uraid_sim::{payload, random_range, written_images, MemDev, Model};
+use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock};
+use uraid_sim::rng::Rng;
+use uraid_sim::{new_device_uuid, payload, random_range, written_images, MemDev, Model};
 
 const CHUNK: u64 = 4096;
 const ROWS: u64 = 32;
@@ -101,14 +102,6 @@ async fn block_read(vol: &Volume<MemDev>, off: u64, len: u64) -> Option<Vec<u8>>
     vol.read(off, len).await.ok().map(|b| b.to_vec())
 }
 
-fn uuid(seed: u64) -> [u8; 16] {
-    let mut u = [0u8; 16];
-    u[..8].copy_from_slice(&seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
-    u[8..].copy_from_slice(&(seed ^ 0xA5A5).to_le_bytes());
-    u[6] = 0x40 | (u[6] & 0x0f);
-    u
-}
-
 /// One seeded trial: returns whether the power was cut, and what happened (for messages).
 fn trial(seed: u64) -> (bool, Vec<&'static str>) {
     let mut rng = Rng::new(seed);
@@ -165,7 +158,7 @@ fn trial(seed: u64) -> (bool, Vec<&'static str>) {
                     &clock,
                 ));
                 devices += 1;
-                if block_on(vol.add_member(dev, uuid(tag))).is_ok() {
+                if block_on(vol.add_member(dev, new_device_uuid(tag))).is_ok() {
                     // Sometimes another member fails during the rebuild.
                     let fail = (degraded.len() + 1 < tolerance && rng.below(2) == 0)
                         .then(|| live[rng_pick(seed, step + 50, live.len())]);
@@ -187,7 +180,7 @@ fn trial(seed: u64) -> (bool, Vec<&'static str>) {
                     &clock,
                 ));
                 devices += 1;
-                if block_on(vol.replace_member(v, dev, uuid(tag))).is_ok() {
+                if block_on(vol.replace_member(v, dev, new_device_uuid(tag))).is_ok() {
                     // Sometimes the member being replaced fails meanwhile.
                     let fail = (rng.below(3) == 0).then_some(v);
                     let mut r2 = Rng::new(tag);

@@ -8,7 +8,8 @@ use proptest::prelude::*;
 use uraid_core::geometry::SECTOR;
 use uraid_core::Level;
 use uraid_engine::ArrayError;
-use uraid_sim::{mem_array, payload, Model};
+use uraid_sim::rng::Rng;
+use uraid_sim::{mem_array, payload, random_range, Model};
 
 const CHUNK: u64 = 4096;
 const ROWS: u64 = 6;
@@ -199,11 +200,11 @@ fn every_member_count_survives_tolerated_failures() {
             let mut model = Model::new(size);
             let tol = array.geometry().fault_tolerance();
             let mut seed = members as u64 * 100 + li as u64;
+            let mut rng = Rng::new(seed);
             let mut write_some = |array: &std::sync::Arc<_>, model: &mut Model| {
-                for i in 0..8u64 {
+                for _ in 0..8u64 {
                     seed += 1;
-                    let off = (seed * 7919 + i * 4099) % (size / SECTOR) * SECTOR;
-                    let len = ((seed % 37 + 1) * SECTOR).min(size - off);
+                    let (off, len) = random_range(&mut rng, size, 37);
                     let data = payload(seed, len as usize);
                     block_on(uraid_engine::Volume::write(array, off, data.clone())).unwrap();
                     model.write(off, &data);

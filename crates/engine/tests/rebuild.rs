@@ -10,10 +10,11 @@ use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use uraid_core::{Level, MemberSet};
-use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
+use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock};
+use uraid_sim::rng::Rng;
 use uraid_sim::{
-    add_member_images, mem_array, member_bytes, payload, random_range, read_all, written_images,
-    MemDev, Model,
+    add_member_images, mem_array, member_bytes, member_images, payload, random_range, read_all,
+    written_images, MemDev, Model,
 };
 
 const CHUNK: u64 = 4096;
@@ -109,7 +110,7 @@ fn rebuild_under_load(level: Level, members: usize, slots: &[usize], seed: u64) 
     assert!(a.rebuild_state().is_empty());
     assert!(read_all(&vol) == model.bytes);
     block_on(vol.close()).unwrap();
-    let images: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    let images = member_images(&vol);
     // Recorded active: a fresh assembly has nothing to rebuild.
     let again = reassemble(&images, &vec![true; members]).unwrap();
     assert!(again.array().rebuild_state().is_empty());
@@ -185,7 +186,7 @@ fn rebuild_resumes_after_power_cuts() {
                 "{level}: wrong data after a cut at op {cut} of {total} and the resumed rebuild"
             );
             block_on(vol.close()).unwrap();
-            let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+            let after = member_images(&vol);
             check_without_others(&after, &[slot], &model, a.geometry().fault_tolerance());
         }
         assert!(
@@ -277,7 +278,7 @@ fn a_member_failed_and_replaced_while_serving() {
         r.expect("rebuild");
         assert!(a.rebuild_state().is_empty());
         block_on(vol.close()).unwrap();
-        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        let after = member_images(&vol);
         let again = reassemble(&after, &vec![true; members]).unwrap();
         assert!(again.array().rebuild_state().is_empty());
         assert!(read_all(&again) == model.bytes);
@@ -314,7 +315,7 @@ fn a_replacement_that_fails_is_recorded_failed_again() {
         a.durable_failed().contains(2),
         "the second failure is on disk"
     );
-    let after: Vec<Vec<u8>> = (0..6).map(|m| member_bytes(&vol, m)).collect();
+    let after = member_images(&vol);
     let again = reassemble(&after, &[true; 6]).unwrap();
     assert!(
         again.array().is_failed(2),
@@ -343,7 +344,7 @@ fn rebuild_skips_units_that_hold_no_data() {
         model.write(0, &half);
         let zeros = vec![0u8; vol.granule() as usize];
         model.write(vol.granule(), &zeros);
-        let mut images: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        let mut images = member_images(&vol);
         let slot = 1;
         add_member_images(&mut images, slot, 0xEE);
         let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
@@ -388,7 +389,7 @@ fn rebuild_skips_units_that_hold_no_data() {
         );
         assert!(s.units < units, "{level}: scrub skips the same units");
         block_on(vol.close()).unwrap();
-        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        let after = member_images(&vol);
         check_without_others(&after, &[slot], &model, a.geometry().fault_tolerance());
     }
 }

@@ -14,8 +14,11 @@ use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
 use uraid_core::Level;
 use uraid_engine::{BlockDev, ReplaceOutcome};
-use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock, Rng};
-use uraid_sim::{member_bytes, payload, random_range, read_all, written_images, MemDev, Model};
+use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock};
+use uraid_sim::rng::Rng;
+use uraid_sim::{
+    member_images, new_device_uuid, payload, random_range, read_all, written_images, MemDev, Model,
+};
 
 const CHUNK: u64 = 4096;
 const ROWS: u64 = 48;
@@ -30,12 +33,6 @@ const LEVELS: &[(Level, usize)] = &[
 
 fn written(level: Level, members: usize, seed: u64) -> (Vec<Vec<u8>>, Model) {
     written_images(level, members, CHUNK, ROWS, 60, seed)
-}
-
-fn uuid(seed: u8) -> [u8; 16] {
-    let mut u = [seed; 16];
-    u[6] = 0x40 | (seed & 0x0f);
-    u
 }
 
 /// A device for the replacement, its data area full of 0xEE (a read that used it before the
@@ -68,7 +65,7 @@ fn replace_under_load(level: Level, members: usize, slot: usize, seed: u64) {
     let old = a.member_dev(slot).unwrap().share();
     let new = new_dev(&images);
     let new_handle = new.share();
-    block_on(vol.replace_member(slot, new, uuid(7))).expect("replace starts");
+    block_on(vol.replace_member(slot, new, new_device_uuid(7))).expect("replace starts");
     assert_eq!(a.replace_state().map(|r| r.0), Some(slot));
     for m in 0..members {
         a.member_dev(m)
@@ -113,7 +110,7 @@ fn replace_under_load(level: Level, members: usize, slot: usize, seed: u64) {
         "{level}: wrong data after replace"
     );
     block_on(vol.close()).unwrap();
-    let mut after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+    let mut after = member_images(&vol);
     assert!(after[slot] == new_handle.snapshot());
     check_without_others(&after, slot, &model, a.geometry().fault_tolerance());
     // The old device is no longer the slot's: given in its place it is refused (and the
@@ -151,7 +148,7 @@ fn unreadable_chunks_of_the_old_member_are_reconstructed() {
         }
         let new = new_dev(&images);
         let handle = new.share();
-        block_on(vol.replace_member(2, new, uuid(9))).unwrap();
+        block_on(vol.replace_member(2, new, new_device_uuid(9))).unwrap();
         let stop = AtomicBool::new(false);
         assert_eq!(
             block_on(vol.replace_run(&stop)).unwrap(),
@@ -159,7 +156,7 @@ fn unreadable_chunks_of_the_old_member_are_reconstructed() {
         );
         assert!(!a.is_failed(2));
         block_on(vol.close()).unwrap();
-        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        let after = member_images(&vol);
         assert!(after[2] == handle.snapshot());
         check_without_others(&after, 2, &model, a.geometry().fault_tolerance());
     }
@@ -176,7 +173,7 @@ fn the_old_member_failing_hands_its_slot_to_the_replacement() {
         a.member_dev(3).unwrap().faults.kill_after(40);
         let new = new_dev(&images);
         let handle = new.share();
-        block_on(vol.replace_member(3, new, uuid(3))).unwrap();
+        block_on(vol.replace_member(3, new, new_device_uuid(3))).unwrap();
         let stop = AtomicBool::new(false);
         let mut rng = Rng::new(99);
         let size = vol.size();
@@ -201,7 +198,7 @@ fn the_old_member_failing_hands_its_slot_to_the_replacement() {
         block_on(a.rebuild(&stop)).expect("rebuild");
         assert!(a.failed().is_empty() && a.rebuild_state().is_empty());
         block_on(vol.close()).unwrap();
-        let after: Vec<Vec<u8>> = (0..members).map(|m| member_bytes(&vol, m)).collect();
+        let after = member_images(&vol);
         assert!(after[3] == handle.snapshot());
         check_without_others(&after, 3, &model, a.geometry().fault_tolerance());
     }
@@ -216,15 +213,15 @@ fn a_failing_or_cancelled_replacement_leaves_the_member() {
     let a = vol.array().clone();
     let new = new_dev(&images);
     new.faults.kill_after(30);
-    block_on(vol.replace_member(0, new, uuid(1))).unwrap();
+    block_on(vol.replace_member(0, new, new_device_uuid(1))).unwrap();
     let stop = AtomicBool::new(false);
     assert!(block_on(vol.replace_run(&stop)).is_err());
     assert!(a.replace_state().is_none());
     assert!(a.failed().is_empty());
     assert!(read_all(&vol) == model.bytes);
     // Refusals while one runs, and cancel.
-    block_on(vol.replace_member(0, new_dev(&images), uuid(2))).unwrap();
-    let e = block_on(vol.replace_member(1, new_dev(&images), uuid(4))).unwrap_err();
+    block_on(vol.replace_member(0, new_dev(&images), new_device_uuid(2))).unwrap();
+    let e = block_on(vol.replace_member(1, new_dev(&images), new_device_uuid(4))).unwrap_err();
     assert!(e.contains("one replace at a time"), "{e}");
     stop.store(true, Ordering::Release);
     assert_eq!(
@@ -233,7 +230,7 @@ fn a_failing_or_cancelled_replacement_leaves_the_member() {
     );
     assert!(a.replace_state().is_none());
     let stop = AtomicBool::new(false);
-    block_on(vol.replace_member(0, new_dev(&images), uuid(5))).unwrap();
+    block_on(vol.replace_member(0, new_dev(&images), new_device_uuid(5))).unwrap();
     assert_eq!(
         block_on(vol.replace_run(&stop)).unwrap(),
         ReplaceOutcome::Replaced { slot: 0 }
@@ -280,7 +277,7 @@ fn replace_until_cut(images: &[Vec<u8>], model: &Model, slot: usize, cut: u64) -
     };
     let mut torn = None;
     let mut replaced = false;
-    if block_on(vol.replace_member(slot, new, uuid(6))).is_ok() {
+    if block_on(vol.replace_member(slot, new, new_device_uuid(6))).is_ok() {
         let stop = AtomicBool::new(false);
         let mut rng = Rng::new(0xabc);
         let size = vol.size();
@@ -400,7 +397,7 @@ fn a_device_dying_during_the_swap_leaves_the_right_member_named() {
         let new = new_dev(&images);
         let h = new.share();
         let o = vol.array().member_dev(other).unwrap().share();
-        block_on(vol.replace_member(slot, new, uuid(3))).unwrap();
+        block_on(vol.replace_member(slot, new, new_device_uuid(3))).unwrap();
         let stop = AtomicBool::new(false);
         block_on(vol.replace_run(&stop)).unwrap();
         let d = if which == 0 { &o } else { &h };
@@ -421,7 +418,7 @@ fn a_device_dying_during_the_swap_leaves_the_right_member_named() {
             };
             let before = dying.faults.ops.load(Ordering::SeqCst);
             dying.faults.kill_after((k - before.min(k)) as i64 + 1);
-            if block_on(vol.replace_member(slot, new, uuid(4))).is_err() {
+            if block_on(vol.replace_member(slot, new, new_device_uuid(4))).is_err() {
                 continue;
             }
             let stop = AtomicBool::new(false);

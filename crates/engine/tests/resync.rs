@@ -11,17 +11,12 @@ use uraid_core::format::{pick_superblock_slot, DATA_OFFSET, SB_SIZE};
 use uraid_core::Level;
 use uraid_engine::Volume;
 use uraid_sim::crash::reassemble;
-use uraid_sim::{make_dirty, make_dirty_regions, mem_array, member_bytes, payload, MemDev};
+use uraid_sim::{make_dirty, make_dirty_regions, member_images, payload, written_whole, MemDev};
 
 const CHUNK: u64 = 4096;
 /// A volume written end to end and stopped cleanly, as member images, and its contents.
 fn written(level: Level, members: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
-    let (vol, _) = mem_array(level, members, CHUNK, 16 * CHUNK, None);
-    let data = payload(7, vol.size() as usize);
-    block_on(vol.write(0, data.clone())).unwrap();
-    block_on(vol.close()).unwrap();
-    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
-    (images, data.to_vec())
+    written_whole(level, members, CHUNK, 16, 7)
 }
 
 /// A RAID5 of four, written end to end, then left "not clean" and reassembled: resync due.
@@ -43,10 +38,6 @@ fn corrupt(images: &mut [Vec<u8>], m: usize, at: u64, len: u64) {
     let s = (DATA_OFFSET + at) as usize;
     let junk = payload(0xbad + at, len as usize);
     images[m][s..s + len as usize].copy_from_slice(&junk);
-}
-
-fn snapshot(vol: &Volume<MemDev>, members: usize) -> Vec<Vec<u8>> {
-    (0..members).map(|m| member_bytes(vol, m)).collect()
 }
 
 /// Every member left out in turn: the whole volume reads back as `want`.
@@ -107,7 +98,7 @@ fn resync_rewrites_inconsistent_parity_and_writes_resync_their_stripe_first() {
             "{level}: the write's repair counts too"
         );
         block_on(vol.close()).unwrap();
-        let after = snapshot(&vol, members);
+        let after = member_images(&vol);
         assert!(
             after.iter().all(|i| clean_flag(i)),
             "{level}: clean after a finished resync"
@@ -140,7 +131,7 @@ fn mirror_resync_makes_every_copy_equal() {
         let stop = AtomicBool::new(false);
         let r = block_on(vol.array().resync(&stop)).unwrap();
         assert_eq!(r.repaired, 1, "{level}");
-        let imgs = snapshot(&vol, members);
+        let imgs = member_images(&vol);
         let copy = |&(m, base): &(usize, u64)| {
             let s = (DATA_OFFSET + base) as usize;
             imgs[m][s..s + CHUNK as usize].to_vec()
@@ -179,7 +170,7 @@ fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
     assert_eq!((v.done, v.running, v.fraction), (v.total, false, 1.0));
 
     // Stopped at once: still due, and a clean stop does not record "clean".
-    let mut images = snapshot(&vol, members);
+    let mut images = member_images(&vol);
     make_dirty(&mut images);
     let vol = reassemble(&images, &vec![true; members]).unwrap();
     let a = vol.array().clone();
@@ -189,7 +180,7 @@ fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
     assert!(a.needs_resync());
     block_on(vol.close()).unwrap();
     assert!(
-        snapshot(&vol, members).iter().all(|i| !clean_flag(i)),
+        member_images(&vol).iter().all(|i| !clean_flag(i)),
         "an unfinished resync must leave the superblocks not clean"
     );
 }
@@ -198,7 +189,6 @@ fn throttle_paces_and_a_stopped_resync_leaves_the_array_not_clean() {
 /// rest is resynced, and the array stays "not clean" so the next start tries again.
 #[test]
 fn unreadable_chunk_leaves_its_stripe_unsynced_and_the_array_not_clean() {
-    let members = 4;
     let (vol, _) = dirty_raid5();
     let a = vol.array().clone();
     let g = *vol.geometry();
@@ -213,14 +203,13 @@ fn unreadable_chunk_leaves_its_stripe_unsynced_and_the_array_not_clean() {
     assert!(a.needs_resync());
     assert!(!a.is_failed(m), "one media error does not fail the member");
     block_on(vol.close()).unwrap();
-    assert!(snapshot(&vol, members).iter().all(|i| !clean_flag(i)));
+    assert!(member_images(&vol).iter().all(|i| !clean_flag(i)));
 }
 
 /// A media error on a parity chunk does not stop resync: parity is recomputed from the data
 /// and written over it (which repairs the sector).
 #[test]
 fn bad_parity_sector_is_rewritten_by_resync() {
-    let members = 4;
     let (vol, want) = dirty_raid5();
     let a = vol.array().clone();
     let g = *vol.geometry();
@@ -232,7 +221,7 @@ fn bad_parity_sector_is_rewritten_by_resync() {
     assert_eq!((r.unreadable, r.repaired), (0, 1));
     assert!(!a.needs_resync() && !a.is_failed(p));
     block_on(vol.close()).unwrap();
-    check_each_member_lost(&snapshot(&vol, members), &want);
+    check_each_member_lost(&member_images(&vol), &want);
 }
 
 /// Writes into a stripe resync cannot read (a data chunk with a media error) succeed, and
@@ -263,9 +252,7 @@ fn writes_into_an_unreadable_unsynced_stripe_succeed_without_failing_the_member(
 fn a_write_into_an_unsynced_stripe_never_writes_back_a_chunk_decoded_from_its_parity() {
     let members = 4;
     let (mut images, want) = written(Level::Raid5, members);
-    let g = *mem_array(Level::Raid5, members, CHUNK, 16 * CHUNK, None)
-        .0
-        .geometry();
+    let g = *reassemble(&images, &[true; 4]).unwrap().geometry();
     let s = 5;
     // Parity torn at the cut: it no longer matches the data.
     corrupt(
@@ -299,7 +286,7 @@ fn a_write_into_an_unsynced_stripe_never_writes_back_a_chunk_decoded_from_its_pa
         ),
     }
     // What is on the member itself (the media error aside) is still the old data.
-    let img = member_bytes(&vol, m0);
+    let img = uraid_sim::member_bytes(&vol, m0);
     let lo = (DATA_OFFSET + g.member_offset(s, 0)) as usize;
     let old = &want[(s * sdb) as usize..(s * sdb + CHUNK) as usize];
     assert!(
@@ -370,7 +357,7 @@ fn resync_walks_only_dirty_regions_and_resumes_region_wise() {
         0,
         "resynced regions are cleared by the daemon"
     );
-    let after = snapshot(&vol, members);
+    let after = member_images(&vol);
     let sdb = g.stripe_data_bytes() as usize;
     let lost = g.data_member(2, 0);
     let present: Vec<bool> = (0..members).map(|i| i != lost).collect();
@@ -399,7 +386,7 @@ fn resync_walks_only_dirty_regions_and_resumes_region_wise() {
         1,
         "region 1 resynced and cleared, region 6 kept"
     );
-    let crashed = snapshot(&vol, members);
+    let crashed = member_images(&vol);
     drop((vol, a));
     let vol = reassemble(&crashed, &[true; 4]).unwrap();
     let a = vol.array().clone();

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use uraid_core::format::DATA_OFFSET;
 use uraid_core::{Level, Role};
 use uraid_engine::{ScrubMode, ScrubReport, Volume};
-use uraid_sim::crash::{reassemble, Rng};
-use uraid_sim::{mem_array, member_bytes, payload, MemDev};
+use uraid_sim::crash::reassemble;
+use uraid_sim::rng::Rng;
+use uraid_sim::{mem_array, member_bytes, member_images, payload, read_all, written_whole, MemDev};
 
 const CHUNK: u64 = 16384;
 const ROWS: u64 = 16;
@@ -20,21 +21,12 @@ fn written(level: Level, members: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
 }
 
 fn written_rows(level: Level, members: usize, rows: u64) -> (Vec<Vec<u8>>, Vec<u8>) {
-    let (vol, _) = mem_array(level, members, CHUNK, rows * CHUNK, None);
-    let data = payload(members as u64 * 13, vol.size() as usize);
-    block_on(vol.write(0, data.clone())).unwrap();
-    block_on(vol.close()).unwrap();
-    let images = (0..members).map(|m| member_bytes(&vol, m)).collect();
-    (images, data.to_vec())
+    written_whole(level, members, CHUNK, rows, members as u64 * 13)
 }
 
 fn scrub(vol: &Volume<MemDev>, mode: ScrubMode) -> ScrubReport {
     let stop = AtomicBool::new(false);
     block_on(vol.array().scrub_run(mode, &stop)).expect("scrub runs")
-}
-
-fn read_all(vol: &Volume<MemDev>) -> Vec<u8> {
-    block_on(vol.read(0, vol.size())).unwrap().to_vec()
 }
 
 /// Flips `len` bytes of member `m`'s data area at `at` in its image.
@@ -124,7 +116,7 @@ fn three_way_mirror_names_the_bad_copy() {
     assert_eq!((r.mismatches, r.located, r.repaired), (1, 1, 1), "{r:?}");
     // Read with only the repaired copy left.
     block_on(vol.close()).unwrap();
-    let after: Vec<Vec<u8>> = (0..3).map(|m| member_bytes(&vol, m)).collect();
+    let after = member_images(&vol);
     let only2 = reassemble(&after, &[false, false, true]).unwrap();
     assert!(read_all(&only2) == want);
 }
@@ -249,7 +241,7 @@ fn an_unreadable_data_chunk_of_an_unsynced_stripe_is_not_rebuilt_from_its_parity
     let r = scrub(&vol, ScrubMode::Repair);
     assert_eq!(r.unreadable, 1, "{r:?}");
     assert!(a.stripe_unsynced(stripe), "the stripe was marked synced");
-    let img = member_bytes(&vol, m);
+    let img = uraid_sim::member_bytes(&vol, m);
     let o = at as usize;
     let vo = (stripe * g.stripe_data_bytes() + CHUNK) as usize;
     assert!(

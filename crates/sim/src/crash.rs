@@ -30,24 +30,8 @@ use uraid_core::{Geometry, Level};
 use uraid_engine::assemble::{decide, Found};
 use uraid_engine::{Array, Volume, WriteBuf};
 
-/// Small deterministic generator (xorshift64*).
-#[derive(Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+/// The simulators' seeded generator (`crate::rng`; also reachable here, where it lived first).
+pub use crate::rng::Rng;
 
 /// The power switch of one trial.
 pub struct Clock {

@@ -33,7 +33,8 @@
 //! the eventfd and time-based rounds are the suspects), so a failing seed fails on most
 //! reruns, not all. `URAID_SIM_LOG=1` prints each stage's actions.
 
-use crate::crash::{allowed_values, cached_dev, reassemble_on, Clock, Ev, Rng};
+use crate::crash::{allowed_values, cached_dev, reassemble_on, Clock, Ev};
+use crate::rng::Rng;
 use crate::{fresh_images_with, journal_image, payload, sim_options, MemDev};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};

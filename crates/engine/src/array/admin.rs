@@ -4,8 +4,8 @@
 
 use super::Array;
 use crate::dev::BlockDev;
-use crate::metadata::{MemberId, Meta};
-use uraid_core::format::{MemberState, Superblock};
+use crate::metadata::Meta;
+use uraid_core::format::Superblock;
 use uraid_core::MemberSet;
 
 impl<D: BlockDev> Array<D> {
@@ -98,9 +98,7 @@ impl<D: BlockDev> Array<D> {
                 ));
             }
             let name = a.members.name(i).unwrap_or("?").to_string();
-            meta.ids[i].uuid = uraid_core::format::REMOVED_SLOT;
-            a.meta.mark_removed(i);
-            a.meta.persist(&a.members, &mut meta, true).await;
+            a.meta.remove_slot(&a.members, &mut meta, i).await;
             // The server lets go of the device (it can be added again, or used elsewhere).
             a.members.retire(i, a.members.generation(i));
             tracing::warn!("member {i} ({name}) removed from the array");
@@ -218,22 +216,16 @@ impl<D: BlockDev> Array<D> {
             .map_err(|e| format!("{}: clearing its metadata area: {e}", dev.name()))
     }
 
-    /// Before a failed slot gets a new device: its failure is on disk (state failed, no
-    /// checkpoint, its old uuid), so a crash before the round that names the new device
-    /// leaves it failed, never trusting the new one.
+    /// Before a failed slot gets a new device: its failure is on disk
+    /// (`Metadata::failure_on_disk`).
     pub(crate) async fn failure_on_disk(&self, meta: &mut Meta, slot: usize) {
-        if !self.meta.persisted().contains(slot)
-            || meta.sb.states[slot] != MemberState::Failed
-            || meta.sb.rebuilt[slot] != 0
-        {
-            self.meta.persist(&self.members, meta, true).await;
-        }
+        self.meta.failure_on_disk(&self.members, meta, slot).await;
     }
 
     /// Slot `slot` was just given its new device (its metadata area zeroed): it is recorded
-    /// rebuilding from unit 0 with device uuid `uuid` in one round (the device gets its
-    /// first superblock from that round, so a torn round leaves it without any: missing),
-    /// then every bitmap copy is made equal to memory. The caller rewrites the map pages.
+    /// rebuilding from unit 0 with device uuid `uuid` in one round
+    /// (`Metadata::name_rebuilding`), the superblock lock released, then every bitmap copy
+    /// is made equal to memory. The caller rewrites the map pages.
     pub(crate) async fn start_rebuilding_slot(
         &self,
         mut meta: tokio::sync::MutexGuard<'_, Meta>,
@@ -241,15 +233,9 @@ impl<D: BlockDev> Array<D> {
         uuid: [u8; 16],
         name: &str,
     ) -> Result<(), String> {
-        meta.ids[slot] = MemberId {
-            uuid,
-            sb_slot: 1,
-            events: meta.sb.events,
-        };
-        meta.sb.rebuilt[slot] = 0;
-        self.meta.clear_removed(slot);
-        self.members.start_rebuilding(slot);
-        self.meta.persist(&self.members, &mut meta, true).await;
+        self.meta
+            .name_rebuilding(&self.members, &mut meta, slot, uuid)
+            .await;
         drop(meta);
         if self.members.is_failed(slot) {
             return Err(format!(
@@ -272,6 +258,6 @@ impl<D: BlockDev> Array<D> {
 
     /// The array's current superblock (a spare added while serving carries a copy).
     pub async fn superblock(&self) -> Superblock {
-        self.meta.lock().await.sb.clone()
+        self.meta.superblock().await
     }
 }

@@ -139,6 +139,11 @@ pub struct ArrayOptions {
 /// private to this module (and its children: admin.rs, journal.rs, stripe_io.rs,
 /// stripe_write.rs); the walks above it (recovery/, volume.rs) reach a component through
 /// its accessor and call its methods with the other components they need as arguments.
+///
+/// Lock order: stripe lock (`locks`) → write-intent and journal locks (`intent`, `journal`)
+/// → superblock lock (`Metadata::lock`). A task may take a lock right of one it holds,
+/// never one left of it: so journal checkpoints and `Journal::retire_slot` (their member
+/// flush may need a superblock round) never run under the superblock lock.
 pub struct Array<D: BlockDev> {
     geo: Geometry,
     codec: Option<Codec>,
@@ -321,7 +326,7 @@ impl<D: BlockDev> Array<D> {
 
     /// Array name, uuid and creation time (seconds since the epoch).
     pub fn identity(&self) -> (&str, [u8; 16], u64) {
-        (&self.meta.name, self.meta.uuid, self.meta.ctime)
+        self.meta.identity()
     }
 
     /// Member `i`'s I/O totals (counts, bytes, errors, sampled latency).

@@ -9,7 +9,7 @@ use crate::stripe::{Attempt, PendingWrite, Piece, Turn};
 use crate::{ArrayError, WriteBuf};
 use futures::future::join_all;
 use std::sync::Arc;
-use uraid_core::{plan_write, Shard, WritePlan};
+use uraid_core::{plan_write, MemberSet, Shard, WritePlan};
 
 /// Whole stripes merged into one member I/O each, at most (a 1 MiB run per member with 64 KiB
 /// chunks).
@@ -218,32 +218,9 @@ impl<D: BlockDev> Array<D> {
         let g = self.geo;
         let k = g.data_chunks();
         let m = g.parity();
-        // Span of chunk offsets touched, and per data chunk the pieces in arrival order.
-        let mut lo = u64::MAX;
-        let mut hi = 0;
-        let mut mods: Vec<Vec<(u64, u64, &[u8])>> = vec![Vec::new(); k];
-        for w in batch {
-            for p in &w.pieces {
-                lo = lo.min(p.chunk_off);
-                hi = hi.max(p.chunk_off + p.len);
-                mods[p.index].push((
-                    p.chunk_off,
-                    p.len,
-                    &w.src[p.src_off..p.src_off + p.len as usize],
-                ));
-            }
-        }
-        let span = hi - lo;
-        let touched: Vec<bool> = mods.iter().map(|v| !v.is_empty()).collect();
-        let covered: Vec<bool> = mods.iter().map(|v| covers(v, lo, hi)).collect();
-        let overlay = |i: usize, b: &mut IoBuf| {
-            for &(co, len, src) in &mods[i] {
-                let s = (co - lo) as usize;
-                b[s..s + len as usize].copy_from_slice(src);
-            }
-        };
-        let at = g.member_offset(stripe, lo);
-        let codec = self.codec.as_ref().expect("parity level has a codec");
+        let mods = StripeMods::of(batch, k);
+        let span = mods.hi - mods.lo;
+        let at = g.member_offset(stripe, mods.lo);
         // Members whose reads failed with a correctable error during this operation, and
         // members being rebuilt that do not hold this stripe yet: they are written (which
         // repairs them, or brings them up to date for the part written) but never read.
@@ -267,155 +244,278 @@ impl<D: BlockDev> Array<D> {
             let data_state: Vec<Shard> = (0..k).map(|i| shard(g.data_member(stripe, i))).collect();
             let parity_state: Vec<Shard> =
                 (0..m).map(|j| shard(g.parity_member(stripe, j))).collect();
-            let plan = plan_write(&covered, &touched, &data_state, &parity_state);
+            let plan = plan_write(&mods.covered, &mods.touched, &data_state, &parity_state);
 
-            let mut data_out: Vec<(usize, IoBuf)> = Vec::new();
             let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
-            match &plan {
+            let built = match &plan {
                 WritePlan::FullStripe | WritePlan::Reconstruct { .. } => {
                     let fetch: &[usize] = match &plan {
                         WritePlan::Reconstruct { fetch, .. } => fetch,
                         _ => &[],
                     };
-                    let old = match self.fetch_data(stripe, lo, span, fetch, &mut excl).await? {
-                        Attempt::Done(v) => v,
-                        Attempt::Retry => continue,
-                    };
-                    // A partly written chunk whose old bytes had to be decoded goes to its
-                    // member with them: refused on an unsynced stripe, like a read of it.
-                    if unsynced
-                        && fetch
-                            .iter()
-                            .any(|&i| touched[i] && excl.contains(g.data_member(stripe, i)))
-                    {
+                    let built = self
+                        .reconstruct_write(stripe, &mods, fetch, unsynced, &mut excl, &mut parity)
+                        .await;
+                    if unsynced && !excl.minus(stale).is_empty() {
                         self.recovery
                             .resync
                             .note_unreadable(stripe, excl.minus(stale).minus(failed));
-                        return Err(self.unsynced_unreadable(stripe, excl.union(failed)));
                     }
-                    let mut old = old.into_iter();
-                    let mut data: Vec<IoBuf> = (0..k)
-                        .map(|i| {
-                            if covered[i] {
-                                buf::alloc(span as usize)
-                            } else {
-                                old.next().flatten().expect("fetched")
-                            }
-                        })
-                        .collect();
-                    for i in (0..k).filter(|&i| touched[i]) {
-                        overlay(i, &mut data[i]);
-                    }
-                    {
-                        let srcs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-                        let mut dsts: Vec<&mut [u8]> =
-                            parity.iter_mut().map(|b| &mut b[..]).collect();
-                        codec.encode(&srcs, &mut dsts);
-                    }
-                    if fetch.is_empty() {
-                        self.stats.add(|c| &c.full_stripe_writes, 1);
-                    } else {
-                        self.stats.add(|c| &c.rcw_writes, 1);
-                    }
-                    // Written: the touched chunks, and fetched ones that had a media error
-                    // (decoded from the stripe: writing them back repairs the sector, as a
-                    // read would; otherwise every later write here would hit it again).
-                    let mut data: Vec<Option<IoBuf>> = data.into_iter().map(Some).collect();
-                    for i in (0..k).filter(|&i| {
-                        touched[i] || (!unsynced && excl.contains(g.data_member(stripe, i)))
-                    }) {
-                        data_out.push((i, data[i].take().expect("chunk present")));
+                    match built? {
+                        Err(members) => {
+                            return Err(self.unsynced_unreadable(stripe, members.union(failed)))
+                        }
+                        Ok(a) => a,
                     }
                 }
                 WritePlan::ReadModifyWrite {
                     parity: live_parity,
                 } => {
-                    let tlist: Vec<usize> = (0..k).filter(|&i| touched[i]).collect();
-                    let mut reqs: Vec<(usize, u64, u64)> = tlist
-                        .iter()
-                        .map(|&i| (g.data_member(stripe, i), at, span))
-                        .collect();
-                    reqs.extend(
-                        live_parity
-                            .iter()
-                            .map(|&j| (g.parity_member(stripe, j), at, span)),
-                    );
-                    let mut bufs = match self.read_members(&reqs, &mut excl).await {
-                        Attempt::Done(b) => b,
-                        Attempt::Retry => continue,
-                    };
-                    for (p, &j) in live_parity.iter().enumerate().rev() {
-                        parity[j] = bufs.remove(tlist.len() + p);
+                    let built = self
+                        .rmw_write(stripe, &mods, live_parity, unsynced, &mut excl, &mut parity)
+                        .await;
+                    if unsynced && !excl.minus(stale).is_empty() {
+                        self.recovery
+                            .resync
+                            .note_unreadable(stripe, excl.minus(stale).minus(failed));
                     }
-                    for (&i, mut old) in tlist.iter().zip(bufs) {
-                        let mut new = old.clone();
-                        overlay(i, &mut new);
-                        for (o, n) in old.iter_mut().zip(new.iter()) {
-                            *o ^= *n;
-                        }
-                        let mut dsts: Vec<&mut [u8]> =
-                            parity.iter_mut().map(|b| &mut b[..]).collect();
-                        codec.update(i, &old, &mut dsts);
-                        data_out.push((i, new));
-                    }
-                    self.stats.add(|c| &c.rmw_writes, 1);
-                    // Untouched chunks whose read failed with a media error on an earlier
-                    // attempt (which turned it into this plan): decoded from the stripe
-                    // as it is on disk and written back, which repairs the sector.
-                    let bad: Vec<usize> = (0..k)
-                        .filter(|&i| {
-                            !unsynced && !touched[i] && excl.contains(g.data_member(stripe, i))
-                        })
-                        .collect();
-                    if !bad.is_empty() {
-                        if let Attempt::Done(v) =
-                            self.fetch_data(stripe, lo, span, &bad, &mut excl).await?
-                        {
-                            for (i, b) in bad.into_iter().zip(v) {
-                                if let Some(b) = b {
-                                    data_out.push((i, b));
-                                }
-                            }
-                        }
+                    built?
+                }
+            };
+            let data_out = match built {
+                Attempt::Done(d) => d,
+                Attempt::Retry => continue,
+            };
+            return self
+                .issue_stripe_writes(stripe, at, failed, data_out, parity)
+                .await;
+        }
+    }
+
+    /// A full-stripe or reconstruct-write of `stripe`: reads the uncovered data chunks
+    /// `fetch` (decoding those on lost members), overlays `mods`, encodes into `parity`
+    /// (span-sized, one per parity chunk). Returns the data chunks to write (index, bytes),
+    /// or Retry when a member read failed (the plan is made again). On an `unsynced` stripe
+    /// a decoded chunk is never written: Err(members) (the write is refused, like a read of
+    /// it) when a partly written chunk's old bytes had to be decoded.
+    async fn reconstruct_write(
+        &self,
+        stripe: u64,
+        mods: &StripeMods<'_>,
+        fetch: &[usize],
+        unsynced: bool,
+        excl: &mut MemberSet,
+        parity: &mut [IoBuf],
+    ) -> Result<Result<Attempt<Vec<(usize, IoBuf)>>, MemberSet>, ArrayError> {
+        let (touched, covered) = (&mods.touched, &mods.covered);
+        let g = self.geo;
+        let k = g.data_chunks();
+        let (lo, span) = (mods.lo, mods.hi - mods.lo);
+        let codec = self.codec.as_ref().expect("parity level has a codec");
+        let old = match self.fetch_data(stripe, lo, span, fetch, excl).await? {
+            Attempt::Done(v) => v,
+            Attempt::Retry => return Ok(Ok(Attempt::Retry)),
+        };
+        if unsynced
+            && fetch
+                .iter()
+                .any(|&i| touched[i] && excl.contains(g.data_member(stripe, i)))
+        {
+            return Ok(Err(*excl));
+        }
+        let mut old = old.into_iter();
+        let mut data: Vec<IoBuf> = (0..k)
+            .map(|i| {
+                if covered[i] {
+                    buf::alloc(span as usize)
+                } else {
+                    old.next().flatten().expect("fetched")
+                }
+            })
+            .collect();
+        for i in (0..k).filter(|&i| touched[i]) {
+            mods.overlay(i, &mut data[i]);
+        }
+        {
+            let srcs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+            let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+            codec.encode(&srcs, &mut dsts);
+        }
+        if fetch.is_empty() {
+            self.stats.add(|c| &c.full_stripe_writes, 1);
+        } else {
+            self.stats.add(|c| &c.rcw_writes, 1);
+        }
+        // Written: the touched chunks, and fetched ones that had a media error (decoded from
+        // the stripe: writing them back repairs the sector, as a read would; otherwise every
+        // later write here would hit it again).
+        let mut data_out: Vec<(usize, IoBuf)> = Vec::new();
+        let mut data: Vec<Option<IoBuf>> = data.into_iter().map(Some).collect();
+        for i in
+            (0..k).filter(|&i| touched[i] || (!unsynced && excl.contains(g.data_member(stripe, i))))
+        {
+            data_out.push((i, data[i].take().expect("chunk present")));
+        }
+        Ok(Ok(Attempt::Done(data_out)))
+    }
+
+    /// A read-modify-write of `stripe`: reads the touched data chunks and the live parity
+    /// chunks `live_parity` (into `parity`), updates parity by the difference `mods` makes,
+    /// and rewrites untouched chunks that had a media error (not on an `unsynced` stripe:
+    /// they would be decoded from parity that may be wrong). Returns the data chunks to
+    /// write, or Retry when a member read failed (the plan is made again).
+    async fn rmw_write(
+        &self,
+        stripe: u64,
+        mods: &StripeMods<'_>,
+        live_parity: &[usize],
+        unsynced: bool,
+        excl: &mut MemberSet,
+        parity: &mut [IoBuf],
+    ) -> Result<Attempt<Vec<(usize, IoBuf)>>, ArrayError> {
+        let touched = &mods.touched;
+        let g = self.geo;
+        let k = g.data_chunks();
+        let (lo, span) = (mods.lo, mods.hi - mods.lo);
+        let at = g.member_offset(stripe, lo);
+        let codec = self.codec.as_ref().expect("parity level has a codec");
+        let mut data_out: Vec<(usize, IoBuf)> = Vec::new();
+        let tlist: Vec<usize> = (0..k).filter(|&i| touched[i]).collect();
+        let mut reqs: Vec<(usize, u64, u64)> = tlist
+            .iter()
+            .map(|&i| (g.data_member(stripe, i), at, span))
+            .collect();
+        reqs.extend(
+            live_parity
+                .iter()
+                .map(|&j| (g.parity_member(stripe, j), at, span)),
+        );
+        let mut bufs = match self.read_members(&reqs, excl).await {
+            Attempt::Done(b) => b,
+            Attempt::Retry => return Ok(Attempt::Retry),
+        };
+        for (p, &j) in live_parity.iter().enumerate().rev() {
+            parity[j] = bufs.remove(tlist.len() + p);
+        }
+        for (&i, mut old) in tlist.iter().zip(bufs) {
+            let mut new = old.clone();
+            mods.overlay(i, &mut new);
+            for (o, n) in old.iter_mut().zip(new.iter()) {
+                *o ^= *n;
+            }
+            let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+            codec.update(i, &old, &mut dsts);
+            data_out.push((i, new));
+        }
+        self.stats.add(|c| &c.rmw_writes, 1);
+        // Untouched chunks whose read failed with a media error on an earlier attempt
+        // (which turned it into this plan): decoded from the stripe as it is on disk and
+        // written back, which repairs the sector.
+        let bad: Vec<usize> = (0..k)
+            .filter(|&i| !unsynced && !touched[i] && excl.contains(g.data_member(stripe, i)))
+            .collect();
+        if !bad.is_empty() {
+            if let Attempt::Done(v) = self.fetch_data(stripe, lo, span, &bad, excl).await? {
+                for (i, b) in bad.into_iter().zip(v) {
+                    if let Some(b) = b {
+                        data_out.push((i, b));
                     }
                 }
             }
-            if unsynced && !excl.minus(stale).is_empty() {
-                self.recovery
-                    .resync
-                    .note_unreadable(stripe, excl.minus(stale).minus(failed));
+        }
+        Ok(Attempt::Done(data_out))
+    }
+
+    /// Writes a planned stripe operation's new data chunks `data_out` and `parity` at member
+    /// offset `at` to every member not in `failed` (unreadable ones included: the write
+    /// repairs them); with a journal, the record is durable first, and with a write-back
+    /// journal on a reactor the member writes are returned deferred.
+    async fn issue_stripe_writes(
+        &self,
+        stripe: u64,
+        at: u64,
+        failed: MemberSet,
+        data_out: Vec<(usize, IoBuf)>,
+        parity: Vec<IoBuf>,
+    ) -> Result<Option<crate::journal::Deferred>, ArrayError> {
+        let g = self.geo;
+        let m = g.parity();
+        let mut writes: Vec<(usize, IoBuf)> = Vec::with_capacity(data_out.len() + m);
+        for (i, b) in data_out {
+            writes.push((g.data_member(stripe, i), b));
+        }
+        for (j, b) in parity.into_iter().enumerate() {
+            writes.push((g.parity_member(stripe, j), b));
+        }
+        let writes: Vec<(usize, u64, IoBuf)> = writes
+            .into_iter()
+            .filter(|(mem, _)| !failed.contains(*mem))
+            .map(|(mem, b)| (mem, at, b))
+            .collect();
+        // With a journal: the whole update is durable there before any member sees it.
+        let record = self.journal_log(&writes).await?;
+        if let Some(r) = record {
+            // Members that failed since the plan: not in the record, not written (in place:
+            // no copy of the list on the usual path, where nothing failed).
+            let mut writes = writes;
+            writes.retain(|w| r.kept.contains(w.0));
+            if self.can_defer() {
+                let region = self.intent.deferred_begin(stripe);
+                return Ok(Some(r.defer(writes, region)));
             }
-            // Write new data and parity to every live member (unreadable ones included: the
-            // write repairs them).
-            let mut writes: Vec<(usize, IoBuf)> = Vec::with_capacity(data_out.len() + m);
-            for (i, b) in data_out {
-                writes.push((g.data_member(stripe, i), b));
+            self.write_members(writes).await;
+            r.done();
+        } else {
+            self.write_members(writes).await;
+        }
+        self.check_serving().map(|_| None)
+    }
+}
+
+/// What a batch writes into one stripe: the span of chunk offsets it touches (`lo..hi`),
+/// per data chunk its pieces in arrival order (chunk offset, length, bytes), and per data
+/// chunk whether the batch changes some of it (`touched`) or all of it over the span
+/// (`covered`).
+struct StripeMods<'a> {
+    lo: u64,
+    hi: u64,
+    chunks: Vec<Vec<(u64, u64, &'a [u8])>>,
+    touched: Vec<bool>,
+    covered: Vec<bool>,
+}
+
+impl<'a> StripeMods<'a> {
+    fn of(batch: &'a [PendingWrite], k: usize) -> Self {
+        let mut lo = u64::MAX;
+        let mut hi = 0;
+        let mut chunks: Vec<Vec<(u64, u64, &[u8])>> = vec![Vec::new(); k];
+        for w in batch {
+            for p in &w.pieces {
+                lo = lo.min(p.chunk_off);
+                hi = hi.max(p.chunk_off + p.len);
+                chunks[p.index].push((
+                    p.chunk_off,
+                    p.len,
+                    &w.src[p.src_off..p.src_off + p.len as usize],
+                ));
             }
-            for (j, b) in parity.into_iter().enumerate() {
-                writes.push((g.parity_member(stripe, j), b));
-            }
-            let writes: Vec<(usize, u64, IoBuf)> = writes
-                .into_iter()
-                .filter(|(mem, _)| !failed.contains(*mem))
-                .map(|(mem, b)| (mem, at, b))
-                .collect();
-            // With a journal: the whole update is durable there before any member sees it.
-            let record = self.journal_log(&writes).await?;
-            if let Some(r) = record {
-                // Members that failed since the plan: not in the record, not written (in
-                // place: no copy of the list on the usual path, where nothing failed).
-                let mut writes = writes;
-                writes.retain(|w| r.kept.contains(w.0));
-                if self.can_defer() {
-                    let region = self.intent.deferred_begin(stripe);
-                    return Ok(Some(r.defer(writes, region)));
-                }
-                self.write_members(writes).await;
-                r.done();
-            } else {
-                self.write_members(writes).await;
-            }
-            return self.check_serving().map(|_| None);
+        }
+        let touched: Vec<bool> = chunks.iter().map(|v| !v.is_empty()).collect();
+        let covered: Vec<bool> = chunks.iter().map(|v| covers(v, lo, hi)).collect();
+        StripeMods {
+            lo,
+            hi,
+            chunks,
+            touched,
+            covered,
+        }
+    }
+
+    /// Copies data chunk `i`'s pieces into `b` (which holds the span from `lo`), in order.
+    fn overlay(&self, i: usize, b: &mut IoBuf) {
+        for &(co, len, src) in &self.chunks[i] {
+            let s = (co - self.lo) as usize;
+            b[s..s + len as usize].copy_from_slice(src);
         }
     }
 }

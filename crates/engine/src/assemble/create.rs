@@ -20,6 +20,40 @@ pub struct CreateOptions {
 /// Writes a new array's superblocks to `paths` (in member order) and zeroes the data areas so
 /// that parity starts consistent. Refuses members that hold a superblock unless `force`.
 pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, AssembleError> {
+    check_distinct(paths)?;
+    let (files, min_size) = open_new_members(paths, opts)?;
+    let geometry = Geometry::new(opts.level, paths.len(), opts.chunk, min_size - DATA_OFFSET)?;
+    let bitmap_chunk = opts
+        .bitmap_chunk
+        .unwrap_or_else(|| uraid_core::bitmap::default_chunk(&geometry));
+    uraid_core::bitmap::check_chunk(&geometry, bitmap_chunk).map_err(AssembleError::BitmapChunk)?;
+    let array_uuid = *uuid::Uuid::new_v4().as_bytes();
+    let journal = match &opts.journal {
+        Some((jp, mode)) => {
+            if paths.iter().any(|q| same_file(jp, q)) {
+                return Err(AssembleError::Duplicate {
+                    path: jp.display().to_string(),
+                });
+            }
+            check_journal_target(geometry.level, jp, opts.force)?;
+            let uuid = *uuid::Uuid::new_v4().as_bytes();
+            write_new_journal(jp, &geometry, array_uuid, uuid)?;
+            Some((uuid, *mode))
+        }
+        None => None,
+    };
+    let mut sb = new_superblock(opts, geometry, array_uuid, bitmap_chunk, journal);
+    for (i, (f, p)) in files.iter().zip(paths).enumerate() {
+        sb.index = i;
+        sb.device_uuid = sb.slot_uuids[i];
+        write_new_member(f, &sb).map_err(io_err(p))?;
+    }
+    sb.index = 0;
+    Ok(sb)
+}
+
+/// Refuses a path given twice.
+fn check_distinct(paths: &[PathBuf]) -> Result<(), AssembleError> {
     for (i, p) in paths.iter().enumerate() {
         if paths[..i].iter().any(|q| same_file(p, q)) {
             return Err(AssembleError::Duplicate {
@@ -27,6 +61,16 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
             });
         }
     }
+    Ok(())
+}
+
+/// Opens each new member for writing, refusing one too small for a chunk of data and,
+/// without `opts.force`, one that holds a superblock. Returns the files and the smallest
+/// size.
+fn open_new_members(
+    paths: &[PathBuf],
+    opts: &CreateOptions,
+) -> Result<(Vec<File>, u64), AssembleError> {
     let mut files = Vec::with_capacity(paths.len());
     let mut min_size = u64::MAX;
     for p in paths {
@@ -56,26 +100,19 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         min_size = min_size.min(size);
         files.push(f);
     }
-    let geometry = Geometry::new(opts.level, paths.len(), opts.chunk, min_size - DATA_OFFSET)?;
-    let bitmap_chunk = opts
-        .bitmap_chunk
-        .unwrap_or_else(|| uraid_core::bitmap::default_chunk(&geometry));
-    uraid_core::bitmap::check_chunk(&geometry, bitmap_chunk).map_err(AssembleError::BitmapChunk)?;
-    let array_uuid = *uuid::Uuid::new_v4().as_bytes();
-    let journal = match &opts.journal {
-        Some((jp, mode)) => {
-            if paths.iter().any(|q| same_file(jp, q)) {
-                return Err(AssembleError::Duplicate {
-                    path: jp.display().to_string(),
-                });
-            }
-            check_journal_target(geometry.level, jp, opts.force)?;
-            let uuid = *uuid::Uuid::new_v4().as_bytes();
-            write_new_journal(jp, &geometry, array_uuid, uuid)?;
-            Some((uuid, *mode))
-        }
-        None => None,
-    };
+    Ok((files, min_size))
+}
+
+/// A new array's superblock (clean, events 1, every member active with a fresh device uuid),
+/// as member 0's.
+fn new_superblock(
+    opts: &CreateOptions,
+    geometry: Geometry,
+    array_uuid: [u8; 16],
+    bitmap_chunk: u64,
+    journal: Option<([u8; 16], JournalMode)>,
+) -> Superblock {
+    let n = geometry.members;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -91,39 +128,35 @@ pub fn create(paths: &[PathBuf], opts: &CreateOptions) -> Result<Superblock, Ass
         ctime: now,
         utime: now,
         device_uuid: [0; 16],
-        states: vec![MemberState::Active; paths.len()],
-        rebuilt: vec![0; paths.len()],
-        slot_uuids: (0..paths.len())
-            .map(|_| *uuid::Uuid::new_v4().as_bytes())
-            .collect(),
+        states: vec![MemberState::Active; n],
+        rebuilt: vec![0; n],
+        slot_uuids: (0..n).map(|_| *uuid::Uuid::new_v4().as_bytes()).collect(),
         bitmap_chunk,
         journal,
     };
     while sb.name.len() > format::NAME_LEN {
         sb.name.pop();
     }
-    for (i, (f, p)) in files.iter().zip(paths).enumerate() {
-        zero_range(f, DATA_OFFSET, geometry.member_data).map_err(io_err(p))?;
-        f.write_all_at(
-            &crate::alloc::empty_map_image(&geometry),
-            uraid_core::alloc::MAP_OFFSET,
-        )
-        .map_err(io_err(p))?;
-        f.write_all_at(
-            &uraid_core::bitmap::empty_image(&geometry, bitmap_chunk),
-            uraid_core::bitmap::BITMAP_OFFSET,
-        )
-        .map_err(io_err(p))?;
-        sb.index = i;
-        sb.device_uuid = sb.slot_uuids[i];
-        for slot in 0..SB_SLOTS {
-            f.write_all_at(&sb.encode(), (slot * SB_SIZE) as u64)
-                .map_err(io_err(p))?;
-        }
-        f.sync_all().map_err(io_err(p))?;
+    sb
+}
+
+/// Writes new member `sb.index`: data area zeroed, an empty allocation map and write-intent
+/// bitmap, `sb` into both superblock slots, synced.
+fn write_new_member(f: &File, sb: &Superblock) -> io::Result<()> {
+    let geometry = &sb.geometry;
+    zero_range(f, DATA_OFFSET, geometry.member_data)?;
+    f.write_all_at(
+        &crate::alloc::empty_map_image(geometry),
+        uraid_core::alloc::MAP_OFFSET,
+    )?;
+    f.write_all_at(
+        &uraid_core::bitmap::empty_image(geometry, sb.bitmap_chunk),
+        uraid_core::bitmap::BITMAP_OFFSET,
+    )?;
+    for slot in 0..SB_SLOTS {
+        f.write_all_at(&sb.encode(), (slot * SB_SIZE) as u64)?;
     }
-    sb.index = 0;
-    Ok(sb)
+    f.sync_all()
 }
 
 /// Zeroes `[off, off + len)`: hole punching on files (also extends sparse files), BLKZEROOUT
@@ -170,13 +203,7 @@ pub fn create_exclusive(
 ) -> Result<Superblock, AssembleError> {
     // Checked before claiming, or the second claim on the same file would report this
     // process as the holder.
-    for (i, p) in paths.iter().enumerate() {
-        if paths[..i].iter().any(|q| same_file(p, q)) {
-            return Err(AssembleError::Duplicate {
-                path: p.display().to_string(),
-            });
-        }
-    }
+    check_distinct(paths)?;
     let mut _claims = paths
         .iter()
         .enumerate()

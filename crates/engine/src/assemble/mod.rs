@@ -1,6 +1,6 @@
 //! Control plane: creating an array on members, reading superblocks back, and deciding which
 //! members an assembly may use. One file per concern: `create.rs`, `discover.rs` (reading
-//! superblocks, `plan`, the pure `decide`), `admin.rs` (offline member administration),
+//! superblocks, `plan`; the pure decision is `uraid_core::assemble`), `admin.rs` (offline member administration),
 //! `journal.rs` (offline journal edits), `open.rs` (opening an assembly, journal replay);
 //! this file has the error type and the helpers they share.
 
@@ -54,23 +54,10 @@ pub enum AssembleError {
     Duplicate { path: String },
     #[error("{path}: too small ({size} bytes); a member needs at least {need}")]
     TooSmall { path: String, size: u64, need: u64 },
-    #[error("no usable members: {0}")]
-    NoMembers(String),
-    #[error(
-        "cannot start {level} array '{name}': it was not stopped cleanly and is degraded \
-         (member(s) {missing:?} missing or failed): the parity of stripes being written when it \
-         stopped may not match their data ({regions}), so data rebuilt for the missing \
-         member(s) there could be wrong. Start it with every member (it resyncs), or pass \
-         --start-dirty-degraded to serve it anyway (md's start_dirty_degraded: reads that \
-         would rebuild data there then fail instead)"
-    )]
-    DirtyDegraded {
-        level: Level,
-        name: String,
-        missing: Vec<usize>,
-        /// Where: the dirty regions of the write-intent bitmap, or "anywhere".
-        regions: String,
-    },
+    /// The assembly decision refused (`uraid_core::assemble`: no members, too many
+    /// missing, dirty and degraded).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
     #[error("--bitmap-chunk: {0}")]
     BitmapChunk(String),
     #[error(
@@ -89,14 +76,6 @@ pub enum AssembleError {
     AddRefused { path: String, why: String },
     #[error("{0}")]
     Refused(String),
-    #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
-    TooManyMissing {
-        level: Level,
-        name: String,
-        missing: usize,
-        members: usize,
-        tolerates: usize,
-    },
 }
 
 pub(super) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> AssembleError + '_ {
@@ -171,25 +150,6 @@ pub(super) fn rewrite_superblocks_but(
     }
     drop(claims);
     Ok(sb)
-}
-
-/// "N regions dirty: volume bytes a..b, c..d, ..." (the first few ranges).
-pub fn describe_ranges(r: &[std::ops::Range<u64>]) -> String {
-    let bytes: u64 = r.iter().map(|x| x.end - x.start).sum();
-    let mut s = format!(
-        "write-intent bitmap: {} dirty range(s), {bytes} bytes: volume bytes ",
-        r.len()
-    );
-    let shown: Vec<String> = r
-        .iter()
-        .take(4)
-        .map(|x| format!("{}..{}", x.start, x.end))
-        .collect();
-    s.push_str(&shown.join(", "));
-    if r.len() > 4 {
-        s.push_str(", ...");
-    }
-    s
 }
 
 /// `len` bytes at member offset `at` of every usable member of a plan (metadata copies).

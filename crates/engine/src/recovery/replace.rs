@@ -387,17 +387,14 @@ impl<D: BlockDev> Array<D> {
                 "member {i}'s replacement failed; the member stays"
             )));
         }
-        meta.swap = Some(Swap::Pending {
-            slot: i,
-            gen: r.gen,
-            uuid: r.uuid,
-        });
-        self.meta().persist(self.members(), &mut meta, true).await;
-        let swap = meta.swap.take();
+        let swap = self
+            .meta()
+            .swap_round(self.members(), &mut meta, i, r.gen, r.uuid)
+            .await;
         // A replacement failure during the round was held for this decision (I/O that
         // saw it waits in its failure barrier for this lock).
         let repl_failed = self.members().take_replacement_failure(i);
-        if swap == Some(Swap::Done) {
+        if swap == Swap::Done {
             // Named on disk and promoted in the round: the old device is out.
             if repl_failed && self.members().mark_failed(i) {
                 // It failed a write during the round: it is the slot's device now, so the
@@ -416,7 +413,7 @@ impl<D: BlockDev> Array<D> {
             return Ok(ReplaceOutcome::Replaced { slot: i });
         }
         self.members().end_swap(i);
-        if swap != Some(Swap::Failed) {
+        if swap != Swap::Failed {
             // The slot failed before the round: it kept its old identity.
             drop(meta);
             return self.takeover(r).await;
