@@ -243,7 +243,7 @@ impl<D: BlockDev> Array<D> {
         // Members whose reads failed with a correctable error during this operation, and
         // members being rebuilt that do not hold this stripe yet: they are written (which
         // repairs them, or brings them up to date for the part written) but never read.
-        let mut excl = self.members.stale_at(stripe).minus(self.members.failed());
+        let mut excl = self.members.at(stripe).behind;
         loop {
             let failed = self.check_serving()?;
             let shard = |mem: usize| {
