@@ -253,7 +253,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     }
 
     let before = array.array().stats.snapshot();
-    let sets_before = array.array().bitmap_rounds().0;
+    let sets_before = array.array().status().bitmap.set_rounds;
     let deadline = Instant::now() + Duration::from_secs_f64(args.runtime);
     let start = Instant::now();
     let blocks = size / args.bs;
@@ -335,7 +335,7 @@ pub fn run(args: &BenchArgs, members: &[PathBuf], embedded: bool) -> Result<()> 
     }
     let secs = start.elapsed().as_secs_f64();
     let d = array.array().stats.snapshot().since(&before);
-    let bitmap_sets = array.array().bitmap_rounds().0 - sets_before;
+    let bitmap_sets = array.array().status().bitmap.set_rounds - sets_before;
     let a2 = array.clone();
     handle.block_on(0, move || async move { a2.close().await })?;
     drop(array);

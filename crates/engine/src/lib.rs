@@ -35,10 +35,13 @@ mod stripe;
 pub mod volume;
 
 pub use alloc::ReadPiece;
-pub use array::{Array, ArrayError, ArrayOptions, StatsSnapshot, WriteBuf};
+pub use array::{
+    Array, ArrayError, ArrayOptions, ArrayStatus, BitmapStatus, Identity, MemberErrors,
+    MemberStatus, ScrubStatus, StatsSnapshot, WriteBuf,
+};
 pub use buf::{IoBuf, Segments};
 pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
-pub use members::ErrorPolicy;
+pub use members::{ErrorPolicy, MemberState};
 pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
 pub use recovery::{

@@ -1,5 +1,10 @@
-//! The member set: the devices, their health as a typed set, and every member I/O with its
-//! error policy and I/O timeout.
+//! The member set: the devices, their health, and every member I/O with its error policy and
+//! I/O timeout.
+//!
+//! Health is kept in atomic words (lock-free on the read path) and read as one
+//! `MemberState` per slot (`Members::state`); which members may serve a unit is
+//! `MemberState::serves`, applied to every slot by `Members::at`: the one rule the read,
+//! reconstruct and write paths use.
 //!
 //! Nothing else in the engine calls a `BlockDev` directly. Each I/O here:
 //! * adds the data offset for data-area I/O (`read`/`write`) or not (metadata I/O),
@@ -149,6 +154,60 @@ pub struct MemberIoSnapshot {
     pub read: OpSnapshot,
     pub write: OpSnapshot,
     pub flush: OpSnapshot,
+}
+
+/// A member slot's health: one typed view of the member set's atomic state (`Members::state`).
+/// Whether a slot also has a replacement being filled (`uraid replace`) is separate
+/// (`Members::replacement`): the replacement is written, never read, so it does not change
+/// what the slot serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// Present and holding every unit: read and written.
+    Active,
+    /// Failed, or missing since assembly: neither read nor written.
+    Failed,
+    /// Being rebuilt (a new device in the slot): written everywhere, holding only the units
+    /// below its checkpoint `below`, and read only there.
+    Rebuilding { below: u64 },
+}
+
+impl MemberState {
+    /// Whether a member in this state may serve (be read for) a chunk of unit `unit` (a
+    /// stripe or mirror row): the one rule every read and reconstruct decision follows.
+    pub fn serves(self, unit: u64) -> bool {
+        match self {
+            MemberState::Active => true,
+            MemberState::Failed => false,
+            MemberState::Rebuilding { below } => unit < below,
+        }
+    }
+
+    pub fn is_failed(self) -> bool {
+        self == MemberState::Failed
+    }
+}
+
+/// Who may serve one unit (stripe or mirror row), from one read of the member state
+/// (`Members::at`): `MemberState::serves` over every slot. A member in neither set serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitHolders {
+    /// Failed or missing: neither read nor written.
+    pub failed: MemberSet,
+    /// Being rebuilt and not past this unit yet: written (which brings them up to date for
+    /// the part written), never read.
+    pub behind: MemberSet,
+}
+
+impl UnitHolders {
+    /// The members that may not be read for this unit: failed or behind.
+    pub fn stale(&self) -> MemberSet {
+        self.failed.union(self.behind)
+    }
+
+    /// Whether member `i` may serve a chunk of this unit.
+    pub fn serves(&self, i: usize) -> bool {
+        !self.stale().contains(i)
+    }
 }
 
 /// Per-member I/O accounting.
@@ -468,18 +527,54 @@ impl<D: BlockDev> Members<D> {
         MemberSet::from_bits(self.rebuilding.load(Ordering::Acquire))
     }
 
-    /// Members that do not hold unit `unit` (stripe or mirror row): failed, or rebuilding
-    /// and not past it yet. One atomic load when nothing is being rebuilt.
-    pub fn stale_at(&self, unit: u64) -> MemberSet {
-        let f = self.failed();
+    /// Member `i`'s health. A member is failed first (a failed member's rebuilding mark is
+    /// only kept for the superblock round that records it), then rebuilding, else active.
+    pub fn state(&self, i: usize) -> MemberState {
+        let bit = 1u64 << i;
+        if self.failed.load(Ordering::Acquire) & bit != 0 {
+            MemberState::Failed
+        } else if self.rebuilding.load(Ordering::Acquire) & bit != 0 {
+            MemberState::Rebuilding {
+                below: self.rebuilt[i].load(Ordering::Acquire),
+            }
+        } else {
+            MemberState::Active
+        }
+    }
+
+    /// Whether member `i` may serve a chunk of unit `unit` (`MemberState::serves`).
+    pub fn serves(&self, i: usize, unit: u64) -> bool {
+        self.state(i).serves(unit)
+    }
+
+    /// Who may serve unit `unit` (stripe or mirror row): `MemberState::serves` for every
+    /// member, from one load of the failed set. One more atomic load when nothing is being
+    /// rebuilt.
+    pub fn at(&self, unit: u64) -> UnitHolders {
+        let failed = self.failed();
         let r = self.rebuilding.load(Ordering::Acquire);
         if r == 0 {
-            return f;
+            return UnitHolders {
+                failed,
+                behind: MemberSet::EMPTY,
+            };
         }
-        MemberSet::from_bits(r)
+        let behind = MemberSet::from_bits(r)
+            .minus(failed)
             .iter()
-            .filter(|&i| self.rebuilt[i].load(Ordering::Acquire) <= unit)
-            .fold(f, |s, i| s.with(i))
+            .filter(|&i| {
+                !MemberState::Rebuilding {
+                    below: self.rebuilt(i),
+                }
+                .serves(unit)
+            })
+            .collect();
+        UnitHolders { failed, behind }
+    }
+
+    /// Members that may not serve unit `unit`: `at(unit).stale()`.
+    pub fn stale_at(&self, unit: u64) -> MemberSet {
+        self.at(unit).stale()
     }
 
     /// Failed or rebuilding: the members the array cannot count on everywhere.

@@ -276,7 +276,7 @@ fn degraded_reads_read_each_stripe_once() {
         let stripe_bytes = k * CHUNK;
         let reads = || -> u64 {
             (0..members)
-                .map(|m| array.array().member_io(m).read.count)
+                .map(|m| array.array().status().members[m].io.read.count)
                 .sum()
         };
         let before = reads();

@@ -325,11 +325,15 @@ fn a_read_only_session_leaves_absent_members_alone() {
     block_on(vol.read(0, vol.size())).unwrap();
     block_on(vol.flush()).unwrap();
     block_on(vol.close()).unwrap();
-    assert_eq!(vol.array().events(), 1, "a superblock round was written");
+    assert_eq!(
+        vol.array().status().events,
+        1,
+        "a superblock round was written"
+    );
     // The first write does record it.
     block_on(vol.write(0, payload(2, 512))).unwrap();
-    assert_eq!(vol.array().events(), 2);
-    assert!(vol.array().durable_failed().contains(1));
+    assert_eq!(vol.array().status().events, 2);
+    assert!(vol.array().status().durable_failed.contains(1));
 }
 
 /// A journal device that stops answering is timed out like a member (`--io-timeout`): the

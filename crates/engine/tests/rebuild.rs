@@ -294,6 +294,89 @@ fn a_member_failed_and_replaced_while_serving() {
     }
 }
 
+/// Member state is one rule: `Members::at(unit)` (every read and reconstruct decision),
+/// `Members::serves` and `stale_at` all give what `Members::state(i).serves(unit)` says, for
+/// every kind of slot: active, missing, failed, rebuilding (read only below its checkpoint),
+/// and marked rebuilding but failed since (failed wins).
+#[test]
+fn member_state_is_the_one_serve_rule() {
+    use uraid_engine::members::Members;
+    use uraid_engine::{ErrorPolicy, MemberState};
+    let dev = |n: &str| Some(MemDev::new(n, 1 << 16));
+    let m = Members::new(
+        vec![dev("a"), None, dev("c"), dev("d"), dev("e")],
+        MemberSet::EMPTY.with(3).with(4),
+        vec![None, None, Some(5), None, Some(7)],
+        0,
+        ErrorPolicy {
+            max_read_errors: 20,
+            io_timeout: None,
+        },
+    );
+    let states: Vec<MemberState> = (0..5).map(|i| m.state(i)).collect();
+    assert_eq!(
+        states,
+        [
+            MemberState::Active,
+            MemberState::Failed,
+            MemberState::Rebuilding { below: 5 },
+            MemberState::Failed,
+            MemberState::Failed,
+        ]
+    );
+    let failed = MemberSet::EMPTY.with(1).with(3).with(4);
+    assert_eq!(m.failed(), failed);
+    assert_eq!(m.rebuilding(), MemberSet::EMPTY.with(2));
+    for unit in [0, 4, 5, 6, 7, 100] {
+        let at = m.at(unit);
+        assert_eq!(at.failed, failed, "unit {unit}");
+        let behind = if unit < 5 {
+            MemberSet::EMPTY
+        } else {
+            MemberSet::EMPTY.with(2)
+        };
+        assert_eq!(at.behind, behind, "unit {unit}");
+        assert_eq!(m.stale_at(unit), failed.union(behind), "unit {unit}");
+        for (i, st) in states.iter().enumerate() {
+            assert_eq!(at.serves(i), st.serves(unit), "member {i} unit {unit}");
+            assert_eq!(m.serves(i, unit), st.serves(unit), "member {i} unit {unit}");
+        }
+    }
+}
+
+/// `Array::status()` follows a slot through failure, add and rebuild: failed (and durably
+/// so), then rebuilding with its checkpoint (what `rebuild_state` says) under the new
+/// device's name, then active; the array degraded until the rebuild finished.
+#[test]
+fn status_follows_a_slot_through_failure_and_rebuild() {
+    use uraid_engine::MemberState;
+    let (images, _) = written(Level::Raid6, 6, 9);
+    let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+    let a = vol.array().clone();
+    assert!(!a.status().degraded());
+    block_on(a.fail_by_operator(2, true)).unwrap();
+    let s = a.status();
+    assert_eq!(s.members[2].state, MemberState::Failed);
+    assert_eq!(s.failed, MemberSet::EMPTY.with(2));
+    assert!(s.durable_failed.contains(2) && s.degraded() && s.serving);
+    let new = MemDev::from_image("new2", vec![0; images[2].len()]);
+    block_on(vol.add_member(new, [0x24; 16])).unwrap();
+    let s = a.status();
+    assert_eq!(s.members[2].state, MemberState::Rebuilding { below: 0 });
+    assert_eq!(s.members[2].name.as_deref(), Some("new2"));
+    assert_eq!(s.rebuilding(), MemberSet::EMPTY.with(2));
+    assert_eq!(a.rebuild_state(), vec![(2, 0)]);
+    assert!(s.failed.is_empty() && s.degraded());
+    block_on(a.rebuild(&AtomicBool::new(false))).unwrap();
+    let s = a.status();
+    assert!(
+        s.members.iter().all(|m| m.state == MemberState::Active),
+        "{:?}",
+        s.members
+    );
+    assert!(!s.degraded() && s.serving && s.rebuilding().is_empty());
+}
+
 /// In the session that replaced a member, the new device failing is recorded failed on disk
 /// again before writes that did without it are acknowledged (found by a cold review: the
 /// slot stayed "failed on disk" in memory, so the failure barrier skipped the round).
@@ -307,12 +390,12 @@ fn a_replacement_that_fails_is_recorded_failed_again() {
     block_on(vol.add_member(new, [0x24; 16])).unwrap();
     let stop = AtomicBool::new(false);
     block_on(a.rebuild(&stop)).unwrap();
-    assert!(!a.durable_failed().contains(2));
+    assert!(!a.status().durable_failed.contains(2));
     a.member_dev(2).unwrap().faults.kill();
     block_on(vol.write(0, payload(77, 64 * 1024))).unwrap();
     assert!(a.is_failed(2));
     assert!(
-        a.durable_failed().contains(2),
+        a.status().durable_failed.contains(2),
         "the second failure is on disk"
     );
     let after = member_images(&vol);

@@ -8,12 +8,10 @@ use super::State;
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
 use uraid_core::format::uuid_string;
-use uraid_core::geometry::Geometry;
 use uraid_engine::journal::JournalStatus;
 use uraid_engine::members::MemberIoSnapshot;
 use uraid_engine::metrics::{bucket_bounds, OpCounters, OpSnapshot, BUCKETS};
-use uraid_engine::recovery::ProgressView;
-use uraid_engine::{Array, FileDev, ScrubMode, ScrubReport, StatsSnapshot};
+use uraid_engine::ArrayStatus;
 use uraid_nbd::{ServerStats, OPS};
 
 /// The `/metrics` document.
@@ -50,20 +48,11 @@ struct Family {
     samples: fn(&Snapshot, &mut Samples),
 }
 
-/// What the families are written from: the values more than one family shows, read once.
+/// What the families are written from: the array's status and the server's counters, read
+/// once.
 struct Snapshot<'a> {
     state: &'a State,
-    a: &'a Array<FileDev>,
-    g: Geometry,
-    name: &'a str,
-    uuid: [u8; 16],
-    failed: usize,
-    ios: Vec<MemberIoSnapshot>,
-    stripes: StatsSnapshot,
-    resync: ProgressView,
-    scrub: (Option<ScrubMode>, ScrubReport, ProgressView, bool),
-    bitmap: (u64, u64, u64),
-    journal: Option<JournalStatus>,
+    a: ArrayStatus,
     nbd: &'a ServerStats,
     /// NBD counters per command (`OPS`), summed over the reactors.
     nbd_ops: Vec<OpSnapshot>,
@@ -71,23 +60,10 @@ struct Snapshot<'a> {
 
 impl<'a> Snapshot<'a> {
     fn take(state: &'a State) -> Snapshot<'a> {
-        let a = state.volume.array();
-        let g = *a.geometry();
-        let (name, uuid, _) = a.identity();
         let nbd = state.server.stats();
         Snapshot {
             state,
-            a,
-            g,
-            name,
-            uuid,
-            failed: a.failed().len(),
-            ios: (0..g.members).map(|i| a.member_io(i)).collect(),
-            stripes: a.stats.snapshot(),
-            resync: a.recovery_progress(),
-            scrub: a.scrub_state(),
-            bitmap: a.bitmap_state(),
-            journal: a.journal_status(),
+            a: state.volume.array().status(),
             nbd,
             nbd_ops: nbd.ops.iter().map(|s| OpCounters::sum(s.iter())).collect(),
         }
@@ -95,12 +71,12 @@ impl<'a> Snapshot<'a> {
 
     /// The `array` label every family carries.
     fn arr(&self) -> (&'static str, String) {
-        ("array", self.name.to_string())
+        ("array", self.a.identity.name.clone())
     }
 
     /// The labels of member `i`: array, member index, device path (`-` for none).
     fn member(&self, i: usize) -> Vec<(&'static str, String)> {
-        let dev = member_path(self.state, i).unwrap_or_else(|| "-".to_string());
+        let dev = member_path(self.state, i, &self.a.members[i]).unwrap_or_else(|| "-".to_string());
         vec![self.arr(), ("member", i.to_string()), ("device", dev)]
     }
 
@@ -168,11 +144,11 @@ fn always(_: &Snapshot) -> bool {
 }
 
 fn has_bitmap(m: &Snapshot) -> bool {
-    m.bitmap.0 > 0
+    m.a.bitmap.chunk > 0
 }
 
 fn has_journal(m: &Snapshot) -> bool {
-    m.journal.is_some()
+    m.a.journal.is_some()
 }
 
 /// The member operations the member I/O families are labelled by.
@@ -195,11 +171,11 @@ const MEMBER_STATES: [&str; 6] = [
 
 /// One sample per member and operation, of the number `f` picks.
 fn member_io(m: &Snapshot, s: &mut Samples, f: fn(&OpSnapshot) -> u64) {
-    for (i, io) in m.ios.iter().enumerate() {
+    for (i, ms) in m.a.members.iter().enumerate() {
         for (op, pick) in MEMBER_OPS {
             let mut l = m.member(i);
             l.push(("op", op.into()));
-            s.value(&l, f(pick(io)));
+            s.value(&l, f(pick(&ms.io)));
         }
     }
 }
@@ -213,7 +189,7 @@ fn nbd_ops(m: &Snapshot, s: &mut Samples, f: fn(&OpSnapshot) -> u64) {
 
 /// A journal family: the journal's number `f` picks.
 fn journal(m: &Snapshot, s: &mut Samples, f: fn(&JournalStatus) -> u64) {
-    if let Some(j) = &m.journal {
+    if let Some(j) = &m.a.journal {
         s.value(&[m.arr()], f(j));
     }
 }
@@ -228,8 +204,8 @@ const FAMILIES: &[Family] = &[
         samples: |m, s| {
             let l = [
                 m.arr(),
-                ("uuid", uuid_string(&m.uuid)),
-                ("level", m.g.level.to_string()),
+                ("uuid", uuid_string(&m.a.identity.uuid)),
+                ("level", m.a.geometry.level.to_string()),
             ];
             s.value(&l, 1)
         },
@@ -240,11 +216,11 @@ const FAMILIES: &[Family] = &[
         help: "1 for the array's current state (clean: nothing written since assembly; active: written; degraded; failed).",
         when: always,
         samples: |m, s| {
-            let (serving, dirty) = (m.a.is_serving(), m.a.is_dirty());
+            let (serving, dirty) = (m.a.serving, m.a.dirty);
             for (st, on) in [
                 ("clean", !dirty),
                 ("active", dirty),
-                ("degraded", serving && m.failed > 0),
+                ("degraded", serving && !m.a.failed.is_empty()),
                 ("failed", !serving),
             ] {
                 s.value(&m.arr_and("state", st), u8::from(on));
@@ -256,28 +232,28 @@ const FAMILIES: &[Family] = &[
         kind: "gauge",
         help: "Members the array is built of.",
         when: always,
-        samples: |m, s| s.value(&[m.arr()], m.g.members),
+        samples: |m, s| s.value(&[m.arr()], m.a.geometry.members),
     },
     Family {
         name: "uraid_array_failed_members",
         kind: "gauge",
         help: "Members missing or failed.",
         when: always,
-        samples: |m, s| s.value(&[m.arr()], m.failed),
+        samples: |m, s| s.value(&[m.arr()], m.a.failed.len()),
     },
     Family {
         name: "uraid_array_size_bytes",
         kind: "gauge",
         help: "Volume size.",
         when: always,
-        samples: |m, s| s.value(&[m.arr()], m.g.volume_size()),
+        samples: |m, s| s.value(&[m.arr()], m.a.size()),
     },
     Family {
         name: "uraid_array_events",
         kind: "gauge",
         help: "Superblock event count (rises with every superblock round).",
         when: always,
-        samples: |m, s| s.value(&[m.arr()], m.a.events()),
+        samples: |m, s| s.value(&[m.arr()], m.a.events),
     },
     Family {
         name: "uraid_member_state",
@@ -285,8 +261,8 @@ const FAMILIES: &[Family] = &[
         help: "1 for each member's current state (active, failed, missing, rebuilding).",
         when: always,
         samples: |m, s| {
-            for i in 0..m.g.members {
-                let now = member_state(m.a, i);
+            for (i, ms) in m.a.members.iter().enumerate() {
+                let now = member_state(ms);
                 for st in MEMBER_STATES {
                     let mut l = m.member(i);
                     l.push(("state", st.into()));
@@ -322,11 +298,11 @@ const FAMILIES: &[Family] = &[
         help: "Member I/O latency, sampled: one in 16 reads and writes per thread is timed, every flush.",
         when: always,
         samples: |m, s| {
-            for (i, io) in m.ios.iter().enumerate() {
+            for (i, ms) in m.a.members.iter().enumerate() {
                 for (op, pick) in MEMBER_OPS {
                     let mut l = m.member(i);
                     l.push(("op", op.into()));
-                    s.histogram(&l, pick(io));
+                    s.histogram(&l, pick(&ms.io));
                 }
             }
         },
@@ -337,8 +313,8 @@ const FAMILIES: &[Family] = &[
         help: "Media read errors reconstructed from redundancy and rewritten in place.",
         when: always,
         samples: |m, s| {
-            for i in 0..m.g.members {
-                s.value(&m.member(i), m.a.member_errors(i).0);
+            for (i, ms) in m.a.members.iter().enumerate() {
+                s.value(&m.member(i), ms.errors.corrected);
             }
         },
     },
@@ -348,7 +324,7 @@ const FAMILIES: &[Family] = &[
         help: "Stripe writes by plan, writes merged into another's stripe operation, degraded reads.",
         when: always,
         samples: |m, s| {
-            let st = &m.stripes;
+            let st = &m.a.stats;
             for (plan, v) in [
                 ("full", st.full_stripe_writes),
                 ("reconstruct", st.rcw_writes),
@@ -366,16 +342,15 @@ const FAMILIES: &[Family] = &[
         help: "Progress (0 to 1) of a background operation that is due or running.",
         when: always,
         samples: |m, s| {
-            let a = m.a;
-            if m.resync.running || a.needs_resync() {
-                s.value(&m.arr_and("op", m.resync.op), m.resync.fraction);
+            let a = &m.a;
+            if a.resync.running || a.resync_due {
+                s.value(&m.arr_and("op", a.resync.op), a.resync.fraction);
             }
-            if !a.rebuild_state().is_empty() {
-                let bv = a.rebuild_progress();
-                s.value(&m.arr_and("op", bv.op), bv.fraction);
+            if !a.rebuilding().is_empty() {
+                s.value(&m.arr_and("op", a.rebuild.op), a.rebuild.fraction);
             }
-            if let (Some(mode), true) = (m.scrub.0, m.scrub.2.running) {
-                s.value(&m.arr_and("op", mode.name()), m.scrub.2.fraction);
+            if let (Some(mode), true) = (a.scrub.mode, a.scrub.progress.running) {
+                s.value(&m.arr_and("op", mode.name()), a.scrub.progress.fraction);
             }
         },
     },
@@ -384,28 +359,28 @@ const FAMILIES: &[Family] = &[
         kind: "gauge",
         help: "4 KiB columns whose redundancy disagreed in the last (or running) scrub.",
         when: always,
-        samples: |m, s| s.value(&[m.arr()], m.scrub.1.mismatches),
+        samples: |m, s| s.value(&[m.arr()], m.a.scrub.report.mismatches),
     },
     Family {
         name: "uraid_scrub_located",
         kind: "gauge",
         help: "Of those, columns whose bad chunk was located (member named in the events).",
         when: always,
-        samples: |m, s| s.value(&[m.arr()], m.scrub.1.located),
+        samples: |m, s| s.value(&[m.arr()], m.a.scrub.report.located),
     },
     Family {
         name: "uraid_scrub_repaired",
         kind: "gauge",
         help: "Columns the last (or running) scrub repair rewrote.",
         when: always,
-        samples: |m, s| s.value(&[m.arr()], m.scrub.1.repaired),
+        samples: |m, s| s.value(&[m.arr()], m.a.scrub.report.repaired),
     },
     Family {
         name: "uraid_bitmap_dirty_regions",
         kind: "gauge",
         help: "Write-intent bitmap regions set (writes in them recently; resynced after a crash).",
         when: has_bitmap,
-        samples: |m, s| s.value(&[m.arr()], m.bitmap.2),
+        samples: |m, s| s.value(&[m.arr()], m.a.bitmap.dirty),
     },
     Family {
         name: "uraid_journal_active",
@@ -413,7 +388,7 @@ const FAMILIES: &[Family] = &[
         help: "1 while the journal device is in service, 0 after it failed (bitmap mode).",
         when: has_journal,
         samples: |m, s| {
-            if let Some(j) = &m.journal {
+            if let Some(j) = &m.a.journal {
                 s.value(&m.arr_and("mode", j.mode), u64::from(j.state == "active"));
             }
         },
@@ -444,7 +419,7 @@ const FAMILIES: &[Family] = &[
         kind: "counter",
         help: "Stripes whose redundancy a background operation rewrote.",
         when: always,
-        samples: |m, s| s.value(&m.arr_and("op", m.resync.op), m.resync.repaired),
+        samples: |m, s| s.value(&m.arr_and("op", m.a.resync.op), m.a.resync.repaired),
     },
     Family {
         name: "uraid_nbd_requests_total",

@@ -6,7 +6,8 @@ use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use uraid_core::format::uuid_string;
 use uraid_engine::metrics::OpSnapshot;
-use uraid_engine::FileDev;
+use uraid_engine::recovery::ProgressView;
+use uraid_engine::{ArrayStatus, MemberState, MemberStatus, ScrubStatus};
 use uraid_nbd::OPS;
 
 /// The throttle: budget, priority, min and max rates.
@@ -53,14 +54,11 @@ fn state_words(dirty: bool, failed: usize, serving: bool, resync: Option<&str>) 
 
 /// The `/status` document (schema `SCHEMA`, docs/control.md).
 pub(super) fn status(state: &State) -> Value {
-    let a = state.volume.array();
-    let g = *a.geometry();
-    let (name, uuid, ctime) = a.identity();
-    let failed = a.failed();
-    let st = a.stats.snapshot();
+    let a = state.volume.array().status();
+    let g = a.geometry;
     let server = &state.server;
     let ss = server.stats();
-    let members = slots(state, a);
+    let members = slots(state, &a);
     let ops: serde_json::Map<String, Value> = OPS
         .iter()
         .zip(ss.ops.iter())
@@ -71,35 +69,37 @@ pub(super) fn status(state: &State) -> Value {
             )
         })
         .collect();
-    let (bc, regions, dirty) = a.bitmap_state();
+    let rebuilding = a.rebuilding();
+    let st = &a.stats;
+    let bm = &a.bitmap;
     json!({
         "schema": SCHEMA,
         "source": "server",
         "pid": std::process::id(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
-        "name": name,
-        "array_uuid": uuid_string(&uuid),
+        "name": a.identity.name,
+        "array_uuid": uuid_string(&a.identity.uuid),
         "level": g.level.to_string(),
         "members": g.members,
         "chunk": g.chunk,
         "volume_size": g.volume_size(),
-        "ctime": ctime,
-        "events": a.events(),
-        "dirty": a.is_dirty(),
+        "ctime": a.identity.ctime,
+        "events": a.events,
+        "dirty": a.dirty,
         "state": state_words(
-            a.is_dirty(),
-            failed.len() + a.rebuild_state().len(),
-            a.is_serving(),
-            match (a.recovery_progress().running, a.needs_resync(), a.rebuild_state().is_empty()) {
+            a.dirty,
+            a.failed.len() + rebuilding.len(),
+            a.serving,
+            match (a.resync.running, a.resync_due, rebuilding.is_empty()) {
                 (true, _, _) => Some("resyncing"),
                 (false, true, _) => Some("resync pending"),
-                (_, _, false) if a.rebuild_progress().running => Some("recovering"),
+                (_, _, false) if a.rebuild.running => Some("recovering"),
                 (_, _, false) => Some("recovery pending"),
                 _ => None,
             }
         ),
-        "degraded": !failed.is_empty() || !a.rebuild_state().is_empty(),
-        "failed": failed.iter().collect::<Vec<_>>(),
+        "degraded": a.degraded(),
+        "failed": a.failed.iter().collect::<Vec<_>>(),
         "fault_tolerance": g.fault_tolerance(),
         "slots": members,
         "exports": [{
@@ -122,16 +122,16 @@ pub(super) fn status(state: &State) -> Value {
             "read_modify_write": st.rmw_writes, "merged": st.merged_writes,
             "degraded_reads": st.degraded_reads, "corrected_reads": st.corrected_reads,
         },
-        "background": background(a),
-        "throttle": throttle_json(&a.throttle()),
+        "background": background(&a),
+        "throttle": throttle_json(&a.throttle),
         "bitmap": {
-            "chunk": bc, "regions": regions, "dirty_regions": dirty,
-            "set_rounds": a.bitmap_rounds().0, "clear_rounds": a.bitmap_rounds().1,
+            "chunk": bm.chunk, "regions": bm.regions, "dirty_regions": bm.dirty,
+            "set_rounds": bm.set_rounds, "clear_rounds": bm.clear_rounds,
         },
-        "unsynced_stripes_refused": a.unsynced_stripes_refused(),
-        "scrub": scrub_json(a),
+        "unsynced_stripes_refused": a.unsynced_stripes_refused,
+        "scrub": scrub_json(&a.scrub),
         "spares": state.jobs.spare_paths(),
-        "journal": a.journal_status().map(|j| json!({
+        "journal": a.journal.as_ref().map(|j| json!({
             "device": j.device, "mode": j.mode, "state": j.state,
             "log_bytes": j.log_bytes, "used_bytes": j.used_bytes,
             "records": j.records, "bytes": j.bytes, "commits": j.commits,
@@ -141,65 +141,64 @@ pub(super) fn status(state: &State) -> Value {
 }
 
 /// The `slots` of the status document: each member's path, state and I/O.
-fn slots(state: &State, a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
-    (0..a.geometry().members)
-        .map(|i| {
-            let io = a.member_io(i);
-            let (corrected, budget_used, budget) = a.member_errors(i);
+fn slots(state: &State, a: &ArrayStatus) -> Vec<Value> {
+    a.members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
             json!({
                 "index": i,
-                "path": member_path(state, i),
-                "state": member_state(a, i),
-                "rebuilt_units": a.rebuild_state().iter().find(|r| r.0 == i).map(|r| r.1),
-                "replacement": a.replace_state().filter(|r| r.0 == i).map(|r| r.1),
-                "read": op_json(&io.read),
-                "write": op_json(&io.write),
-                "flush": op_json(&io.flush),
-                "read_errors_corrected": corrected,
-                "read_error_budget": { "used": budget_used, "max": budget },
+                "path": member_path(state, i, m),
+                "state": member_state(m),
+                "rebuilt_units": match m.state {
+                    MemberState::Rebuilding { below } => Some(below),
+                    _ => None,
+                },
+                "replacement": m.replacement,
+                "read": op_json(&m.io.read),
+                "write": op_json(&m.io.write),
+                "flush": op_json(&m.io.flush),
+                "read_errors_corrected": m.errors.corrected,
+                "read_error_budget": { "used": m.errors.budget_used, "max": m.errors.budget },
             })
         })
         .collect()
 }
 
-/// The path of slot `i`'s device (the one added while serving, if any).
-pub(super) fn member_path(state: &State, i: usize) -> Option<String> {
-    state
-        .volume
-        .array()
-        .member_name(i)
-        .map(str::to_string)
-        .or_else(|| {
-            state
-                .members
-                .get(i)
-                .cloned()
-                .flatten()
-                .map(|p| p.display().to_string())
-        })
+/// The path of slot `i`'s device (the one added while serving, if any), else the one it was
+/// started with.
+pub(super) fn member_path(state: &State, i: usize, m: &MemberStatus) -> Option<String> {
+    m.name.clone().or_else(|| {
+        state
+            .members
+            .get(i)
+            .cloned()
+            .flatten()
+            .map(|p| p.display().to_string())
+    })
 }
 
 /// A member's state word: removed, replacing, missing, failed, rebuilding or active.
-pub(super) fn member_state(a: &uraid_engine::Array<FileDev>, i: usize) -> &'static str {
-    if a.removed().contains(i) {
+pub(super) fn member_state(m: &MemberStatus) -> &'static str {
+    if m.removed {
         "removed"
-    } else if a.replace_state().is_some_and(|r| r.0 == i) {
+    } else if m.replacement.is_some() {
         "replacing"
-    } else if a.member_dev(i).is_none() {
+    } else if m.name.is_none() {
         "missing"
-    } else if a.is_failed(i) {
-        "failed"
-    } else if a.rebuild_state().iter().any(|r| r.0 == i) {
-        "rebuilding"
     } else {
-        "active"
+        match m.state {
+            MemberState::Failed => "failed",
+            MemberState::Rebuilding { .. } => "rebuilding",
+            MemberState::Active => "active",
+        }
     }
 }
 
 /// Background operations for status: the resync while it runs (or stopped unfinished), the
 /// rebuild while members are being rebuilt, a replace, and a scrub while it runs.
-fn background(a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
-    let one = |v: uraid_engine::recovery::ProgressView| {
+fn background(a: &ArrayStatus) -> Vec<Value> {
+    let one = |v: &ProgressView| {
         json!({
             "op": v.op,
             "state": if v.running { "running" } else { "stopped" },
@@ -212,37 +211,36 @@ fn background(a: &uraid_engine::Array<FileDev>) -> Vec<Value> {
         })
     };
     let mut out = Vec::new();
-    let v = a.recovery_progress();
-    if v.running || a.needs_resync() {
-        out.push(one(v));
+    if a.resync.running || a.resync_due {
+        out.push(one(&a.resync));
     }
-    if !a.rebuild_state().is_empty() {
-        out.push(one(a.rebuild_progress()));
+    if !a.rebuilding().is_empty() {
+        out.push(one(&a.rebuild));
     }
-    if a.replace_state().is_some() {
-        out.push(one(a.replace_progress()));
+    if a.replacing().is_some() {
+        out.push(one(&a.replace));
     }
-    let (mode, r, v, paused) = a.scrub_state();
-    if let (Some(mode), true) = (mode, v.running) {
-        let mut e = one(v);
+    let sc = &a.scrub;
+    if let (Some(mode), true) = (sc.mode, sc.progress.running) {
+        let mut e = one(&sc.progress);
         e["op"] = json!(mode.name());
-        e["state"] = json!(if paused { "paused" } else { "running" });
-        e["mismatches"] = json!(r.mismatches);
-        e["located"] = json!(r.located);
+        e["state"] = json!(if sc.paused { "paused" } else { "running" });
+        e["mismatches"] = json!(sc.report.mismatches);
+        e["located"] = json!(sc.report.located);
         out.push(e);
     }
     out
 }
 
 /// The last (or running) scrub: mode, state and what it found.
-fn scrub_json(a: &uraid_engine::Array<FileDev>) -> Value {
-    let (mode, r, v, paused) = a.scrub_state();
-    let Some(mode) = mode else {
+fn scrub_json(sc: &ScrubStatus) -> Value {
+    let (r, v) = (&sc.report, &sc.progress);
+    let Some(mode) = sc.mode else {
         return json!({ "state": "never" });
     };
     json!({
         "mode": mode.name(),
-        "state": match (v.running, paused, v.done >= v.total) {
+        "state": match (v.running, sc.paused, v.done >= v.total) {
             (true, true, _) => "paused",
             (true, false, _) => "running",
             (false, _, true) => "finished",

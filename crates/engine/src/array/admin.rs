@@ -108,11 +108,6 @@ impl<D: BlockDev> Array<D> {
         .unwrap_or_else(|| Err("the server is stopping".to_string()))
     }
 
-    /// Slots whose member was removed and not yet replaced.
-    pub fn removed(&self) -> MemberSet {
-        self.meta.removed()
-    }
-
     /// Puts `dev` into the lowest failed slot of the running array (`uraid add` on a server,
     /// or a hot spare taking over), durably: its metadata area is zeroed (no stale map or
     /// bitmap can be merged from it), then in one superblock round the slot is recorded

@@ -31,9 +31,11 @@ use crate::stripe::{Attempt, StripeLocks};
 
 mod admin;
 mod journal;
+mod status;
 mod stripe_io;
 mod stripe_write;
 use futures::future::join_all;
+pub use status::{ArrayStatus, BitmapStatus, Identity, MemberErrors, MemberStatus, ScrubStatus};
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -314,42 +316,10 @@ impl<D: BlockDev> Array<D> {
         self.members.name(member)
     }
 
-    /// Whether anything was written since assembly (superblocks say "not clean").
-    pub fn is_dirty(&self) -> bool {
-        self.meta.is_dirty()
-    }
-
-    /// The superblocks' event count (md's "Events").
-    pub fn events(&self) -> u64 {
-        self.meta.events()
-    }
-
-    /// Array name, uuid and creation time (seconds since the epoch).
+    /// Array name, uuid and creation time (seconds since the epoch); `status().identity`
+    /// has them too.
     pub fn identity(&self) -> (&str, [u8; 16], u64) {
         self.meta.identity()
-    }
-
-    /// Member `i`'s I/O totals (counts, bytes, errors, sampled latency).
-    pub fn member_io(&self, i: usize) -> crate::members::MemberIoSnapshot {
-        self.members.io(i)
-    }
-
-    /// Media errors on member `i` corrected so far, and its read-error count against the
-    /// `--max-read-errors` budget (decayed) with the budget.
-    pub fn member_errors(&self, i: usize) -> (u64, u32, u32) {
-        let (n, max) = self.members.read_error_budget(i);
-        (self.members.corrected_reads(i), n, max)
-    }
-
-    /// The error policy the array runs with.
-    pub fn policy(&self) -> ErrorPolicy {
-        self.members.policy()
-    }
-
-    /// The failed set the superblocks on disk record (may trail `failed()` only while a
-    /// superblock round is in progress).
-    pub fn durable_failed(&self) -> MemberSet {
-        self.meta.persisted()
     }
 
     // ------------------------------------------------------------ write-intent bitmap
@@ -393,16 +363,8 @@ impl<D: BlockDev> Array<D> {
             .await
     }
 
-    /// Page-write rounds so far that set bits (each: one page write + flush per member,
-    /// shared by every write waiting) and that cleared them.
-    pub fn bitmap_rounds(&self) -> (u64, u64) {
-        (
-            self.intent.set_rounds.load(Ordering::Relaxed),
-            self.intent.clear_rounds.load(Ordering::Relaxed),
-        )
-    }
-
-    /// Write-intent bitmap state: region size (0: none), regions, regions dirty now.
+    /// Write-intent bitmap state: region size (0: none), regions, regions dirty now
+    /// (`status().bitmap` has them with the round counts).
     pub fn bitmap_state(&self) -> (u64, u64, u64) {
         let wi = &self.intent;
         (wi.chunk, wi.regions(), wi.dirty())
@@ -637,10 +599,10 @@ impl<D: BlockDev> Array<D> {
             }
         }
         let futs = groups.into_iter().map(|g| async move {
-            let stale = self.members.stale_at(g[0].stripe);
+            let at = self.members.at(g[0].stripe);
             let missing = g
                 .iter()
-                .any(|e| stale.contains(self.geo.data_member(e.stripe, e.index)));
+                .any(|e| !at.serves(self.geo.data_member(e.stripe, e.index)));
             if missing && g.len() > 1 {
                 self.stats.add(|c| &c.degraded_reads, 1);
                 return Box::pin(self.read_stripe_decoded(&g)).await;
@@ -672,11 +634,12 @@ impl<D: BlockDev> Array<D> {
         let hi = exts.iter().map(|e| e.chunk_off + e.len).max().unwrap_or(0);
         let want: Vec<usize> = exts.iter().map(|e| e.index).collect();
         let held = self.locks.lock(stripe).await;
-        let rebuilding = self.members.stale_at(stripe).minus(self.members.failed());
-        let mut excl = rebuilding;
+        // Members being rebuilt that do not hold the stripe yet are not read.
+        let at = self.members.at(stripe);
+        let mut excl = at.behind;
         if self.recovery.resync.unsynced(stripe) {
             drop(held);
-            return Err(self.unsynced_unreadable(stripe, excl.union(self.members.failed())));
+            return Err(self.unsynced_unreadable(stripe, at.stale()));
         }
         let r = loop {
             match self.fetch_data(stripe, lo, hi - lo, &want, &mut excl).await {
@@ -693,7 +656,7 @@ impl<D: BlockDev> Array<D> {
                     // A media error met on the way: the decoded bytes go back (as in
                     // `reconstruct`).
                     let m = self.geo.data_member(stripe, e.index);
-                    if excl.minus(rebuilding).contains(m) && !self.members.is_failed(m) {
+                    if excl.minus(at.behind).contains(m) && !self.members.is_failed(m) {
                         self.rewrite(m, self.geo.member_offset(stripe, lo), &b)
                             .await;
                     }
@@ -715,7 +678,7 @@ impl<D: BlockDev> Array<D> {
         loop {
             self.check_serving()?;
             let m = self.geo.data_member(e.stripe, e.index);
-            if self.members.stale_at(e.stripe).contains(m) {
+            if !self.members.serves(m, e.stripe) {
                 self.stats.add(|c| &c.degraded_reads, 1);
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY)).await;
             }
@@ -739,13 +702,13 @@ impl<D: BlockDev> Array<D> {
     /// Members being rebuilt that do not hold the stripe yet are not read.
     async fn reconstruct(&self, e: Extent, errors: MemberSet) -> Result<IoBuf, ArrayError> {
         let held = self.locks.lock(e.stripe).await;
-        let rebuilding = self.members.stale_at(e.stripe).minus(self.members.failed());
-        let mut excl = errors.union(rebuilding);
+        let at = self.members.at(e.stripe);
+        let mut excl = errors.union(at.behind);
         if self.recovery.resync.unsynced(e.stripe) {
             // Parity not yet made consistent after an unclean stop: what it would rebuild
             // may be wrong, so the read fails instead (recovery/resync.rs).
             drop(held);
-            return Err(self.unsynced_unreadable(e.stripe, excl.union(self.members.failed())));
+            return Err(self.unsynced_unreadable(e.stripe, excl.union(at.failed)));
         }
         let r = loop {
             match self
@@ -764,9 +727,9 @@ impl<D: BlockDev> Array<D> {
         };
         if let Ok(data) = &r {
             let m = self.geo.data_member(e.stripe, e.index);
-            if excl.minus(rebuilding).contains(m) && !self.members.is_failed(m) {
-                let at = self.geo.member_offset(e.stripe, e.chunk_off);
-                self.rewrite(m, at, data).await;
+            if excl.minus(at.behind).contains(m) && !self.members.is_failed(m) {
+                let off = self.geo.member_offset(e.stripe, e.chunk_off);
+                self.rewrite(m, off, data).await;
             }
         }
         drop(held);
@@ -809,7 +772,9 @@ impl<D: BlockDev> Array<D> {
     async fn read_mirror(&self, e: Extent) -> Result<IoBuf, ArrayError> {
         let mut excl = MemberSet::EMPTY;
         loop {
-            let f = self.check_serving()?.union(self.members.stale_at(e.stripe));
+            let f = self
+                .check_serving()?
+                .union(self.members.at(e.stripe).stale());
             let copies = self.geo.mirror_copies(e.stripe);
             // Spread reads over the copies: chunk number picks the first choice. A row not
             // yet resynced reads its first copy, the one resync will keep.
@@ -848,11 +813,11 @@ impl<D: BlockDev> Array<D> {
     /// lock (so no write to the row runs in between).
     async fn repair_mirror(&self, e: Extent, bad: MemberSet) {
         let _held = self.locks.lock(e.stripe).await;
-        let f = self.members.stale_at(e.stripe);
+        let at = self.members.at(e.stripe);
         let copies = self.geo.mirror_copies(e.stripe);
         let good = copies
             .iter()
-            .find(|(m, _)| !f.contains(*m) && !bad.contains(*m));
+            .find(|(m, _)| at.serves(*m) && !bad.contains(*m));
         if let Some(&(g, base)) = good {
             if let (Ok(()), data) = self
                 .members

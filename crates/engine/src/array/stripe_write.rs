@@ -224,7 +224,7 @@ impl<D: BlockDev> Array<D> {
         // Members whose reads failed with a correctable error during this operation, and
         // members being rebuilt that do not hold this stripe yet: they are written (which
         // repairs them, or brings them up to date for the part written) but never read.
-        let stale = self.members.stale_at(stripe).minus(self.members.failed());
+        let stale = self.members.at(stripe).behind;
         let mut excl = if unsynced {
             stale.union(self.recovery.resync.unreadable(stripe))
         } else {

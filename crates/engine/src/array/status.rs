@@ -1,0 +1,202 @@
+//! `Array::status`: everything the control plane reports about a running array (status
+//! JSON, metrics, `uraid watch`), read in one call from the atomics and counters the data
+//! path updates. No lock on the request paths is taken; each value is read once, so values
+//! derived from the same source (the failed set, each member's state) agree with each other.
+
+use super::{Array, StatsSnapshot};
+use crate::dev::BlockDev;
+use crate::journal::JournalStatus;
+use crate::members::{MemberIoSnapshot, MemberState};
+use crate::recovery::{ProgressView, ScrubMode, ScrubReport, Throttle};
+use std::sync::atomic::Ordering;
+use uraid_core::{Geometry, MemberSet};
+
+/// An array's identity, as its superblocks record it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub uuid: [u8; 16],
+    /// Creation time, seconds since the Unix epoch.
+    pub ctime: u64,
+}
+
+/// A member's read-error accounting (`--max-read-errors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemberErrors {
+    /// Media errors reconstructed from redundancy and rewritten in place so far.
+    pub corrected: u64,
+    /// Read errors counted against the budget now (halved every hour).
+    pub budget_used: u32,
+    /// The budget: the next read error past it fails the member.
+    pub budget: u32,
+}
+
+/// One member slot.
+#[derive(Debug, Clone)]
+pub struct MemberStatus {
+    /// The slot's current device (its path for a file or block device); None: missing.
+    pub name: Option<String>,
+    /// Its health: active, failed, or rebuilding with its checkpoint.
+    pub state: MemberState,
+    /// The operator removed it (`uraid remove`) and no device has taken the slot since.
+    pub removed: bool,
+    /// The device it is being replaced by, while a replace (`uraid replace`) runs.
+    pub replacement: Option<String>,
+    /// I/O totals of the current device (data and metadata I/O).
+    pub io: MemberIoSnapshot,
+    pub errors: MemberErrors,
+}
+
+/// The write-intent bitmap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BitmapStatus {
+    /// Bytes of volume per region; 0: the array has no bitmap.
+    pub chunk: u64,
+    pub regions: u64,
+    /// Regions whose bit is set now.
+    pub dirty: u64,
+    /// Page-write rounds so far that set bits (each: one page write and flush per member,
+    /// shared by every write waiting for it), and that cleared them.
+    pub set_rounds: u64,
+    pub clear_rounds: u64,
+}
+
+/// The running (or last) scrub.
+#[derive(Debug, Clone)]
+pub struct ScrubStatus {
+    /// None: no scrub ran this session (`report` and `progress` are then empty).
+    pub mode: Option<ScrubMode>,
+    pub report: ScrubReport,
+    pub progress: ProgressView,
+    /// Paused between batches (`uraid scrub --pause`).
+    pub paused: bool,
+}
+
+/// A running array's state (`Array::status`).
+#[derive(Debug, Clone)]
+pub struct ArrayStatus {
+    pub identity: Identity,
+    /// The superblocks' event count (md's "Events"; rises with every superblock round).
+    pub events: u64,
+    pub geometry: Geometry,
+    /// Written since assembly (the superblocks say "not clean").
+    pub dirty: bool,
+    /// The array can serve every byte (false: more members lost than the level tolerates).
+    pub serving: bool,
+    /// Members missing or failed: those whose `state` is `Failed`.
+    pub failed: MemberSet,
+    /// The failed set the superblocks on disk record (trails `failed` only while a
+    /// superblock round is in progress).
+    pub durable_failed: MemberSet,
+    /// One entry per slot, in slot order.
+    pub members: Vec<MemberStatus>,
+    /// Request-planner counters.
+    pub stats: StatsSnapshot,
+    pub bitmap: BitmapStatus,
+    /// None: the array has no journal.
+    pub journal: Option<JournalStatus>,
+    /// A resync is due (assembled after an unclean stop) and has not finished.
+    pub resync_due: bool,
+    /// Progress of the running (or last) resync.
+    pub resync: ProgressView,
+    /// Stripes whose degraded reads were refused because their parity was not resynced
+    /// after an unclean stop (each logged once with its volume range).
+    pub unsynced_stripes_refused: u64,
+    /// Progress of the running (or last) rebuild.
+    pub rebuild: ProgressView,
+    /// Progress of the running (or last) replace.
+    pub replace: ProgressView,
+    pub scrub: ScrubStatus,
+    /// The throttle background work applies now.
+    pub throttle: Throttle,
+}
+
+impl ArrayStatus {
+    /// Volume size in bytes.
+    pub fn size(&self) -> u64 {
+        self.geometry.volume_size()
+    }
+
+    /// Members being rebuilt.
+    pub fn rebuilding(&self) -> MemberSet {
+        (0..self.members.len())
+            .filter(|&i| matches!(self.members[i].state, MemberState::Rebuilding { .. }))
+            .collect()
+    }
+
+    /// Failed or rebuilding members: the array is degraded.
+    pub fn degraded(&self) -> bool {
+        !self.failed.is_empty() || !self.rebuilding().is_empty()
+    }
+
+    /// The slot being replaced, while a replace runs.
+    pub fn replacing(&self) -> Option<usize> {
+        self.members.iter().position(|m| m.replacement.is_some())
+    }
+}
+
+impl<D: BlockDev> Array<D> {
+    /// The array's state for the control plane (module docs).
+    pub fn status(&self) -> ArrayStatus {
+        let replacing = self.replace_state();
+        let removed = self.meta.removed();
+        let members: Vec<MemberStatus> = (0..self.geo.members)
+            .map(|i| {
+                let (budget_used, budget) = self.members.read_error_budget(i);
+                MemberStatus {
+                    name: self.members.name(i).map(str::to_string),
+                    state: self.members.state(i),
+                    removed: removed.contains(i),
+                    replacement: replacing.as_ref().filter(|r| r.0 == i).map(|r| r.1.clone()),
+                    io: self.members.io(i),
+                    errors: MemberErrors {
+                        corrected: self.members.corrected_reads(i),
+                        budget_used,
+                        budget,
+                    },
+                }
+            })
+            .collect();
+        let failed = (0..members.len())
+            .filter(|&i| members[i].state.is_failed())
+            .collect();
+        let (mode, report, progress, paused) = self.scrub_state();
+        let wi = &self.intent;
+        let (name, uuid, ctime) = self.meta.identity();
+        ArrayStatus {
+            identity: Identity {
+                name: name.to_string(),
+                uuid,
+                ctime,
+            },
+            events: self.meta.events(),
+            geometry: self.geo,
+            dirty: self.meta.is_dirty(),
+            serving: self.is_serving(),
+            failed,
+            durable_failed: self.meta.persisted(),
+            members,
+            stats: self.stats.snapshot(),
+            bitmap: BitmapStatus {
+                chunk: wi.chunk,
+                regions: wi.regions(),
+                dirty: wi.dirty(),
+                set_rounds: wi.set_rounds.load(Ordering::Relaxed),
+                clear_rounds: wi.clear_rounds.load(Ordering::Relaxed),
+            },
+            journal: self.journal_status(),
+            resync_due: self.needs_resync(),
+            resync: self.recovery_progress(),
+            unsynced_stripes_refused: self.unsynced_stripes_refused(),
+            rebuild: self.rebuild_progress(),
+            replace: self.replace_progress(),
+            scrub: ScrubStatus {
+                mode,
+                report,
+                progress,
+                paused,
+            },
+            throttle: self.throttle(),
+        }
+    }
+}
