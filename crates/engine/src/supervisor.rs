@@ -202,7 +202,8 @@ impl<D: BlockDev> Supervisor<D> {
         &self.volume
     }
 
-    /// Starts the resync of an array that was not stopped cleanly, on its own thread.
+    /// Starts the resync of an array that was not stopped cleanly, on its own thread (at
+    /// start; `stop` ends and joins it).
     pub fn start_resync(&self) -> std::io::Result<ResyncStart> {
         let a = self.volume.array();
         if !a.needs_resync() {
