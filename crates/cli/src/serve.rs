@@ -10,12 +10,14 @@ use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
-use uraid_engine::{assemble, ArrayOptions, ErrorPolicy, Priority, Runtime, Throttle};
+use uraid_engine::supervisor::ResyncStart;
+use uraid_engine::{
+    assemble, ArrayOptions, ErrorPolicy, FileDev, Priority, Runtime, Supervisor, Throttle,
+};
 use uraid_nbd::{Config, Server};
 
 pub const DEFAULT_LISTEN: &str = "tcp:127.0.0.1:10809";
@@ -139,66 +141,12 @@ fn uri(l: &Listen, export: &str) -> String {
 
 pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events) -> Result<()> {
     let started = Instant::now();
-    if !(args.io_timeout > 0.0 && args.io_timeout <= 86_400.0) {
-        bail!(
-            "--io-timeout {}: must be a number of seconds above 0 and at most 86400",
-            args.io_timeout
-        );
-    }
-    let plan = assemble::plan_with(members, args.force)?;
-    for r in &plan.refused {
-        warn(args, &events, r.to_string());
-    }
-    plan.can_start()?;
-    plan.check_dirty_degraded(args.start_dirty_degraded)?;
+    let plan = checked_plan(args, members, &events)?;
     let g = plan.sb.geometry;
-    if plan.check_dirty_degraded(false).is_err() {
-        warn(
-            args,
-            &events,
-            format!(
-                "array '{}' was not stopped cleanly and is degraded; started anyway \
-                 (--start-dirty-degraded): stripes that were being written ({}) are not \
-                 trusted: reads that would rebuild data there fail with EIO and are logged",
-                plan.sb.name,
-                match plan.dirty_ranges() {
-                    Some(r) => assemble::describe_ranges(&r),
-                    None => "anywhere: no write-intent bitmap".into(),
-                }
-            ),
-        );
-    }
     let missing = plan.missing();
-    if !missing.is_empty() {
-        let msg = format!(
-            "array '{}' is degraded: member(s) {:?} missing or failed ({} of {} tolerated)",
-            plan.sb.name,
-            missing,
-            missing.len(),
-            g.fault_tolerance()
-        );
-        warn(args, &events, msg);
-    }
     // The control spec and the metrics port are checked before anything is opened.
     let explicit_control = args.control.is_some();
-    let control_path = match &args.control {
-        Some(spec) => control::parse_endpoint(spec)?,
-        None => {
-            let p = control::default_path(&plan.sb.name, embedded);
-            if p.is_none() {
-                warn(
-                    args,
-                    &events,
-                    format!(
-                        "array name {:?} cannot name a control socket; none started (pass \
-                         --control unix:PATH)",
-                        plan.sb.name
-                    ),
-                );
-            }
-            p
-        }
-    };
+    let control_path = control_socket_path(args, &events, &plan, embedded)?;
     let metrics_listener = args
         .metrics
         .as_deref()
@@ -299,9 +247,9 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
         priority: Priority::parse(&args.priority).unwrap_or(Priority::Normal),
     });
-    let jobs = Arc::new(crate::jobs::Jobs::new(array.clone(), args.read_only));
+    let sup = Arc::new(Supervisor::new(array.clone(), args.read_only));
     let state = Arc::new(control::State {
-        jobs: jobs.clone(),
+        jobs: Arc::new(crate::jobs::Jobs::new(sup.clone())),
         volume: array.clone(),
         server: server.clone(),
         members: plan.slots.clone(),
@@ -309,45 +257,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         events: events.clone(),
         started,
     });
-    // Hot spares given with the members: opened exclusively now, waiting for a failure.
-    if !args.read_only {
-        for (p, uuid) in &plan.spares {
-            match uraid_engine::FileDev::open(p) {
-                Ok(dev) => {
-                    jobs.add_spare_dev(dev, *uuid);
-                    println!("uraid: {} is a hot spare", p.display());
-                }
-                Err(e) => warn(
-                    args,
-                    &events,
-                    format!("spare {}: {e}; not used", p.display()),
-                ),
-            }
-        }
-    }
-    // Rebuild of members added in place of failed ones, on its own thread
-    // (recovery/rebuild.rs), resuming from each one's checkpoint.
-    if !array.array().rebuild_state().is_empty() {
-        if args.read_only {
-            warn(
-                args,
-                &events,
-                "members to rebuild: rebuild deferred while serving read-only".to_string(),
-            );
-        } else if jobs.ensure_rebuild() {
-            println!(
-                "uraid: '{}': rebuilding member(s) {:?} in the background (uraid status shows \
-                 progress)",
-                plan.sb.name,
-                array
-                    .array()
-                    .rebuild_state()
-                    .iter()
-                    .map(|r| r.0)
-                    .collect::<Vec<_>>()
-            );
-        }
-    }
+    start_spares_and_rebuild(args, &events, &plan, &sup);
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let mut ctl = control::Control::start(state, control_listener, metrics_listener)?;
     if let Some(p) = ctl.path() {
@@ -366,70 +276,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         g.level,
         g.members
     );
-    // Resync after an unclean stop, in the background on its own thread (recovery/resync.rs).
-    let resync_stop = Arc::new(AtomicBool::new(false));
-    let resync = if array.array().needs_resync() {
-        if args.read_only {
-            // md defers resync on read-only arrays: nothing is written, and the array stays
-            // "not clean" for the next read-write start.
-            warn(
-                args,
-                &events,
-                "not stopped cleanly: resync deferred while serving read-only".to_string(),
-            );
-            None
-        } else if array.array().failed().is_empty() {
-            let (vol, stop) = (array.clone(), resync_stop.clone());
-            println!(
-                "uraid: '{}' was not stopped cleanly: resyncing parity in the background \
-                 (uraid status shows progress)",
-                plan.sb.name
-            );
-            Some(
-                std::thread::Builder::new()
-                    .name("uraid-resync".into())
-                    .spawn(move || {
-                        let _ = futures::executor::block_on(vol.array().resync(&stop));
-                    })
-                    .context("starting the resync thread")?,
-            )
-        } else {
-            warn(
-                args,
-                &events,
-                "no resync: it needs every member, and the array is degraded".to_string(),
-            );
-            None
-        }
-    } else {
-        None
-    };
-    // The write-intent bitmap daemon: clears the bits of regions idle for a tick, and
-    // checkpoints the journal.
-    let bitmap_daemon = if (array.array().bitmap_state().0 > 0
-        || array.array().journal_status().is_some())
-        && !args.read_only
-    {
-        let (vol, stop) = (array.clone(), resync_stop.clone());
-        Some(
-            std::thread::Builder::new()
-                .name("uraid-bitmap".into())
-                .spawn(move || {
-                    let mut slept = Duration::ZERO;
-                    while !stop.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(100));
-                        slept += Duration::from_millis(100);
-                        if slept >= uraid_engine::bitmap::BITMAP_TICK {
-                            slept = Duration::ZERO;
-                            futures::executor::block_on(vol.array().bitmap_tick());
-                        }
-                    }
-                })
-                .context("starting the bitmap thread")?,
-        )
-    } else {
-        None
-    };
+    start_resync_and_daemon(args, &events, &plan.sb.name, &sup)?;
     println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -442,11 +289,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     eprintln!("uraid: {name} received: finishing in-flight requests");
     tracing::info!(target: "uraid::serve", "{name} received: stopping");
     ctl.stop();
-    jobs.stop();
-    resync_stop.store(true, Ordering::Release);
-    for t in [resync, bitmap_daemon].into_iter().flatten() {
-        let _ = t.join();
-    }
+    sup.stop();
     let r = server.shutdown();
     let st = server.stats();
     let (conns, reqs, errs) = (
@@ -473,5 +316,162 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             " and marked clean"
         }
     );
+    Ok(())
+}
+
+/// The assembly plan for `members`, after the checks that refuse to start, with a warning
+/// for each member refused and for a degraded or dirty start.
+fn checked_plan(args: &ServeArgs, members: &[PathBuf], events: &Events) -> Result<assemble::Plan> {
+    if !(args.io_timeout > 0.0 && args.io_timeout <= 86_400.0) {
+        bail!(
+            "--io-timeout {}: must be a number of seconds above 0 and at most 86400",
+            args.io_timeout
+        );
+    }
+    let plan = assemble::plan_with(members, args.force)?;
+    for r in &plan.refused {
+        warn(args, events, r.to_string());
+    }
+    plan.can_start()?;
+    plan.check_dirty_degraded(args.start_dirty_degraded)?;
+    let g = plan.sb.geometry;
+    if plan.check_dirty_degraded(false).is_err() {
+        warn(
+            args,
+            events,
+            format!(
+                "array '{}' was not stopped cleanly and is degraded; started anyway \
+                 (--start-dirty-degraded): stripes that were being written ({}) are not \
+                 trusted: reads that would rebuild data there fail with EIO and are logged",
+                plan.sb.name,
+                match plan.dirty_ranges() {
+                    Some(r) => assemble::describe_ranges(&r),
+                    None => "anywhere: no write-intent bitmap".into(),
+                }
+            ),
+        );
+    }
+    let missing = plan.missing();
+    if !missing.is_empty() {
+        let msg = format!(
+            "array '{}' is degraded: member(s) {:?} missing or failed ({} of {} tolerated)",
+            plan.sb.name,
+            missing,
+            missing.len(),
+            g.fault_tolerance()
+        );
+        warn(args, events, msg);
+    }
+    Ok(plan)
+}
+
+/// The control socket's path: `--control`, or the default one (none if the array's name
+/// cannot name one). Checked before anything is opened.
+fn control_socket_path(
+    args: &ServeArgs,
+    events: &Events,
+    plan: &assemble::Plan,
+    embedded: bool,
+) -> Result<Option<PathBuf>> {
+    Ok(match &args.control {
+        Some(spec) => control::parse_endpoint(spec)?,
+        None => {
+            let p = control::default_path(&plan.sb.name, embedded);
+            if p.is_none() {
+                warn(
+                    args,
+                    events,
+                    format!(
+                        "array name {:?} cannot name a control socket; none started (pass \
+                         --control unix:PATH)",
+                        plan.sb.name
+                    ),
+                );
+            }
+            p
+        }
+    })
+}
+
+/// Hot spares given with the members (opened exclusively now, waiting for a failure), and
+/// the rebuild of members added in place of failed ones, on its own thread
+/// (recovery/rebuild.rs), resuming from each one's checkpoint.
+fn start_spares_and_rebuild(
+    args: &ServeArgs,
+    events: &Events,
+    plan: &assemble::Plan,
+    sup: &Arc<Supervisor<FileDev>>,
+) {
+    // Hot spares given with the members: opened exclusively now, waiting for a failure.
+    if !args.read_only {
+        for (p, uuid) in &plan.spares {
+            match FileDev::open(p) {
+                Ok(dev) => {
+                    sup.add_spare(dev, *uuid);
+                    println!("uraid: {} is a hot spare", p.display());
+                }
+                Err(e) => warn(
+                    args,
+                    events,
+                    format!("spare {}: {e}; not used", p.display()),
+                ),
+            }
+        }
+    }
+    // Rebuild of members added in place of failed ones, on its own thread
+    // (recovery/rebuild.rs), resuming from each one's checkpoint.
+    if !sup.volume().array().rebuild_state().is_empty() {
+        if args.read_only {
+            warn(
+                args,
+                events,
+                "members to rebuild: rebuild deferred while serving read-only".to_string(),
+            );
+        } else if sup.ensure_rebuild() {
+            println!(
+                "uraid: '{}': rebuilding member(s) {:?} in the background (uraid status shows \
+                 progress)",
+                plan.sb.name,
+                sup.volume()
+                    .array()
+                    .rebuild_state()
+                    .iter()
+                    .map(|r| r.0)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+/// Resync after an unclean stop, and the write-intent bitmap daemon, each on its own thread
+/// (the supervisor's).
+fn start_resync_and_daemon(
+    args: &ServeArgs,
+    events: &Events,
+    name: &str,
+    sup: &Supervisor<FileDev>,
+) -> Result<()> {
+    // Resync after an unclean stop, in the background on its own thread (recovery/resync.rs).
+    match sup.start_resync().context("starting the resync thread")? {
+        ResyncStart::NotNeeded => {}
+        ResyncStart::Started => println!(
+            "uraid: '{name}' was not stopped cleanly: resyncing parity in the background \
+             (uraid status shows progress)"
+        ),
+        ResyncStart::ReadOnly => warn(
+            args,
+            events,
+            "not stopped cleanly: resync deferred while serving read-only".to_string(),
+        ),
+        ResyncStart::Degraded => warn(
+            args,
+            events,
+            "no resync: it needs every member, and the array is degraded".to_string(),
+        ),
+    }
+    // The write-intent bitmap daemon: clears the bits of regions idle for a tick, and
+    // checkpoints the journal.
+    sup.start_bitmap_daemon()
+        .context("starting the bitmap thread")?;
     Ok(())
 }

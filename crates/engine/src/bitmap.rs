@@ -18,11 +18,11 @@
 //!   it is on every client write's path, and in release a wrapped count only keeps the bit
 //!   set, which costs a resync of a clean region, never data).
 
+use crate::background::ResyncState;
 use crate::buf;
 use crate::dev::BlockDev;
 use crate::members::Members;
 use crate::metadata::Metadata;
-use crate::recovery::state::ResyncState;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;

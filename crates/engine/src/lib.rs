@@ -6,19 +6,23 @@
 //! 3. `metadata` (`Metadata`): superblock rounds, dirty/clean, the failure barrier, and the
 //!    error policy applied to whole-array operations (`each_live`) — over `&Members`;
 //! 4. `bitmap` (`WriteIntent`), `journal` (`Journal`, replay of the records), `stripe`
-//!    (`StripeLocks`), `recovery::state` (`Recovery`: resync's synced set, walk progress,
-//!    the replace under way, scrub counts, throttle) — each takes the components it uses as
+//!    (`StripeLocks`), `background` (`Recovery`: resync's synced set, walk progress, the
+//!    replace under way, scrub counts, throttle) — each takes the components it uses as
 //!    arguments;
 //! 5. `array`: the composition of the above and request execution for every level
 //!    (array/{stripe_io,stripe_write,journal,admin}.rs are part of it);
 //! 6. `recovery` (resync, rebuild, replace, scrub walks), `volume` (the allocation map and the
 //!    client-facing volume; `alloc` is its map), `assemble` (creating arrays, reading
 //!    superblocks, core's assembly decision, opening an assembly, `assemble::replay`): they
-//!    drive the array through its methods and component accessors.
+//!    drive the array through its methods and component accessors;
+//! 7. `supervisor` (`Supervisor`): the threads of a serving volume's background work (the
+//!    walks, the bitmap daemon, the spare watcher) and the operator commands that start and
+//!    end it, refused with a typed `Refusal`.
 
 pub mod alloc;
 pub mod array;
 pub mod assemble;
+mod background;
 pub mod bitmap;
 pub mod buf;
 pub mod dev;
@@ -32,6 +36,7 @@ pub mod reactor;
 pub mod recovery;
 pub mod shard;
 mod stripe;
+pub mod supervisor;
 pub mod volume;
 
 pub use alloc::ReadPiece;
@@ -47,4 +52,5 @@ pub use reactor::{Runtime, RuntimeHandle};
 pub use recovery::{
     Priority, RebuildReport, ReplaceOutcome, ResyncReport, ScrubMode, ScrubReport, Throttle,
 };
+pub use supervisor::{Refusal, RefusalKind, Supervisor};
 pub use volume::{Run, Volume};

@@ -8,29 +8,31 @@
 //! * `metadata.rs`: superblock rounds, dirty/clean, the failure barrier (`Metadata`);
 //! * `bitmap.rs` (`WriteIntent`), `journal.rs` (`Journal`): durability of writes;
 //! * `stripe/`: the stripe lock table;
-//! * `recovery/state.rs` (`Recovery`): what background work the request paths consult.
+//! * `background.rs` (`Recovery`): what background work the request paths consult.
 //!
 //! This module's files: request routing, reads and writes (here), stripe reads and decode
 //! (`stripe_io.rs`), stripe write execution (`stripe_write.rs`), the array's use of its
-//! journal (`journal.rs`), operator member administration (`admin.rs`).
+//! journal (`journal.rs`), operator member administration (`admin.rs`), the resync of one
+//! stripe a write does first (`resync.rs`).
 //!
 //! Concurrency model (docs/design/stripes.md has the long form):
 //! * Healthy reads touch no shared state: any reactor reads data chunks straight off members.
 //! * Everything that reads parity or writes a stripe (mirror rows included) runs on the
 //!   calling reactor under a per-stripe lock (`stripe::StripeLocks`).
 
+use crate::background::Recovery;
 use crate::bitmap::WriteIntent;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, MemberData, Members};
 use crate::metadata::{MemberId, Metadata};
 use crate::reactor::RuntimeHandle;
-use crate::recovery::state::Recovery;
 use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
 
 mod admin;
 mod journal;
+mod resync;
 mod status;
 mod stripe_io;
 mod stripe_write;
@@ -155,7 +157,7 @@ pub struct Array<D: BlockDev> {
     /// Request-planner counters (public: the control plane reads `stats.snapshot()`).
     pub stats: Stats,
     /// Background-work state: resync's synced set, walk progress, the replace under way,
-    /// scrub counts, throttle, allocation probe (recovery/state.rs).
+    /// scrub counts, throttle, allocation probe (background.rs).
     recovery: Recovery,
     intent: WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
@@ -288,6 +290,28 @@ impl<D: BlockDev> Array<D> {
 
     pub(crate) fn rt(&self) -> &Option<RuntimeHandle> {
         &self.rt
+    }
+
+    /// Runs `f` on reactor 0 when the array has reactors (its member I/O then has member
+    /// timeouts), here otherwise.
+    pub(crate) async fn on_reactor<T, F, Fut>(self: &Arc<Self>, f: F) -> Option<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
+        Fut: Future<Output = T> + 'static,
+    {
+        match self.rt() {
+            Some(rt) => {
+                let a = self.clone();
+                rt.spawn_on(0, move || f(a)).await.ok()
+            }
+            None => Some(f(self.clone()).await),
+        }
+    }
+
+    /// Client reads and writes so far (background work's notion of client activity).
+    pub(crate) fn client_ops(&self) -> u64 {
+        self.stats.total(|c| &c.reads) + self.stats.total(|c| &c.writes)
     }
 
     pub fn geometry(&self) -> &Geometry {

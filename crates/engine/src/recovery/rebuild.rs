@@ -21,14 +21,17 @@
 //! * Units no data was written to (or trimmed: the allocation map) are skipped
 //!   (`Array::skippable`): reads there return zeros without touching the members, and the
 //!   first write there fills whole stripes on every member, the new one included.
-//! * Throttle: the array's `Throttle` (recovery/mod.rs), shared with resync and scrub.
+//! * Throttle: the array's `Throttle`, shared with resync and scrub, applied by the walk
+//!   driver (recovery/walk.rs).
 
+use super::walk::{self, After, At, Units, Walk, Worker};
 use crate::array::{Array, ArrayError};
+use crate::background::{Progress, ProgressView};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
-use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,9 +40,6 @@ use uraid_core::MemberSet;
 
 /// How often a running rebuild persists its checkpoint.
 pub const PERSIST_EVERY: Duration = Duration::from_secs(2);
-
-/// How often a running rebuild logs its progress.
-const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What a rebuild did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,11 +82,8 @@ impl<D: BlockDev> Array<D> {
     ) -> Result<RebuildReport, ArrayError> {
         let mut report = RebuildReport::default();
         let units = self.geo().units();
-        let (name, _, _) = self.identity();
-        let name = name.to_string();
-        let p = &self.recovery().rebuild_progress;
+        let name = self.identity().0.to_string();
         let t0 = Instant::now();
-        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
         // A member added while the walk ran (its checkpoint behind the walk) is picked up by
         // the next pass.
         loop {
@@ -97,151 +94,34 @@ impl<D: BlockDev> Array<D> {
             if stop.load(Ordering::Acquire) {
                 break;
             }
-            if start < units {
-                p.total.store(units - start, Ordering::Release);
-                p.done.store(0, Ordering::Release);
-                p.start();
-                tracing::info!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': rebuilding member(s) {targets} from unit {start} of {units}"
-                );
-            }
-            let mut pacer = self.pacer(p.unit_bytes);
-            let mut last_persist = Instant::now();
-            let mut last_log = Instant::now();
-            let mut next = start;
-            while next < units {
-                if self.members().rebuilding().is_empty() {
-                    // Every member being rebuilt failed: nothing left to do.
-                    break;
-                }
-                if stop.load(Ordering::Acquire) {
-                    self.persist_rebuild_checkpoints().await;
-                    p.running.store(false, Ordering::Release);
-                    tracing::info!(
-                        target: "uraid_engine::recovery",
-                        "array '{name}': rebuild stopped at unit {next} of {units}; it resumes \
-                         from its checkpoint at the next start"
-                    );
-                    return Ok(report);
-                }
-                let cap = pacer.cap(self.client_ops());
-                let end = (next + (BATCH * lanes).min(cap) as u64).min(units);
-                let batch: Vec<u64> = (next..end).collect();
-                // The members this batch brings forward: rebuilding from at most `next`, with
-                // the device they have now (one added or replaced during the batch is not).
-                let covered: Vec<(usize, usize)> = self
-                    .members()
-                    .rebuilding()
-                    .iter()
-                    .filter(|&t| self.members().rebuilt(t) >= next)
-                    .map(|t| (t, self.members().generation(t)))
-                    .collect();
-                let outcomes = self
-                    .fan_out(&batch, Err(ArrayError::Shutdown), |a, b| async move {
-                        a.rebuild_batch(&b).await
-                    })
-                    .await;
-                if let Some((unit, e)) = batch
-                    .iter()
-                    .zip(outcomes)
-                    .find_map(|(&u, r)| r.err().map(|e| (u, e)))
-                {
-                    self.persist_rebuild_checkpoints().await;
-                    p.running.store(false, Ordering::Release);
-                    tracing::error!(
-                        target: "uraid_engine::recovery",
-                        "array '{name}': rebuild stopped at unit {unit}: {e}; member(s) {} stay \
-                         rebuilding from their last checkpoint",
-                        self.members().rebuilding()
-                    );
-                    return Err(e);
-                }
-                // Only members whose checkpoint the walk had reached before the batch move,
-                // and only if they still have the same device (one added behind the walk, or
-                // during the batch, keeps its own).
-                for &(t, gen) in &covered {
-                    if self.members().rebuilding().contains(t)
-                        && self.members().generation(t) == gen
-                    {
-                        self.members().set_rebuilt(t, end);
-                    }
-                }
-                report.units += end - next;
-                next = end;
-                p.done.store(next - start, Ordering::Release);
-                if last_persist.elapsed() >= persist_every {
-                    last_persist = Instant::now();
-                    self.persist_rebuild_checkpoints().await;
-                }
-                if last_log.elapsed() >= PROGRESS_LOG_EVERY {
-                    last_log = Instant::now();
-                    let v = p.view();
-                    tracing::info!(
-                        target: "uraid_engine::recovery",
-                        "array '{name}': rebuild {:.1}% ({} of {} units), {:.1} MB/s, ETA {}",
-                        v.fraction * 100.0,
-                        v.done,
-                        v.total,
-                        v.bytes_per_second / 1e6,
-                        v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
-                    );
-                }
-                let worked = batch.iter().filter(|&&u| !self.skippable(u)).count();
-                report.skipped += (batch.len() - worked) as u64;
-                pacer.pace(worked, self.client_ops(), stop);
-            }
-            // Every unit is on the members that reached the end: durable first, then active.
-            let done_gens: Vec<(usize, usize)> = self
-                .members()
-                .rebuilding()
-                .iter()
-                .filter(|&t| self.members().rebuilt(t) >= units)
-                .map(|t| (t, self.members().generation(t)))
-                .collect();
-            let done: MemberSet = done_gens.iter().map(|d| d.0).collect();
-            if done.is_empty() {
-                if self.members().rebuilding().is_empty() {
-                    break;
-                }
-                continue;
-            }
-            if self
-                .on_reactor(move |a| async move {
-                    a.each_live(done, |i| a.members().flush(i)).await;
-                    for &(t, gen) in &done_gens {
-                        if !a.members().is_failed(t) && a.members().generation(t) == gen {
-                            a.members().rebuild_done(t);
-                        }
-                    }
-                    a.persist_rebuilt(&[]).await;
-                })
+            let mut pass = RebuildPass {
+                name: &name,
+                units,
+                start,
+                targets,
+                persist_every,
+                last_persist: Instant::now(),
+                covered: Vec::new(),
+                report: &mut report,
+                t0,
+            };
+            let end = if start < units {
+                walk::run(self, &mut pass, Units::range(start..units), stop).await
+            } else {
+                Walk::<D>::finish(
+                    &mut pass,
+                    self,
+                    At {
+                        next: units,
+                        done: 0,
+                    },
+                )
                 .await
-                .is_none()
-            {
-                p.running.store(false, Ordering::Release);
-                return Err(ArrayError::Shutdown);
-            }
-            // Units it resynced on the way (after an unclean stop) may have been the last.
-            self.recovery().resync.finish_if_all_synced();
-            let finished = done.minus(self.members().failed());
-            report.finished = report.finished.union(finished);
-            p.running.store(false, Ordering::Release);
-            if !finished.is_empty() {
-                tracing::info!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': rebuild of member(s) {finished} finished in {:.1} s: the \
-                     array is {}",
-                    t0.elapsed().as_secs_f64(),
-                    if self.members().degraded().is_empty() {
-                        "fully redundant again"
-                    } else {
-                        "still degraded"
-                    }
-                );
+            };
+            if let ControlFlow::Break(r) = end {
+                return r;
             }
         }
-        p.running.store(false, Ordering::Release);
         Ok(report)
     }
 
@@ -292,7 +172,6 @@ impl<D: BlockDev> Array<D> {
     /// of such a unit is left alone. Caller holds the lock.
     pub(crate) async fn regenerate(&self, unit: u64, also: MemberSet) -> Result<(), ArrayError> {
         let g = self.geo();
-        let len = g.chunk;
         if g.level.is_parity()
             && self.recovery().resync.unsynced(unit)
             && also
@@ -313,90 +192,15 @@ impl<D: BlockDev> Array<D> {
                 return Ok(());
             }
             excl = excl.union(targets);
-            let writes: Vec<(usize, u64, IoBuf)> = if g.level.is_parity() {
-                let k = g.data_chunks();
-                let want: Vec<usize> = (0..k).collect();
-                let mut data = match self.fetch_data(unit, 0, len, &want, &mut excl).await? {
-                    Attempt::Done(v) => v,
-                    Attempt::Retry => continue,
-                };
-                let unsynced = self.recovery().resync.unsynced(unit);
-                // Parity is encoded only when a target holds parity here or the unit is
-                // resynced too (most units of a rebuilt data member need just the decode).
-                let need_parity = unsynced
-                    || targets
-                        .iter()
-                        .any(|t| matches!(g.role(unit, t), Role::Parity(_)));
-                let mut parity: Vec<IoBuf> = if need_parity {
-                    (0..g.parity()).map(|_| buf::alloc(len as usize)).collect()
-                } else {
-                    Vec::new()
-                };
-                if need_parity {
-                    let srcs: Vec<&[u8]> = data
-                        .iter()
-                        .map(|b| &b.as_ref().expect("fetch_data returns every chunk")[..])
-                        .collect();
-                    let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-                    let codec = self.codec().as_ref().expect("parity level has a codec");
-                    codec.encode(&srcs, &mut out);
-                }
-                let at = g.member_offset(unit, 0);
-                let mut extra = Vec::new();
-                if unsynced {
-                    if targets
-                        .iter()
-                        .any(|t| matches!(g.role(unit, t), Role::Data(_)))
-                        && self.recovery().resync.report_unreadable(unit)
-                    {
-                        let sdb = g.stripe_data_bytes();
-                        tracing::error!(
-                            target: "uraid_engine::recovery",
-                            "rebuild: stripe {unit} (volume bytes {}..{}) was not resynced after \
-                             the unclean stop: the new member's data there was decoded from \
-                             parity that was not verified and may be wrong",
-                            unit * sdb,
-                            (unit + 1) * sdb
-                        );
-                    }
-                    // Live parity members get the recomputed parity too (resync).
-                    for (j, p) in parity.iter().enumerate() {
-                        let pm = g.parity_member(unit, j);
-                        if !targets.contains(pm) && !failed.contains(pm) {
-                            extra.push((pm, at, buf::copy_of(p)));
-                        }
-                    }
-                }
-                let mut parity: Vec<Option<IoBuf>> = parity.into_iter().map(Some).collect();
-                let mut w: Vec<(usize, u64, IoBuf)> = targets
-                    .iter()
-                    .filter_map(|t| {
-                        let b = match g.role(unit, t) {
-                            Role::Data(i) => data[i].take(),
-                            Role::Parity(j) => parity[j].take(),
-                        };
-                        b.map(|b| (t, at, b))
-                    })
-                    .collect();
-                w.extend(extra);
-                w
+            let writes = if g.level.is_parity() {
+                self.regenerate_parity(unit, targets, failed, &mut excl)
+                    .await?
             } else {
-                let copies = g.mirror_copies(unit);
-                let Some(&(src, base)) = copies
-                    .iter()
-                    .find(|(m, _)| !failed.contains(*m) && !excl.contains(*m))
-                else {
-                    return Err(ArrayError::Unreadable { members: excl });
-                };
-                let b = match self.read_members(&[(src, base, len)], &mut excl).await {
-                    Attempt::Done(mut v) => v.pop().expect("one read"),
-                    Attempt::Retry => continue,
-                };
-                copies
-                    .iter()
-                    .filter(|(m, _)| targets.contains(*m))
-                    .map(|&(m, base)| (m, base, buf::copy_of(&b)))
-                    .collect()
+                self.regenerate_mirror(unit, targets, failed, &mut excl)
+                    .await?
+            };
+            let Attempt::Done(writes) = writes else {
+                continue;
             };
             // A target that fails here is failed like any member (its rebuild ends).
             self.write_members(writes).await;
@@ -411,5 +215,307 @@ impl<D: BlockDev> Array<D> {
             }
             return Ok(());
         }
+    }
+
+    /// `regenerate` on a parity level: the chunks of `targets` in `unit`, decoded (data) or
+    /// encoded from the data (parity), and on a unit not yet resynced the live parity
+    /// members' parity recomputed too. `Retry` when a read failed (`excl` grew).
+    async fn regenerate_parity(
+        &self,
+        unit: u64,
+        targets: MemberSet,
+        failed: MemberSet,
+        excl: &mut MemberSet,
+    ) -> Result<Attempt<Vec<(usize, u64, IoBuf)>>, ArrayError> {
+        let g = self.geo();
+        let len = g.chunk;
+        let k = g.data_chunks();
+        let want: Vec<usize> = (0..k).collect();
+        let mut data = match self.fetch_data(unit, 0, len, &want, excl).await? {
+            Attempt::Done(v) => v,
+            Attempt::Retry => return Ok(Attempt::Retry),
+        };
+        let unsynced = self.recovery().resync.unsynced(unit);
+        // Parity is encoded only when a target holds parity here or the unit is resynced
+        // too (most units of a rebuilt data member need just the decode).
+        let need_parity = unsynced
+            || targets
+                .iter()
+                .any(|t| matches!(g.role(unit, t), Role::Parity(_)));
+        let mut parity: Vec<IoBuf> = if need_parity {
+            (0..g.parity()).map(|_| buf::alloc(len as usize)).collect()
+        } else {
+            Vec::new()
+        };
+        if need_parity {
+            let srcs: Vec<&[u8]> = data
+                .iter()
+                .map(|b| &b.as_ref().expect("fetch_data returns every chunk")[..])
+                .collect();
+            let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+            let codec = self.codec().as_ref().expect("parity level has a codec");
+            codec.encode(&srcs, &mut out);
+        }
+        let at = g.member_offset(unit, 0);
+        let mut extra = Vec::new();
+        if unsynced {
+            if targets
+                .iter()
+                .any(|t| matches!(g.role(unit, t), Role::Data(_)))
+                && self.recovery().resync.report_unreadable(unit)
+            {
+                let sdb = g.stripe_data_bytes();
+                tracing::error!(
+                    target: "uraid_engine::recovery",
+                    "rebuild: stripe {unit} (volume bytes {}..{}) was not resynced after the \
+                     unclean stop: the new member's data there was decoded from parity that \
+                     was not verified and may be wrong",
+                    unit * sdb,
+                    (unit + 1) * sdb
+                );
+            }
+            // Live parity members get the recomputed parity too (resync).
+            for (j, p) in parity.iter().enumerate() {
+                let pm = g.parity_member(unit, j);
+                if !targets.contains(pm) && !failed.contains(pm) {
+                    extra.push((pm, at, buf::copy_of(p)));
+                }
+            }
+        }
+        let mut parity: Vec<Option<IoBuf>> = parity.into_iter().map(Some).collect();
+        let mut w: Vec<(usize, u64, IoBuf)> = targets
+            .iter()
+            .filter_map(|t| {
+                let b = match g.role(unit, t) {
+                    Role::Data(i) => data[i].take(),
+                    Role::Parity(j) => parity[j].take(),
+                };
+                b.map(|b| (t, at, b))
+            })
+            .collect();
+        w.extend(extra);
+        Ok(Attempt::Done(w))
+    }
+
+    /// `regenerate` on a mirror level: the first live copy, read, written to `targets`.
+    async fn regenerate_mirror(
+        &self,
+        unit: u64,
+        targets: MemberSet,
+        failed: MemberSet,
+        excl: &mut MemberSet,
+    ) -> Result<Attempt<Vec<(usize, u64, IoBuf)>>, ArrayError> {
+        let g = self.geo();
+        let copies = g.mirror_copies(unit);
+        let Some(&(src, base)) = copies
+            .iter()
+            .find(|(m, _)| !failed.contains(*m) && !excl.contains(*m))
+        else {
+            return Err(ArrayError::Unreadable { members: *excl });
+        };
+        let b = match self.read_members(&[(src, base, g.chunk)], excl).await {
+            Attempt::Done(mut v) => v.pop().expect("one read"),
+            Attempt::Retry => return Ok(Attempt::Retry),
+        };
+        Ok(Attempt::Done(
+            copies
+                .iter()
+                .filter(|(m, _)| targets.contains(*m))
+                .map(|&(m, base)| (m, base, buf::copy_of(&b)))
+                .collect(),
+        ))
+    }
+}
+
+/// One pass of the rebuild walk (module docs): from the lowest checkpoint of the members
+/// being rebuilt to the end. `Break` ends the rebuild with its result; `Continue` goes on
+/// to the next pass (members added behind the walk).
+struct RebuildPass<'r> {
+    name: &'r str,
+    units: u64,
+    start: u64,
+    /// The members being rebuilt when the pass began.
+    targets: MemberSet,
+    persist_every: Duration,
+    last_persist: Instant,
+    /// The members the running batch brings forward, with their devices' generations.
+    covered: Vec<(usize, usize)>,
+    report: &'r mut RebuildReport,
+    /// When the rebuild began.
+    t0: Instant,
+}
+
+type PassEnd = ControlFlow<Result<RebuildReport, ArrayError>>;
+
+impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
+    type Outcome = Result<(), ArrayError>;
+    type Output = PassEnd;
+
+    fn progress<'a>(&self, a: &'a Array<D>) -> &'a Progress {
+        &a.recovery().rebuild_progress
+    }
+
+    async fn start(&mut self, _a: &Arc<Array<D>>) -> Option<PassEnd> {
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': rebuilding member(s) {} from unit {} of {}",
+            self.name,
+            self.targets,
+            self.start,
+            self.units
+        );
+        None
+    }
+
+    async fn check(&mut self, a: &Arc<Array<D>>, at: At) -> Option<PassEnd> {
+        if a.members().rebuilding().is_empty() {
+            // Every member being rebuilt failed: nothing left to do.
+            return Some(self.finish(a, at).await);
+        }
+        None
+    }
+
+    async fn stopped(&mut self, a: &Arc<Array<D>>, at: At) -> PassEnd {
+        a.persist_rebuild_checkpoints().await;
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': rebuild stopped at unit {} of {}; it resumes from its checkpoint at \
+             the next start",
+            self.name,
+            at.next,
+            self.units
+        );
+        ControlFlow::Break(Ok(*self.report))
+    }
+
+    fn gone(&self) -> Self::Outcome {
+        Err(ArrayError::Shutdown)
+    }
+
+    fn worker(&self) -> Worker<D, Self::Outcome> {
+        walk::worker(|a, b| async move { a.rebuild_batch(&b).await })
+    }
+
+    /// The members this batch brings forward: rebuilding from at most its first unit, with
+    /// the device they have now (one added or replaced during the batch is not).
+    fn before_batch(&mut self, a: &Array<D>, batch: &[u64]) {
+        let next = batch.first().copied().unwrap_or(self.units);
+        self.covered = a
+            .members()
+            .rebuilding()
+            .iter()
+            .filter(|&t| a.members().rebuilt(t) >= next)
+            .map(|t| (t, a.members().generation(t)))
+            .collect();
+    }
+
+    async fn after_batch(
+        &mut self,
+        a: &Arc<Array<D>>,
+        at: At,
+        batch: &[u64],
+        outcomes: Vec<Self::Outcome>,
+    ) -> After<PassEnd> {
+        if let Some((unit, e)) = batch
+            .iter()
+            .zip(outcomes)
+            .find_map(|(&u, r)| r.err().map(|e| (u, e)))
+        {
+            a.persist_rebuild_checkpoints().await;
+            tracing::error!(
+                target: "uraid_engine::recovery",
+                "array '{}': rebuild stopped at unit {unit}: {e}; member(s) {} stay \
+                 rebuilding from their last checkpoint",
+                self.name,
+                a.members().rebuilding()
+            );
+            return After::End(ControlFlow::Break(Err(e)));
+        }
+        // Only members whose checkpoint the walk had reached before the batch move, and
+        // only if they still have the same device (one added behind the walk, or during
+        // the batch, keeps its own).
+        let end = at.next + batch.len() as u64;
+        for &(t, gen) in &self.covered {
+            if a.members().rebuilding().contains(t) && a.members().generation(t) == gen {
+                a.members().set_rebuilt(t, end);
+            }
+        }
+        self.report.units += batch.len() as u64;
+        After::Next
+    }
+
+    async fn checkpoint(&mut self, a: &Arc<Array<D>>) {
+        if self.last_persist.elapsed() >= self.persist_every {
+            self.last_persist = Instant::now();
+            a.persist_rebuild_checkpoints().await;
+        }
+    }
+
+    fn log_progress(&self, _a: &Array<D>, v: &ProgressView) {
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': rebuild {:.1}% ({} of {} units), {:.1} MB/s, ETA {}",
+            self.name,
+            v.fraction * 100.0,
+            v.done,
+            v.total,
+            v.bytes_per_second / 1e6,
+            v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
+        );
+    }
+
+    fn worked(&mut self, a: &Array<D>, batch: &[u64]) -> usize {
+        let worked = batch.iter().filter(|&&u| !a.skippable(u)).count();
+        self.report.skipped += (batch.len() - worked) as u64;
+        worked
+    }
+
+    /// Every unit is on the members that reached the end: durable first, then active.
+    async fn finish(&mut self, a: &Arc<Array<D>>, _at: At) -> PassEnd {
+        let units = self.units;
+        let done_gens: Vec<(usize, usize)> = a
+            .members()
+            .rebuilding()
+            .iter()
+            .filter(|&t| a.members().rebuilt(t) >= units)
+            .map(|t| (t, a.members().generation(t)))
+            .collect();
+        let done: MemberSet = done_gens.iter().map(|d| d.0).collect();
+        if done.is_empty() {
+            // None reached the end: the next pass (if any member is still rebuilding).
+            return ControlFlow::Continue(());
+        }
+        if a.on_reactor(move |a| async move {
+            a.each_live(done, |i| a.members().flush(i)).await;
+            for &(t, gen) in &done_gens {
+                if !a.members().is_failed(t) && a.members().generation(t) == gen {
+                    a.members().rebuild_done(t);
+                }
+            }
+            a.persist_rebuilt(&[]).await;
+        })
+        .await
+        .is_none()
+        {
+            return ControlFlow::Break(Err(ArrayError::Shutdown));
+        }
+        // Units it resynced on the way (after an unclean stop) may have been the last.
+        a.recovery().resync.finish_if_all_synced();
+        let finished = done.minus(a.members().failed());
+        self.report.finished = self.report.finished.union(finished);
+        if !finished.is_empty() {
+            tracing::info!(
+                target: "uraid_engine::recovery",
+                "array '{}': rebuild of member(s) {finished} finished in {:.1} s: the array is {}",
+                self.name,
+                self.t0.elapsed().as_secs_f64(),
+                if a.members().degraded().is_empty() {
+                    "fully redundant again"
+                } else {
+                    "still degraded"
+                }
+            );
+        }
+        ControlFlow::Continue(())
     }
 }

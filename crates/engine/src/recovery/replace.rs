@@ -26,15 +26,15 @@
 //!   while the slot was failed did not reach it). The replacement failing ends the replace;
 //!   the member stays.
 
+use super::walk::{self, After, At, Units, Walk, Worker};
 use crate::array::{Array, ArrayError};
+use crate::background::{Progress, Replacing};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
 use crate::metadata::Swap;
-use crate::recovery::state::Replacing;
-use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 use uraid_core::geometry::Role;
@@ -198,78 +198,14 @@ impl<D: BlockDev> Array<D> {
         else {
             return Err(ArrayError::Refused("no replace was started".into()));
         };
-        let (i, gen) = (r.slot, r.gen);
         let units = self.geo().units();
-        let (name, _, _) = self.identity();
-        let name = name.to_string();
-        let p = &self.recovery().replace_progress;
-        p.total.store(units, Ordering::Release);
-        p.done.store(0, Ordering::Release);
-        p.start();
-        let t0 = Instant::now();
-        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
-        let mut pacer = self.pacer(p.unit_bytes);
-        let mut next = 0u64;
-        let end = |o: Result<ReplaceOutcome, ArrayError>| {
-            p.running.store(false, Ordering::Release);
-            o
+        let mut w = CopyWalk {
+            name: self.identity().0.to_string(),
+            r,
+            units,
+            t0: Instant::now(),
         };
-        while next < units {
-            if self.members().is_failed(i) {
-                return end(self.replacement_takes_over(r).await);
-            }
-            if self.members().replacement(i).map(|x| x.0) != Some(gen) {
-                return end(Err(ArrayError::Refused(format!(
-                    "member {i}'s replacement failed; the member stays"
-                ))));
-            }
-            if stop.load(Ordering::Acquire) {
-                self.members().drop_replacement(i, gen);
-                tracing::warn!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': replace of member {i} cancelled at unit {next} of {units}"
-                );
-                return end(Ok(ReplaceOutcome::Cancelled { slot: i }));
-            }
-            let cap = pacer.cap(self.client_ops());
-            let stop_at = (next + (BATCH * lanes).min(cap) as u64).min(units);
-            let batch: Vec<u64> = (next..stop_at).collect();
-            let outcomes = self
-                .fan_out(&batch, Err(ArrayError::Shutdown), move |a, b| async move {
-                    a.copy_batch(&b, i, gen).await
-                })
-                .await;
-            if let Some(e) = outcomes.into_iter().find_map(Result::err) {
-                if self.members().is_failed(i)
-                    || self.members().replacement(i).map(|x| x.0) != Some(gen)
-                {
-                    continue; // handled at the top
-                }
-                self.members().drop_replacement(i, gen);
-                tracing::error!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': replace of member {i} stopped: {e}; the member stays"
-                );
-                return end(Err(e));
-            }
-            next = stop_at;
-            p.done.store(next, Ordering::Release);
-            let worked = batch.iter().filter(|&&u| !self.skippable(u)).count();
-            pacer.pace(worked, self.client_ops(), stop);
-        }
-        let r2 = r;
-        let swapped = self
-            .on_reactor(move |a| async move { a.swap_in(r2).await })
-            .await
-            .unwrap_or(Err(ArrayError::Shutdown));
-        if let Ok(ReplaceOutcome::Replaced { .. }) = swapped {
-            tracing::warn!(
-                target: "uraid_engine::recovery",
-                "array '{name}': member {i} replaced in {:.1} s",
-                t0.elapsed().as_secs_f64()
-            );
-        }
-        end(swapped)
+        walk::run(self, &mut w, Units::range(0..units), stop).await
     }
 
     /// Copies unit by unit, each under its stripe lock.
@@ -365,6 +301,11 @@ impl<D: BlockDev> Array<D> {
                 self.members().replacement_failed(i, gen, &e);
                 ArrayError::Refused(format!("member {i}'s replacement: {e}"))
             })
+    }
+
+    /// Whether the replace `r` still has its replacement attached.
+    fn replacement_is(&self, r: Replacing) -> bool {
+        self.members().replacement(r.slot).map(|x| x.0) == Some(r.gen)
     }
 
     /// The swap (module docs), under the superblock lock from the moment it starts to the
@@ -491,5 +432,99 @@ impl<D: BlockDev> Array<D> {
             .await
             .map(|()| ReplaceOutcome::Rebuilding { slot: i })
             .map_err(ArrayError::Refused)
+    }
+}
+
+/// The copy walk of a replace (module docs): slot `r.slot`'s chunk of every unit onto its
+/// replacement, then the swap.
+struct CopyWalk {
+    name: String,
+    r: Replacing,
+    units: u64,
+    t0: Instant,
+}
+
+impl<D: BlockDev> Walk<D> for CopyWalk {
+    type Outcome = Result<(), ArrayError>;
+    type Output = Result<ReplaceOutcome, ArrayError>;
+
+    fn progress<'a>(&self, a: &'a Array<D>) -> &'a Progress {
+        &a.recovery().replace_progress
+    }
+
+    async fn check(&mut self, a: &Arc<Array<D>>, _at: At) -> Option<Self::Output> {
+        let i = self.r.slot;
+        if a.members().is_failed(i) {
+            return Some(a.replacement_takes_over(self.r).await);
+        }
+        if !a.replacement_is(self.r) {
+            return Some(Err(ArrayError::Refused(format!(
+                "member {i}'s replacement failed; the member stays"
+            ))));
+        }
+        None
+    }
+
+    async fn stopped(&mut self, a: &Arc<Array<D>>, at: At) -> Self::Output {
+        let i = self.r.slot;
+        a.members().drop_replacement(i, self.r.gen);
+        tracing::warn!(
+            target: "uraid_engine::recovery",
+            "array '{}': replace of member {i} cancelled at unit {} of {}",
+            self.name,
+            at.next,
+            self.units
+        );
+        Ok(ReplaceOutcome::Cancelled { slot: i })
+    }
+
+    fn gone(&self) -> Self::Outcome {
+        Err(ArrayError::Shutdown)
+    }
+
+    fn worker(&self) -> Worker<D, Self::Outcome> {
+        let (i, gen) = (self.r.slot, self.r.gen);
+        walk::worker(move |a, b| async move { a.copy_batch(&b, i, gen).await })
+    }
+
+    async fn after_batch(
+        &mut self,
+        a: &Arc<Array<D>>,
+        _at: At,
+        _batch: &[u64],
+        outcomes: Vec<Self::Outcome>,
+    ) -> After<Self::Output> {
+        let Some(e) = outcomes.into_iter().find_map(Result::err) else {
+            return After::Next;
+        };
+        let i = self.r.slot;
+        if a.members().is_failed(i) || !a.replacement_is(self.r) {
+            return After::Again; // `check` ends it
+        }
+        a.members().drop_replacement(i, self.r.gen);
+        tracing::error!(
+            target: "uraid_engine::recovery",
+            "array '{}': replace of member {i} stopped: {e}; the member stays",
+            self.name
+        );
+        After::End(Err(e))
+    }
+
+    async fn finish(&mut self, a: &Arc<Array<D>>, _at: At) -> Self::Output {
+        let r = self.r;
+        let swapped = a
+            .on_reactor(move |a| async move { a.swap_in(r).await })
+            .await
+            .unwrap_or(Err(ArrayError::Shutdown));
+        if let Ok(ReplaceOutcome::Replaced { .. }) = swapped {
+            tracing::warn!(
+                target: "uraid_engine::recovery",
+                "array '{}': member {} replaced in {:.1} s",
+                self.name,
+                r.slot,
+                self.t0.elapsed().as_secs_f64()
+            );
+        }
+        swapped
     }
 }

@@ -15,26 +15,23 @@
 //!   stripes' parity is then not trustworthy for reconstruction; logged as an error). A
 //!   chunk that cannot be read (media error) leaves its stripe unsynced, logged; the walk
 //!   goes on, and the array stays "not clean".
-//! * Throttle: the array's `Throttle` (recovery/mod.rs), shared with rebuild and scrub.
-//!   The walk runs on its own thread, so sleeping is the throttle; the stripe work itself goes to the array's
-//!   reactors, `BATCH` stripes on each at once (io_uring, member timeouts), or runs inline
-//!   on an array without reactors (tests).
+//! * Throttle: the array's `Throttle`, shared with rebuild and scrub, applied by the walk
+//!   driver (recovery/walk.rs). The walk runs on its own thread, so sleeping is the
+//!   throttle; the stripe work itself goes to the array's reactors, `BATCH` stripes on each
+//!   at once (io_uring, member timeouts), or runs inline on an array without reactors
+//!   (tests).
+//! * The resync of one stripe (`Array::resync_unit`) is array/resync.rs: writes use it too.
 //! * Mirror rows not yet resynced are read from their first copy (the one resync copies
 //!   over the others), so a read never changes without a write (md's choose_first).
 
+use super::walk::{self, After, At, Units, Walk, Worker};
 use crate::array::{Array, ArrayError};
-use crate::buf::{self, IoBuf};
+use crate::background::{Progress, ProgressView};
 use crate::dev::BlockDev;
-use crate::recovery::BATCH;
-use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use uraid_core::MemberSet;
-
-/// How often a running resync logs its progress (the server log; status has it live).
-const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
+use std::time::Instant;
 
 /// What a finished resync did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,271 +50,18 @@ pub struct ResyncReport {
 }
 
 impl<D: BlockDev> Array<D> {
-    /// Whether this array needs a resync (assembled after an unclean stop, level with
-    /// redundancy) that has not finished.
-    pub fn needs_resync(&self) -> bool {
-        self.recovery().resync.is_pending()
-    }
-
-    /// Resyncs `unit` if it is still unsynced. Caller holds its stripe lock (a client write
-    /// about to update the stripe). Whenever the stripe cannot be resynced — the array is
-    /// degraded (started dirty and degraded on purpose, or a member failed, also during this
-    /// call), or a data chunk has a media error — the write goes ahead as it would on a
-    /// degraded stripe: never an error the write would not have had otherwise. A stripe with
-    /// an unreadable data chunk is not retried by writes (each retry would spend the member's
-    /// read-error budget); the walk reports it.
-    pub(crate) async fn resync_if_unsynced(&self, unit: u64) -> Result<(), ArrayError> {
-        if !self.recovery().resync.unsynced(unit)
-            || !self.members().stale_at(unit).is_empty()
-            || self.recovery().resync.given_up(unit)
-        {
-            return Ok(());
-        }
-        match self.resync_unit(unit).await {
-            Ok(Some(repaired)) => {
-                if repaired {
-                    self.recovery()
-                        .resync_progress
-                        .repaired
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                self.recovery().resync.mark(unit);
-            }
-            Ok(None) => self.recovery().resync.give_up(unit),
-            Err(_) => {}
-        }
-        Ok(())
-    }
-
-    /// Makes one stripe consistent: parity computed from the data, or every mirror copy
-    /// equal to the first readable one. A parity chunk or mirror copy with a media error is
-    /// simply rewritten (which repairs the sector). `Some(true)` if anything was rewritten;
-    /// `None` if no trustworthy source could be read (a data chunk, or every copy, has a
-    /// media error: the stripe stays unsynced). `Err` when the array lost a member (resync
-    /// needs all of them). Caller holds the lock.
-    async fn resync_unit(&self, unit: u64) -> Result<Option<bool>, ArrayError> {
-        let g = self.geo();
-        let len = g.chunk;
-        let mut excl = MemberSet::EMPTY;
-        for _ in 0..8 {
-            self.check_serving()?;
-            // Resync needs every member's chunk of the unit (one being rebuilt holds it
-            // once the rebuild passed it).
-            let stale = self.members().stale_at(unit);
-            if !stale.is_empty() {
-                return Err(ArrayError::Unreadable { members: stale });
-            }
-            let unreadable = |why: &str| {
-                tracing::error!(
-                    target: "uraid_engine::recovery",
-                    "resync: stripe {unit}: media error on member(s) {excl} ({why}); left unsynced"
-                );
-                Ok(None)
-            };
-            // Members to read: every one but those with a media error in this stripe.
-            let (members, at): (Vec<(usize, u64)>, u64) = if g.level.is_parity() {
-                let at = g.member_offset(unit, 0);
-                let k = g.data_chunks();
-                if (0..k).any(|i| excl.contains(g.data_member(unit, i))) {
-                    return unreadable("a data chunk");
-                }
-                let mut v: Vec<(usize, u64)> =
-                    (0..k).map(|i| (g.data_member(unit, i), at)).collect();
-                v.extend((0..g.parity()).map(|j| (g.parity_member(unit, j), at)));
-                (v, at)
-            } else {
-                (g.mirror_copies(unit), 0)
-            };
-            let reqs: Vec<_> = members
-                .iter()
-                .filter(|(m, _)| !excl.contains(*m))
-                .map(|&(m, base)| (m, base, len))
-                .collect();
-            if reqs.is_empty() {
-                return unreadable("every copy");
-            }
-            let mut bufs = match self.read_members(&reqs, &mut excl).await {
-                Attempt::Done(b) => b.into_iter(),
-                Attempt::Retry => continue,
-            };
-            // Per member in `members`: what it holds, None if it has a media error.
-            let held: Vec<Option<IoBuf>> = members
-                .iter()
-                .map(|(m, _)| if excl.contains(*m) { None } else { bufs.next() })
-                .collect();
-            let writes: Vec<(usize, u64, IoBuf)> = if g.level.is_parity() {
-                let k = g.data_chunks();
-                let mut parity: Vec<IoBuf> =
-                    (0..g.parity()).map(|_| buf::alloc(len as usize)).collect();
-                {
-                    let data: Vec<&[u8]> = held[..k]
-                        .iter()
-                        .map(|b| &b.as_ref().expect("data chunks were read")[..])
-                        .collect();
-                    let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-                    let codec = self.codec().as_ref().expect("parity level has a codec");
-                    codec.encode(&data, &mut out);
-                }
-                parity
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(j, p)| held[k + j].as_ref().is_none_or(|h| h[..] != p[..]))
-                    .map(|(j, p)| (g.parity_member(unit, j), at, p))
-                    .collect()
-            } else {
-                let src = held.iter().flatten().next().expect("a copy was read");
-                members
-                    .iter()
-                    .zip(&held)
-                    .filter(|(_, h)| h.as_ref().is_none_or(|h| h[..] != src[..]))
-                    .map(|(&(m, base), _)| (m, base, buf::copy_of(src)))
-                    .collect()
-            };
-            let repaired = !writes.is_empty();
-            self.write_members(writes).await;
-            return Ok(Some(repaired));
-        }
-        Ok(None)
-    }
-
     /// Walks every stripe not yet synced, under its stripe lock, with the array's throttle;
     /// `stop` ends it early (the array stays "resync pending"). Runs on any
     /// thread (the server gives it its own). Progress in `recovery_progress()`.
     pub async fn resync(self: &Arc<Self>, stop: &AtomicBool) -> Result<ResyncReport, ArrayError> {
-        let p = &self.recovery().resync_progress;
-        let units = self.recovery().resync.due_units();
-        let due = self.recovery().resync.due.clone();
-        p.total.store(units, Ordering::Release);
-        p.done.store(0, Ordering::Release);
-        p.start();
-        let unit_bytes = p.unit_bytes;
-        let (name, _, _) = self.identity();
-        let of = self.geo().units();
-        tracing::info!(
-            target: "uraid_engine::recovery",
-            "array '{name}': resync started: {units} of {of} stripes ({}): it was not stopped cleanly",
-            if self.intent().enabled() {
-                "the regions the write-intent bitmap marks dirty"
-            } else {
-                "no write-intent bitmap"
-            }
-        );
-        // Resync writes: the superblocks say "not clean" already (that is why it runs), and
-        // marking the session dirty lets a clean stop after it finishes record "clean". On a
-        // reactor when there are any: the first write's metadata I/O gets member timeouts.
-        self.on_reactor(|a| async move { a.ensure_dirty().await })
-            .await;
-        let mut report = ResyncReport::default();
-        let t0 = Instant::now();
-        let mut pacer = self.pacer(unit_bytes);
-        let mut last_log = Instant::now();
-        let mut todo = due.into_iter().flatten();
-        let mut n = 0u64;
-        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
-        loop {
-            let cap = pacer.cap(self.client_ops());
-            let batch: Vec<u64> = todo.by_ref().take((BATCH * lanes).min(cap)).collect();
-            if batch.is_empty() {
-                break;
-            }
-            if stop.load(Ordering::Acquire) {
-                p.running.store(false, Ordering::Release);
-                tracing::info!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': resync stopped after {n} of {units} stripes; {}",
-                    if self.intent().enabled() {
-                        "regions it finished are cleared from the bitmap and not redone"
-                    } else {
-                        "without a write-intent bitmap it starts over next time"
-                    }
-                );
-                return Ok(report);
-            }
-            let outcomes = self
-                .fan_out(&batch, Some(Err(ArrayError::Shutdown)), |a, b| async move {
-                    a.resync_batch(&b).await
-                })
-                .await;
-            for (&unit, r) in batch.iter().zip(outcomes) {
-                match r {
-                    Some(Ok(Some(repaired))) => {
-                        report.stripes += 1;
-                        if repaired {
-                            report.repaired += 1;
-                            p.repaired.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    Some(Ok(None)) => report.unreadable += 1,
-                    // A member being rebuilt does not hold the unit yet.
-                    Some(Err(ArrayError::Unreadable { .. })) if self.check_serving().is_ok() => {
-                        report.deferred += 1
-                    }
-                    Some(Err(e)) => {
-                        p.running.store(false, Ordering::Release);
-                        tracing::error!(
-                            target: "uraid_engine::recovery",
-                            "array '{name}': resync stopped at stripe {unit} ({n} of {units} \
-                             done): {e}; parity of the stripes left was not verified: reads \
-                             that would reconstruct data there fail instead"
-                        );
-                        return Err(e);
-                    }
-                    None => report.skipped += 1,
-                }
-            }
-            n += batch.len() as u64;
-            p.done.store(n, Ordering::Release);
-            if last_log.elapsed() >= PROGRESS_LOG_EVERY {
-                last_log = Instant::now();
-                let v = p.view();
-                tracing::info!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': resync {:.1}% ({} of {} stripes), {:.1} MB/s, {} repaired, ETA {}",
-                    v.fraction * 100.0,
-                    v.done,
-                    v.total,
-                    v.bytes_per_second / 1e6,
-                    v.repaired,
-                    v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
-                );
-            }
-            pacer.pace(batch.len(), self.client_ops(), stop);
-        }
-        p.running.store(false, Ordering::Release);
-        if report.unreadable > 0 {
-            // Still due: the superblocks stay "not clean" and the next start tries again.
-            tracing::error!(
-                target: "uraid_engine::recovery",
-                "array '{name}': resync walked every stripe in {:.1} s but {} could not be read \
-                 (media errors) and stay unsynced: losing a member would rebuild wrong data there",
-                t0.elapsed().as_secs_f64(),
-                report.unreadable
-            );
-            return Ok(report);
-        }
-        if report.deferred > 0 {
-            tracing::info!(
-                target: "uraid_engine::recovery",
-                "array '{name}': resync walked every stripe in {:.1} s and left {} to the \
-                 rebuild (a member being rebuilt does not hold them yet; it resyncs them as it \
-                 passes)",
-                t0.elapsed().as_secs_f64(),
-                report.deferred
-            );
-            self.recovery().resync.finish_if_all_synced();
-            return Ok(report);
-        }
-        self.recovery().resync.finish();
-        tracing::info!(
-            target: "uraid_engine::recovery",
-            "array '{name}': resync finished in {:.2} s: {} stripes checked, {} repaired, {} \
-             already resynced by writes",
-            t0.elapsed().as_secs_f64(),
-            report.stripes,
-            report.repaired,
-            report.skipped
-        );
-        Ok(report)
+        let due = self.recovery().resync.due_ranges().to_vec();
+        let mut w = ResyncWalk {
+            name: self.identity().0.to_string(),
+            units: self.recovery().resync.due_units(),
+            report: ResyncReport::default(),
+            t0: Instant::now(),
+        };
+        walk::run(self, &mut w, Units::new(due), stop).await
     }
 
     /// Resyncs the units of `batch` that are still unsynced, concurrently, each under its
@@ -339,11 +83,6 @@ impl<D: BlockDev> Array<D> {
             }
         }))
         .await
-    }
-
-    /// Client reads and writes so far (the throttle's notion of activity).
-    pub(crate) fn client_ops(&self) -> u64 {
-        self.stats.total(|c| &c.reads) + self.stats.total(|c| &c.writes)
     }
 
     /// Stripes whose degraded reads were refused because their parity was not resynced
@@ -373,5 +112,175 @@ impl<D: BlockDev> Array<D> {
     #[doc(hidden)]
     pub fn stripe_unsynced(&self, unit: u64) -> bool {
         self.recovery().resync.unsynced(unit)
+    }
+}
+
+/// The resync walk (module docs): the due units, each resynced under its lock unless a
+/// write did it first.
+struct ResyncWalk {
+    name: String,
+    /// Units due.
+    units: u64,
+    report: ResyncReport,
+    t0: Instant,
+}
+
+/// One unit's outcome: None if writes had resynced it already.
+type Resynced = Option<Result<Option<bool>, ArrayError>>;
+
+impl<D: BlockDev> Walk<D> for ResyncWalk {
+    type Outcome = Resynced;
+    type Output = Result<ResyncReport, ArrayError>;
+
+    fn progress<'a>(&self, a: &'a Array<D>) -> &'a Progress {
+        &a.recovery().resync_progress
+    }
+
+    async fn start(&mut self, a: &Arc<Array<D>>) -> Option<Self::Output> {
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': resync started: {} of {} stripes ({}): it was not stopped cleanly",
+            self.name,
+            self.units,
+            a.geo().units(),
+            if a.intent().enabled() {
+                "the regions the write-intent bitmap marks dirty"
+            } else {
+                "no write-intent bitmap"
+            }
+        );
+        // Resync writes: the superblocks say "not clean" already (that is why it runs), and
+        // marking the session dirty lets a clean stop after it finishes record "clean". On a
+        // reactor when there are any: the first write's metadata I/O gets member timeouts.
+        a.on_reactor(|a| async move { a.ensure_dirty().await })
+            .await;
+        self.t0 = Instant::now();
+        None
+    }
+
+    async fn stopped(&mut self, a: &Arc<Array<D>>, at: At) -> Self::Output {
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': resync stopped after {} of {} stripes; {}",
+            self.name,
+            at.done,
+            self.units,
+            if a.intent().enabled() {
+                "regions it finished are cleared from the bitmap and not redone"
+            } else {
+                "without a write-intent bitmap it starts over next time"
+            }
+        );
+        Ok(self.report)
+    }
+
+    fn gone(&self) -> Resynced {
+        Some(Err(ArrayError::Shutdown))
+    }
+
+    fn worker(&self) -> Worker<D, Resynced> {
+        walk::worker(|a, b| async move { a.resync_batch(&b).await })
+    }
+
+    async fn after_batch(
+        &mut self,
+        a: &Arc<Array<D>>,
+        at: At,
+        batch: &[u64],
+        outcomes: Vec<Resynced>,
+    ) -> After<Self::Output> {
+        let report = &mut self.report;
+        for (&unit, r) in batch.iter().zip(outcomes) {
+            match r {
+                Some(Ok(Some(repaired))) => {
+                    report.stripes += 1;
+                    if repaired {
+                        report.repaired += 1;
+                        a.recovery()
+                            .resync_progress
+                            .repaired
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Some(Ok(None)) => report.unreadable += 1,
+                // A member being rebuilt does not hold the unit yet.
+                Some(Err(ArrayError::Unreadable { .. })) if a.check_serving().is_ok() => {
+                    report.deferred += 1
+                }
+                Some(Err(e)) => {
+                    tracing::error!(
+                        target: "uraid_engine::recovery",
+                        "array '{}': resync stopped at stripe {unit} ({} of {} done): {e}; \
+                         parity of the stripes left was not verified: reads that would \
+                         reconstruct data there fail instead",
+                        self.name,
+                        at.done,
+                        self.units
+                    );
+                    return After::End(Err(e));
+                }
+                None => report.skipped += 1,
+            }
+        }
+        After::Next
+    }
+
+    fn log_progress(&self, _a: &Array<D>, v: &ProgressView) {
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': resync {:.1}% ({} of {} stripes), {:.1} MB/s, {} repaired, ETA {}",
+            self.name,
+            v.fraction * 100.0,
+            v.done,
+            v.total,
+            v.bytes_per_second / 1e6,
+            v.repaired,
+            v.eta_seconds.map_or("unknown".into(), |s| format!("{s:.0} s"))
+        );
+    }
+
+    /// Every unit a resync visits costs its reads (units writes resynced included).
+    fn worked(&mut self, _a: &Array<D>, batch: &[u64]) -> usize {
+        batch.len()
+    }
+
+    async fn finish(&mut self, a: &Arc<Array<D>>, _at: At) -> Self::Output {
+        let report = self.report;
+        let secs = self.t0.elapsed().as_secs_f64();
+        if report.unreadable > 0 {
+            // Still due: the superblocks stay "not clean" and the next start tries again.
+            tracing::error!(
+                target: "uraid_engine::recovery",
+                "array '{}': resync walked every stripe in {secs:.1} s but {} could not be \
+                 read (media errors) and stay unsynced: losing a member would rebuild wrong \
+                 data there",
+                self.name,
+                report.unreadable
+            );
+            return Ok(report);
+        }
+        if report.deferred > 0 {
+            tracing::info!(
+                target: "uraid_engine::recovery",
+                "array '{}': resync walked every stripe in {secs:.1} s and left {} to the \
+                 rebuild (a member being rebuilt does not hold them yet; it resyncs them as \
+                 it passes)",
+                self.name,
+                report.deferred
+            );
+            a.recovery().resync.finish_if_all_synced();
+            return Ok(report);
+        }
+        a.recovery().resync.finish();
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': resync finished in {secs:.2} s: {} stripes checked, {} repaired, {} \
+             already resynced by writes",
+            self.name,
+            report.stripes,
+            report.repaired,
+            report.skipped
+        );
+        Ok(report)
     }
 }

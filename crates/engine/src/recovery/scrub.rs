@@ -15,19 +15,19 @@
 //!   first): it refuses to start on a degraded array and stops if a member fails. A chunk
 //!   that cannot be read (media error) is reconstructed and rewritten by the read path's
 //!   error policy (`read_failed`); the unit is then counted unreadable, not verified.
-//! * Throttle: `Pacer` (the resync's min/max rates); `pause` holds it between batches,
-//!   `stop` ends it.
+//! * Throttle: the array's `Throttle`, applied by the walk driver (recovery/walk.rs);
+//!   `pause` holds it between batches, `stop` ends it.
 
+use super::walk::{self, After, At, Units, Walk, Worker};
 use crate::array::{Array, ArrayError};
+use crate::background::{Progress, ScrubMode, ScrubReport};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
-use crate::recovery::state::{ScrubMode, ScrubReport};
-use crate::recovery::BATCH;
 use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use uraid_core::scrub::{check_copies, check_stripe, Column, COLUMN};
 use uraid_core::MemberSet;
 
@@ -95,108 +95,14 @@ impl<D: BlockDev> Array<D> {
             )));
         }
         let units = self.geo().units();
-        let (name, _, _) = self.identity();
-        let name = name.to_string();
-        let p = &self.recovery().scrub_progress;
-        let counts = &self.recovery().scrub_counts;
-        counts.reset(mode);
-        p.total.store(units, Ordering::Release);
-        p.done.store(0, Ordering::Release);
-        p.start();
-        // Repairs are writes: the superblocks say "not clean" first, like any writer. (A
-        // check only rewrites chunks with the bytes the rest of the stripe determines, or
-        // resyncs units of an array that is not clean on disk already.)
-        if mode == ScrubMode::Repair
-            && self
-                .on_reactor(|a| async move { a.ensure_dirty().await })
-                .await
-                .is_none()
-        {
-            p.running.store(false, Ordering::Release);
-            return Err(ArrayError::Shutdown);
-        }
-        tracing::info!(
-            target: "uraid_engine::recovery",
-            "array '{name}': scrub ({}) started over {units} units",
-            mode.name()
-        );
-        let t0 = Instant::now();
-        let lanes = self.rt().as_ref().map_or(1, |rt| rt.reactors());
-        let mut pacer = self.pacer(p.unit_bytes);
-        let mut next = 0u64;
-        let mut result = Ok(());
-        while next < units {
-            while counts.paused.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if stop.load(Ordering::Acquire) {
-                tracing::info!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': scrub ({}) cancelled at unit {next} of {units}",
-                    mode.name()
-                );
-                break;
-            }
-            let cap = pacer.cap(self.client_ops());
-            let end = (next + (BATCH * lanes).min(cap) as u64).min(units);
-            let batch: Vec<u64> = (next..end).collect();
-            let outcomes = self
-                .fan_out(&batch, Err(ArrayError::Shutdown), move |a, b| async move {
-                    a.scrub_batch(&b, mode).await
-                })
-                .await;
-            for r in outcomes {
-                match r {
-                    Ok(u) => {
-                        counts
-                            .units
-                            .fetch_add(u64::from(!u.skipped), Ordering::AcqRel);
-                        counts.mismatches.fetch_add(u.mismatches, Ordering::AcqRel);
-                        counts.located.fetch_add(u.located, Ordering::AcqRel);
-                        counts.repaired.fetch_add(u.repaired, Ordering::AcqRel);
-                        counts
-                            .unreadable
-                            .fetch_add(u64::from(u.unreadable), Ordering::AcqRel);
-                    }
-                    Err(e) => {
-                        if result.is_ok() {
-                            result = Err(e);
-                        }
-                    }
-                }
-            }
-            if let Err(e) = &result {
-                tracing::error!(
-                    target: "uraid_engine::recovery",
-                    "array '{name}': scrub ({}) stopped at unit {next}: {e}",
-                    mode.name()
-                );
-                break;
-            }
-            next = end;
-            p.done.store(next, Ordering::Release);
-            p.repaired
-                .store(counts.repaired.load(Ordering::Acquire), Ordering::Release);
-            let worked = batch.iter().filter(|&&u| !self.skippable(u)).count();
-            pacer.pace(worked, self.client_ops(), stop);
-        }
-        p.running.store(false, Ordering::Release);
-        let r = counts.report();
-        if next >= units {
-            tracing::info!(
-                target: "uraid_engine::recovery",
-                "array '{name}': scrub ({}) finished in {:.1} s: {} units, {} mismatched \
-                 column(s), {} located, {} repaired, {} unreadable unit(s)",
-                mode.name(),
-                t0.elapsed().as_secs_f64(),
-                r.units,
-                r.mismatches,
-                r.located,
-                r.repaired,
-                r.unreadable
-            );
-        }
-        result.map(|_| r)
+        self.recovery().scrub_counts.reset(mode);
+        let mut w = ScrubWalk {
+            name: self.identity().0.to_string(),
+            mode,
+            units,
+            t0: Instant::now(),
+        };
+        walk::run(self, &mut w, Units::range(0..units), stop).await
     }
 
     async fn scrub_batch(
@@ -281,7 +187,6 @@ impl<D: BlockDev> Array<D> {
         };
         let mut out = UnitResult::default();
         let mut writes: Vec<(usize, u64, IoBuf)> = Vec::new();
-        let k = g.data_chunks();
         for (c, v) in verdicts.iter().enumerate() {
             let col = (c * COLUMN) as u64;
             match v {
@@ -311,61 +216,9 @@ impl<D: BlockDev> Array<D> {
                 }
                 Column::Unlocatable => {
                     out.mismatches += 1;
-                    let end = (col + COLUMN as u64).min(len);
-                    let fix: Vec<(usize, u64, IoBuf)> = if parity {
-                        // md's repair: parity recomputed from the data.
-                        let data: Vec<&[u8]> = bufs[..k]
-                            .iter()
-                            .map(|b| &b[col as usize..end as usize])
-                            .collect();
-                        let mut p: Vec<IoBuf> = (0..g.parity())
-                            .map(|_| buf::alloc((end - col) as usize))
-                            .collect();
-                        {
-                            let mut outp: Vec<&mut [u8]> =
-                                p.iter_mut().map(|b| &mut b[..]).collect();
-                            self.codec()
-                                .as_ref()
-                                .expect("parity codec")
-                                .encode(&data, &mut outp);
-                        }
-                        p.into_iter()
-                            .enumerate()
-                            .map(|(j, b)| (chunks[k + j].0, chunks[k + j].1 + col, b))
-                            .collect()
-                    } else {
-                        chunks[1..]
-                            .iter()
-                            .map(|&(m, at)| {
-                                (
-                                    m,
-                                    at + col,
-                                    buf::copy_of(&bufs[0][col as usize..end as usize]),
-                                )
-                            })
-                            .collect()
-                    };
-                    tracing::warn!(
-                        target: "uraid_engine::recovery",
-                        "scrub: unit {unit}: data offset {}: {} disagree and no single member \
-                         explains it ({}){}",
-                        chunks[0].1 + col,
-                        if parity { "parity and data" } else { "mirror copies" },
-                        if parity && g.parity() < 2 {
-                            "one parity cannot say which chunk is wrong"
-                        } else if !parity && chunks.len() < 3 {
-                            "two copies cannot say which is wrong"
-                        } else {
-                            "more than one chunk differs"
-                        },
-                        match (mode, parity) {
-                            (ScrubMode::Check, _) => "",
-                            (ScrubMode::Repair, true) => "; parity recomputed from the data",
-                            (ScrubMode::Repair, false) => "; the first copy written over the others",
-                        }
-                    );
+                    self.log_unlocatable(unit, mode, &chunks, parity, col);
                     if mode == ScrubMode::Repair {
-                        writes.extend(fix);
+                        writes.extend(self.column_fix(&chunks, parity, &bufs, col));
                         out.repaired += 1;
                     }
                 }
@@ -376,5 +229,207 @@ impl<D: BlockDev> Array<D> {
             self.check_serving()?;
         }
         Ok(out)
+    }
+
+    /// md's repair of a column no single chunk explains: parity recomputed from the data,
+    /// or the first mirror copy written over the others.
+    fn column_fix(
+        &self,
+        chunks: &[(usize, u64)],
+        parity: bool,
+        bufs: &[IoBuf],
+        col: u64,
+    ) -> Vec<(usize, u64, IoBuf)> {
+        let g = self.geo();
+        let k = g.data_chunks();
+        let end = (col + COLUMN as u64).min(g.chunk);
+        if !parity {
+            return chunks[1..]
+                .iter()
+                .map(|&(m, at)| {
+                    (
+                        m,
+                        at + col,
+                        buf::copy_of(&bufs[0][col as usize..end as usize]),
+                    )
+                })
+                .collect();
+        }
+        let data: Vec<&[u8]> = bufs[..k]
+            .iter()
+            .map(|b| &b[col as usize..end as usize])
+            .collect();
+        let mut p: Vec<IoBuf> = (0..g.parity())
+            .map(|_| buf::alloc((end - col) as usize))
+            .collect();
+        {
+            let mut outp: Vec<&mut [u8]> = p.iter_mut().map(|b| &mut b[..]).collect();
+            self.codec()
+                .as_ref()
+                .expect("parity codec")
+                .encode(&data, &mut outp);
+        }
+        p.into_iter()
+            .enumerate()
+            .map(|(j, b)| (chunks[k + j].0, chunks[k + j].1 + col, b))
+            .collect()
+    }
+
+    /// Logs a column whose redundancy disagrees and that no single chunk explains.
+    fn log_unlocatable(
+        &self,
+        unit: u64,
+        mode: ScrubMode,
+        chunks: &[(usize, u64)],
+        parity: bool,
+        col: u64,
+    ) {
+        tracing::warn!(
+            target: "uraid_engine::recovery",
+            "scrub: unit {unit}: data offset {}: {} disagree and no single member explains it \
+             ({}){}",
+            chunks[0].1 + col,
+            if parity { "parity and data" } else { "mirror copies" },
+            if parity && self.geo().parity() < 2 {
+                "one parity cannot say which chunk is wrong"
+            } else if !parity && chunks.len() < 3 {
+                "two copies cannot say which is wrong"
+            } else {
+                "more than one chunk differs"
+            },
+            match (mode, parity) {
+                (ScrubMode::Check, _) => "",
+                (ScrubMode::Repair, true) => "; parity recomputed from the data",
+                (ScrubMode::Repair, false) => "; the first copy written over the others",
+            }
+        );
+    }
+}
+
+/// The scrub walk (module docs): every unit, checked (and repaired) under its lock.
+struct ScrubWalk {
+    name: String,
+    mode: ScrubMode,
+    units: u64,
+    t0: Instant,
+}
+
+impl<D: BlockDev> Walk<D> for ScrubWalk {
+    type Outcome = Result<UnitResult, ArrayError>;
+    type Output = Result<ScrubReport, ArrayError>;
+
+    fn progress<'a>(&self, a: &'a Array<D>) -> &'a Progress {
+        &a.recovery().scrub_progress
+    }
+
+    async fn start(&mut self, a: &Arc<Array<D>>) -> Option<Self::Output> {
+        // Repairs are writes: the superblocks say "not clean" first, like any writer. (A
+        // check only rewrites chunks with the bytes the rest of the stripe determines, or
+        // resyncs units of an array that is not clean on disk already.)
+        if self.mode == ScrubMode::Repair
+            && a.on_reactor(|a| async move { a.ensure_dirty().await })
+                .await
+                .is_none()
+        {
+            return Some(Err(ArrayError::Shutdown));
+        }
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': scrub ({}) started over {} units",
+            self.name,
+            self.mode.name(),
+            self.units
+        );
+        self.t0 = Instant::now();
+        None
+    }
+
+    fn paused(&self, a: &Array<D>) -> bool {
+        a.recovery().scrub_counts.paused.load(Ordering::Acquire)
+    }
+
+    async fn stopped(&mut self, a: &Arc<Array<D>>, at: At) -> Self::Output {
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': scrub ({}) cancelled at unit {} of {}",
+            self.name,
+            self.mode.name(),
+            at.next,
+            self.units
+        );
+        Ok(a.recovery().scrub_counts.report())
+    }
+
+    fn gone(&self) -> Self::Outcome {
+        Err(ArrayError::Shutdown)
+    }
+
+    fn worker(&self) -> Worker<D, Self::Outcome> {
+        let mode = self.mode;
+        walk::worker(move |a, b| async move { a.scrub_batch(&b, mode).await })
+    }
+
+    async fn after_batch(
+        &mut self,
+        a: &Arc<Array<D>>,
+        at: At,
+        _batch: &[u64],
+        outcomes: Vec<Self::Outcome>,
+    ) -> After<Self::Output> {
+        let counts = &a.recovery().scrub_counts;
+        let mut result = Ok(());
+        for r in outcomes {
+            match r {
+                Ok(u) => {
+                    counts
+                        .units
+                        .fetch_add(u64::from(!u.skipped), Ordering::AcqRel);
+                    counts.mismatches.fetch_add(u.mismatches, Ordering::AcqRel);
+                    counts.located.fetch_add(u.located, Ordering::AcqRel);
+                    counts.repaired.fetch_add(u.repaired, Ordering::AcqRel);
+                    counts
+                        .unreadable
+                        .fetch_add(u64::from(u.unreadable), Ordering::AcqRel);
+                }
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
+        }
+        if let Err(e) = result {
+            tracing::error!(
+                target: "uraid_engine::recovery",
+                "array '{}': scrub ({}) stopped at unit {}: {e}",
+                self.name,
+                self.mode.name(),
+                at.next
+            );
+            return After::End(Err(e));
+        }
+        a.recovery()
+            .scrub_progress
+            .repaired
+            .store(counts.repaired.load(Ordering::Acquire), Ordering::Release);
+        After::Next
+    }
+
+    async fn finish(&mut self, a: &Arc<Array<D>>, _at: At) -> Self::Output {
+        let r = a.recovery().scrub_counts.report();
+        tracing::info!(
+            target: "uraid_engine::recovery",
+            "array '{}': scrub ({}) finished in {:.1} s: {} units, {} mismatched column(s), {} \
+             located, {} repaired, {} unreadable unit(s)",
+            self.name,
+            self.mode.name(),
+            self.t0.elapsed().as_secs_f64(),
+            r.units,
+            r.mismatches,
+            r.located,
+            r.repaired,
+            r.unreadable
+        );
+        Ok(r)
     }
 }

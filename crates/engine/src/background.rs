@@ -1,7 +1,8 @@
 //! The state of background work that the array's request paths and its status consult
 //! (below the array; the walks that drive it are recovery/{resync,rebuild,replace,scrub}.rs,
-//! above it): which units resync still owes, each walk's progress, the replace under way,
-//! scrub counters, the throttle and the allocation probe, grouped as `Recovery`.
+//! above it, and the supervisor that owns their threads is supervisor.rs): which units
+//! resync still owes, each walk's progress, the replace under way, scrub counters, the
+//! throttle and the allocation probe, grouped as `Recovery`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -150,12 +151,25 @@ impl Priority {
     }
 }
 
-/// Per-array resync state: which stripes are synced (one bit each), while resync is due.
+/// Which units (stripes; mirror rows) resync still owes after an unclean stop.
+///
+/// Contract (docs/design/resync.md; docs/invariants.md, "Unsynced stripes are resynced
+/// before the array is clean"):
+/// * Set once at assembly (`new`): the units `due` then start unsynced, every other unit
+///   synced. While nothing is due the state is not *pending* and every unit is synced.
+/// * A unit goes from unsynced to synced (`mark`), never back; only the holder of its
+///   stripe lock marks it, after its parity (or mirror copies) were made consistent: by the
+///   resync walk, by a client write that resyncs it first (`Array::resync_if_unsynced`), or
+///   by a rebuild that rewrote every chunk of it.
+/// * Pending ends once (`finish`, or `finish_if_all_synced`) and never starts again; after
+///   that `unsynced` is false for every unit.
+/// * `given_up`: units a write found unreadable (not retried by writes); `reported`: units
+///   whose degraded reads were refused (logged once each). Both only grow.
 pub(crate) struct ResyncState {
     pending: AtomicBool,
     synced: Vec<AtomicU64>,
     /// The units due at assembly (dirty regions of the write-intent bitmap, or all).
-    pub(crate) due: Vec<std::ops::Range<u64>>,
+    due: Vec<std::ops::Range<u64>>,
     /// Stripes writes found unreadable (media error on a data chunk): not retried by writes;
     /// with the members whose chunk a write met a media error in (writes plan around them:
     /// a chunk decoded from an unsynced stripe's parity may be wrong, so it is never
@@ -187,6 +201,11 @@ impl ResyncState {
             given_up: Default::default(),
             reported: Default::default(),
         }
+    }
+
+    /// The ranges of units due at assembly (what the resync walk visits).
+    pub(crate) fn due_ranges(&self) -> &[std::ops::Range<u64>] {
+        &self.due
     }
 
     /// Units due at assembly.
@@ -375,6 +394,15 @@ pub struct Progress {
     started: Mutex<Option<Instant>>,
 }
 
+/// A running walk's hold on its `Progress` (`Progress::begin`): clears "running" on drop.
+pub(crate) struct Running<'a>(&'a Progress);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+    }
+}
+
 /// A point-in-time view of `Progress`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProgressView {
@@ -402,9 +430,18 @@ impl Progress {
         }
     }
 
-    pub(crate) fn start(&self) {
+    fn start(&self) {
         *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.running.store(true, Ordering::Release);
+    }
+
+    /// A walk over `total` units starts: counts from 0, running until the returned guard
+    /// is dropped (on every exit of the walk, errors and early returns included).
+    pub(crate) fn begin(&self, total: u64) -> Running<'_> {
+        self.total.store(total, Ordering::Release);
+        self.done.store(0, Ordering::Release);
+        self.start();
+        Running(self)
     }
 
     pub fn view(&self) -> ProgressView {

@@ -1,0 +1,139 @@
+//! The request-path half of resync (recovery/resync.rs is the walk): whether resync is
+//! due, and the resync of one stripe, which a client write into a stripe not yet resynced
+//! does first under its stripe lock (docs/design/resync.md).
+
+use super::{Array, ArrayError};
+use crate::buf::{self, IoBuf};
+use crate::dev::BlockDev;
+use crate::stripe::Attempt;
+use std::sync::atomic::Ordering;
+use uraid_core::MemberSet;
+
+impl<D: BlockDev> Array<D> {
+    /// Whether this array needs a resync (assembled after an unclean stop, level with
+    /// redundancy) that has not finished.
+    pub fn needs_resync(&self) -> bool {
+        self.recovery().resync.is_pending()
+    }
+
+    /// Resyncs `unit` if it is still unsynced. Caller holds its stripe lock (a client write
+    /// about to update the stripe). Whenever the stripe cannot be resynced — the array is
+    /// degraded (started dirty and degraded on purpose, or a member failed, also during this
+    /// call), or a data chunk has a media error — the write goes ahead as it would on a
+    /// degraded stripe: never an error the write would not have had otherwise. A stripe with
+    /// an unreadable data chunk is not retried by writes (each retry would spend the member's
+    /// read-error budget); the walk reports it.
+    pub(crate) async fn resync_if_unsynced(&self, unit: u64) -> Result<(), ArrayError> {
+        if !self.recovery().resync.unsynced(unit)
+            || !self.members().stale_at(unit).is_empty()
+            || self.recovery().resync.given_up(unit)
+        {
+            return Ok(());
+        }
+        match self.resync_unit(unit).await {
+            Ok(Some(repaired)) => {
+                if repaired {
+                    self.recovery()
+                        .resync_progress
+                        .repaired
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                self.recovery().resync.mark(unit);
+            }
+            Ok(None) => self.recovery().resync.give_up(unit),
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Makes one stripe consistent: parity computed from the data, or every mirror copy
+    /// equal to the first readable one. A parity chunk or mirror copy with a media error is
+    /// simply rewritten (which repairs the sector). `Some(true)` if anything was rewritten;
+    /// `None` if no trustworthy source could be read (a data chunk, or every copy, has a
+    /// media error: the stripe stays unsynced). `Err` when the array lost a member (resync
+    /// needs all of them). Caller holds the lock.
+    pub(crate) async fn resync_unit(&self, unit: u64) -> Result<Option<bool>, ArrayError> {
+        let g = self.geo();
+        let len = g.chunk;
+        let mut excl = MemberSet::EMPTY;
+        for _ in 0..8 {
+            self.check_serving()?;
+            // Resync needs every member's chunk of the unit (one being rebuilt holds it
+            // once the rebuild passed it).
+            let stale = self.members().stale_at(unit);
+            if !stale.is_empty() {
+                return Err(ArrayError::Unreadable { members: stale });
+            }
+            let unreadable = |why: &str| {
+                tracing::error!(
+                    target: "uraid_engine::recovery",
+                    "resync: stripe {unit}: media error on member(s) {excl} ({why}); left unsynced"
+                );
+                Ok(None)
+            };
+            // Members to read: every one but those with a media error in this stripe.
+            let (members, at): (Vec<(usize, u64)>, u64) = if g.level.is_parity() {
+                let at = g.member_offset(unit, 0);
+                let k = g.data_chunks();
+                if (0..k).any(|i| excl.contains(g.data_member(unit, i))) {
+                    return unreadable("a data chunk");
+                }
+                let mut v: Vec<(usize, u64)> =
+                    (0..k).map(|i| (g.data_member(unit, i), at)).collect();
+                v.extend((0..g.parity()).map(|j| (g.parity_member(unit, j), at)));
+                (v, at)
+            } else {
+                (g.mirror_copies(unit), 0)
+            };
+            let reqs: Vec<_> = members
+                .iter()
+                .filter(|(m, _)| !excl.contains(*m))
+                .map(|&(m, base)| (m, base, len))
+                .collect();
+            if reqs.is_empty() {
+                return unreadable("every copy");
+            }
+            let mut bufs = match self.read_members(&reqs, &mut excl).await {
+                Attempt::Done(b) => b.into_iter(),
+                Attempt::Retry => continue,
+            };
+            // Per member in `members`: what it holds, None if it has a media error.
+            let held: Vec<Option<IoBuf>> = members
+                .iter()
+                .map(|(m, _)| if excl.contains(*m) { None } else { bufs.next() })
+                .collect();
+            let writes: Vec<(usize, u64, IoBuf)> = if g.level.is_parity() {
+                let k = g.data_chunks();
+                let mut parity: Vec<IoBuf> =
+                    (0..g.parity()).map(|_| buf::alloc(len as usize)).collect();
+                {
+                    let data: Vec<&[u8]> = held[..k]
+                        .iter()
+                        .map(|b| &b.as_ref().expect("data chunks were read")[..])
+                        .collect();
+                    let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+                    let codec = self.codec().as_ref().expect("parity level has a codec");
+                    codec.encode(&data, &mut out);
+                }
+                parity
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(j, p)| held[k + j].as_ref().is_none_or(|h| h[..] != p[..]))
+                    .map(|(j, p)| (g.parity_member(unit, j), at, p))
+                    .collect()
+            } else {
+                let src = held.iter().flatten().next().expect("a copy was read");
+                members
+                    .iter()
+                    .zip(&held)
+                    .filter(|(_, h)| h.as_ref().is_none_or(|h| h[..] != src[..]))
+                    .map(|(&(m, base), _)| (m, base, buf::copy_of(src)))
+                    .collect()
+            };
+            let repaired = !writes.is_empty();
+            self.write_members(writes).await;
+            return Ok(Some(repaired));
+        }
+        Ok(None)
+    }
+}
