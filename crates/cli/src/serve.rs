@@ -259,7 +259,15 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     });
     start_spares_and_rebuild(args, &events, &plan, &sup);
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
-    let mut ctl = control::Control::start(state, control_listener, metrics_listener)?;
+    // From here an error return stops the supervisor's threads first (a walk must not run
+    // on while the process exits).
+    let mut ctl = match control::Control::start(state, control_listener, metrics_listener) {
+        Ok(c) => c,
+        Err(e) => {
+            sup.stop();
+            return Err(e);
+        }
+    };
     if let Some(p) = ctl.path() {
         println!(
             "uraid: control socket at {} (uraid status, uraid watch, curl --unix-socket)",
@@ -276,7 +284,11 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         g.level,
         g.members
     );
-    start_resync_and_daemon(args, &events, &plan.sb.name, &sup)?;
+    if let Err(e) = start_resync_and_daemon(args, &events, &plan.sb.name, &sup) {
+        ctl.stop();
+        sup.stop();
+        return Err(e);
+    }
     println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();

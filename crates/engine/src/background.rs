@@ -72,6 +72,27 @@ impl Recovery {
     pub(crate) fn empty_under_lock(&self, unit: u64) -> bool {
         self.allocation.get().is_some_and(|f| !f(unit, false)) && !self.resync.unsynced(unit)
     }
+
+    /// The running (or last) scrub: its mode (None: never ran), counts, progress, paused.
+    pub(crate) fn scrub_state(&self) -> (Option<ScrubMode>, ScrubReport, ProgressView, bool) {
+        let c = &self.scrub_counts;
+        let mode = match c.mode.load(Ordering::Acquire) {
+            1 => Some(ScrubMode::Check),
+            2 => Some(ScrubMode::Repair),
+            _ => None,
+        };
+        (
+            mode,
+            c.report(),
+            self.scrub_progress.view(),
+            c.paused.load(Ordering::Acquire),
+        )
+    }
+
+    /// The throttle background work applies now.
+    pub(crate) fn throttle_now(&self) -> Throttle {
+        *self.throttle.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// How hard background work (resync, rebuild, scrub) may push while clients are active,
@@ -435,8 +456,9 @@ impl Progress {
         self.running.store(true, Ordering::Release);
     }
 
-    /// A walk over `total` units starts: counts from 0, running until the returned guard
-    /// is dropped (on every exit of the walk, errors and early returns included).
+    /// A walk over `total` units starts: `done` counts from 0 (`repaired` is left to the
+    /// walk), running until the returned guard is dropped (on every exit of the walk,
+    /// errors and early returns included).
     pub(crate) fn begin(&self, total: u64) -> Running<'_> {
         self.total.store(total, Ordering::Release);
         self.done.store(0, Ordering::Release);

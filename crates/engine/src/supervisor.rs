@@ -203,8 +203,18 @@ impl<D: BlockDev> Supervisor<D> {
     }
 
     /// Starts the resync of an array that was not stopped cleanly, on its own thread (at
-    /// start; `stop` ends and joins it).
+    /// start; `stop` ends and joins it). Once: a second call while it runs reports it
+    /// started; after `stop` nothing starts (NotNeeded).
     pub fn start_resync(&self) -> std::io::Result<ResyncStart> {
+        // The slot is held while deciding, so `stop` (which sets `stopped` before it takes
+        // the slot) either sees the thread or keeps it from starting.
+        let mut slot = lock(&self.resync);
+        if slot.is_some() {
+            return Ok(ResyncStart::Started);
+        }
+        if self.stopped.load(Ordering::Acquire) {
+            return Ok(ResyncStart::NotNeeded);
+        }
         let a = self.volume.array();
         if !a.needs_resync() {
             return Ok(ResyncStart::NotNeeded);
@@ -221,14 +231,22 @@ impl<D: BlockDev> Supervisor<D> {
         let t = spawn("uraid-resync", move || {
             let _ = futures::executor::block_on(vol.array().resync(&stop));
         })?;
-        *lock(&self.resync) = Some(t);
+        *slot = Some(t);
         Ok(ResyncStart::Started)
     }
 
     /// Starts the write-intent bitmap daemon if the array has a bitmap or a journal (and
     /// the server writes): every `BITMAP_TICK` it clears the bits of regions idle for a
-    /// tick and checkpoints the journal. False if there is nothing for it to do.
+    /// tick and checkpoints the journal. False if there is nothing for it to do, or after
+    /// `stop`; a second call while it runs does nothing (true).
     pub fn start_bitmap_daemon(&self) -> std::io::Result<bool> {
+        let mut slot = lock(&self.bitmap_daemon);
+        if slot.is_some() {
+            return Ok(true);
+        }
+        if self.stopped.load(Ordering::Acquire) {
+            return Ok(false);
+        }
         let a = self.volume.array();
         if (a.bitmap_state().0 == 0 && a.journal_status().is_none()) || self.read_only {
             return Ok(false);
@@ -245,7 +263,7 @@ impl<D: BlockDev> Supervisor<D> {
                 }
             }
         })?;
-        *lock(&self.bitmap_daemon) = Some(t);
+        *slot = Some(t);
         Ok(true)
     }
 
@@ -385,7 +403,13 @@ impl<D: BlockDev> Supervisor<D> {
             return;
         }
         let _one = lock(&self.adding);
-        if self.stopped.load(Ordering::Acquire) {
+        // Again under the add lock: an operator's `add` may have filled the slot meanwhile
+        // (the spare would be popped, refused and lost from the pool).
+        if self.stopped.load(Ordering::Acquire)
+            || a.failed().is_empty()
+            || !a.is_serving()
+            || !a.can_take_member()
+        {
             return;
         }
         let Some((dev, uuid)) = lock(&self.spares).pop() else {

@@ -237,6 +237,45 @@ fn resync_leaves_units_to_the_rebuild_which_resyncs_them() {
     assert_eq!(s.mismatches, 0, "{s:?}");
 }
 
+/// A rebuild over a stripe not yet resynced meets a media error on a surviving data
+/// member: that chunk can only be decoded from parity nobody verified, so the rebuild makes
+/// no parity agree with it and leaves the stripe unsynced; a read of the bad sector is
+/// refused, never answered with the decode (found by a cold review: the rebuild rewrote the
+/// live parity from the decode and marked the stripe synced, and reads then served it).
+#[test]
+fn a_rebuild_never_makes_parity_agree_with_a_survivor_decoded_from_unsynced_parity() {
+    let (mut images, model) = written(Level::Raid6, 6, 23);
+    let g = *reassemble(&images, &[true; 6]).unwrap().geometry();
+    // Stripe 1: parity on members 4 (the new device) and 5; data on 0..4.
+    let s = 1;
+    assert_eq!((g.parity_member(s, 0), g.parity_member(s, 1)), (4, 5));
+    let at = uraid_core::format::DATA_OFFSET + g.member_offset(s, 0);
+    // Parity torn at the cut.
+    for b in &mut images[5][at as usize..(at + CHUNK) as usize] {
+        *b ^= 0x5a;
+    }
+    add_member_images(&mut images, 4, 0xEE);
+    uraid_sim::make_dirty(&mut images);
+    let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+    let a = vol.array().clone();
+    let x = g.data_member(s, 0);
+    a.member_dev(x).unwrap().faults.bad_range(at, at + 512);
+    let stop = AtomicBool::new(false);
+    block_on(a.rebuild(&stop)).expect("rebuild");
+    assert!(a.stripe_unsynced(s), "the stripe was marked synced");
+    let off = s * g.stripe_data_bytes();
+    match block_on(vol.read(off, 512)) {
+        Ok(got) => assert!(
+            got.to_vec() == model.bytes[off as usize..off as usize + 512],
+            "read returned bytes decoded from torn parity"
+        ),
+        Err(e) => assert!(
+            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+            "{e}"
+        ),
+    }
+}
+
 /// While serving: the operator fails a member, a new device is added in its place (its
 /// metadata area full of another array's bytes), and it is rebuilt under client reads and
 /// writes; afterwards every byte reads back with other members taken away, and a fresh

@@ -139,3 +139,19 @@ fn refusals_carry_the_operators_messages() {
     sup.stop();
     ro.stop();
 }
+
+/// After `stop` nothing starts: a resync owed by an unclean stop and the bitmap daemon are
+/// refused (their threads would never be joined), and the array is left as it was.
+#[test]
+fn nothing_starts_after_stop() {
+    let (mut images, _) = uraid_sim::written_whole(Level::Raid5, 4, CHUNK, 64, 7);
+    uraid_sim::make_dirty(&mut images);
+    let vol = uraid_sim::crash::reassemble(&images, &[true; 4]).unwrap();
+    assert!(vol.array().needs_resync());
+    let sup = Arc::new(Supervisor::new(vol.clone(), false));
+    sup.stop();
+    assert_eq!(sup.start_resync().unwrap(), ResyncStart::NotNeeded);
+    assert!(!sup.start_bitmap_daemon().unwrap());
+    assert!(!vol.array().recovery_progress().running);
+    assert!(vol.array().needs_resync(), "no resync ran");
+}

@@ -4,10 +4,10 @@
 //! derived from the same source (the failed set, each member's state) agree with each other.
 
 use super::{Array, StatsSnapshot};
+use crate::background::{ProgressView, ScrubMode, ScrubReport, Throttle};
 use crate::dev::BlockDev;
 use crate::journal::JournalStatus;
 use crate::members::{MemberIoSnapshot, MemberState};
-use crate::recovery::{ProgressView, ScrubMode, ScrubReport, Throttle};
 use std::sync::atomic::Ordering;
 use uraid_core::{Geometry, MemberSet};
 
@@ -138,7 +138,17 @@ impl ArrayStatus {
 impl<D: BlockDev> Array<D> {
     /// The array's state for the control plane (module docs).
     pub fn status(&self) -> ArrayStatus {
-        let replacing = self.replace_state();
+        // The replace under way, while its replacement is still the slot's (recovery/replace.rs).
+        let replacing = self
+            .recovery
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|r| {
+                let (gen, name) = self.members.replacement(r.slot)?;
+                (gen == r.gen).then(|| (r.slot, name.to_string()))
+            });
         let removed = self.meta.removed();
         let members: Vec<MemberStatus> = (0..self.geo.members)
             .map(|i| {
@@ -160,7 +170,7 @@ impl<D: BlockDev> Array<D> {
         let failed = (0..members.len())
             .filter(|&i| members[i].state.is_failed())
             .collect();
-        let (mode, report, progress, paused) = self.scrub_state();
+        let (mode, report, progress, paused) = self.recovery.scrub_state();
         let wi = &self.intent;
         let (name, uuid, ctime) = self.meta.identity();
         ArrayStatus {
@@ -186,17 +196,17 @@ impl<D: BlockDev> Array<D> {
             },
             journal: self.journal_status(),
             resync_due: self.needs_resync(),
-            resync: self.recovery_progress(),
-            unsynced_stripes_refused: self.unsynced_stripes_refused(),
-            rebuild: self.rebuild_progress(),
-            replace: self.replace_progress(),
+            resync: self.recovery.resync_progress.view(),
+            unsynced_stripes_refused: self.recovery.resync.unreadable_reported(),
+            rebuild: self.recovery.rebuild_progress.view(),
+            replace: self.recovery.replace_progress.view(),
             scrub: ScrubStatus {
                 mode,
                 report,
                 progress,
                 paused,
             },
-            throttle: self.throttle(),
+            throttle: self.recovery.throttle_now(),
         }
     }
 }

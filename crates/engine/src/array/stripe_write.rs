@@ -225,11 +225,25 @@ impl<D: BlockDev> Array<D> {
         // members being rebuilt that do not hold this stripe yet: they are written (which
         // repairs them, or brings them up to date for the part written) but never read.
         let stale = self.members.at(stripe).behind;
-        let mut excl = if unsynced {
-            stale.union(self.recovery.resync.unreadable(stripe))
+        // Members a write met a media error on in this unsynced stripe are not read again
+        // for chunks this batch leaves untouched (each read would spend the member's error
+        // budget, and their chunk could only be decoded from untrusted parity), as long as
+        // the stripe can do without them.
+        let noted = if unsynced {
+            let touched: MemberSet = (0..k)
+                .filter(|&i| mods.touched[i])
+                .map(|i| g.data_member(stripe, i))
+                .collect();
+            self.recovery.resync.unreadable(stripe).minus(touched)
         } else {
-            stale
+            MemberSet::EMPTY
         };
+        let mut excl =
+            if !noted.is_empty() && g.survives(self.members.failed().union(stale).union(noted)) {
+                stale.union(noted)
+            } else {
+                stale
+            };
         loop {
             let failed = self.check_serving()?;
             let shard = |mem: usize| {

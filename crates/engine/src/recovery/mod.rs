@@ -38,10 +38,6 @@ impl<D: BlockDev> Array<D> {
 
     /// The throttle background work applies now.
     pub fn throttle(&self) -> Throttle {
-        *self
-            .recovery()
-            .throttle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.recovery().throttle_now()
     }
 }

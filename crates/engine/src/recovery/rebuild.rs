@@ -206,6 +206,7 @@ impl<D: BlockDev> Array<D> {
             self.write_members(writes).await;
             if self.recovery().resync.unsynced(unit)
                 && self.members().degraded().minus(targets).is_empty()
+                && self.recovery().resync.unreadable(unit).is_empty()
             {
                 // Every chunk of the unit was just written consistently (or, on mirrors,
                 // copied from the copy reads use and resync keeps).
@@ -258,6 +259,18 @@ impl<D: BlockDev> Array<D> {
         }
         let at = g.member_offset(unit, 0);
         let mut extra = Vec::new();
+        // Surviving data members whose chunk had to be decoded (a media error met here): on
+        // an unsynced unit that decode came from parity that may be wrong, so no parity is
+        // made to agree with it and the unit stays unsynced (its reads keep refusing).
+        let decoded_survivors: MemberSet = (0..k)
+            .map(|i| g.data_member(unit, i))
+            .filter(|&m| excl.contains(m) && !targets.contains(m) && !failed.contains(m))
+            .collect();
+        if unsynced && !decoded_survivors.is_empty() {
+            self.recovery()
+                .resync
+                .note_unreadable(unit, decoded_survivors);
+        }
         if unsynced {
             if targets
                 .iter()
@@ -274,8 +287,13 @@ impl<D: BlockDev> Array<D> {
                     (unit + 1) * sdb
                 );
             }
-            // Live parity members get the recomputed parity too (resync).
-            for (j, p) in parity.iter().enumerate() {
+            // Live parity members get the recomputed parity too (resync), unless it was
+            // computed from a survivor's decoded chunk.
+            for (j, p) in parity
+                .iter()
+                .enumerate()
+                .filter(|_| decoded_survivors.is_empty())
+            {
                 let pm = g.parity_member(unit, j);
                 if !targets.contains(pm) && !failed.contains(pm) {
                     extra.push((pm, at, buf::copy_of(p)));

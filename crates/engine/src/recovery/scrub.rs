@@ -52,18 +52,7 @@ impl<D: BlockDev> Array<D> {
         crate::recovery::ProgressView,
         bool,
     ) {
-        let c = &self.recovery().scrub_counts;
-        let mode = match c.mode.load(Ordering::Acquire) {
-            1 => Some(ScrubMode::Check),
-            2 => Some(ScrubMode::Repair),
-            _ => None,
-        };
-        (
-            mode,
-            c.report(),
-            self.recovery().scrub_progress.view(),
-            c.paused.load(Ordering::Acquire),
-        )
+        self.recovery().scrub_state()
     }
 
     /// Pauses (true) or resumes a running scrub between batches.
