@@ -83,6 +83,9 @@ impl Clock {
     /// (members numbered in the order they were put on this clock): targeted tests of
     /// ordering rules.
     pub fn power_cut_with(&self, keep: impl Fn(usize, u64) -> bool) {
+        // Held while the images are computed: a second cut (another thread's member I/O
+        // reaching the crash point) waits for them instead of finding none.
+        let mut slot = self.images.lock().unwrap();
         if self.off.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -104,11 +107,13 @@ impl Clock {
                 img
             })
             .collect();
-        *self.images.lock().unwrap() = Some(images);
+        *slot = Some(images);
     }
 
     /// Cuts the power now: computes what each member's medium holds.
     pub fn power_cut(&self) {
+        // As in `power_cut_with`: whoever cuts second waits for the images.
+        let mut slot = self.images.lock().unwrap();
         if self.off.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -139,7 +144,7 @@ impl Clock {
                 img
             })
             .collect();
-        *self.images.lock().unwrap() = Some(images);
+        *slot = Some(images);
     }
 
     /// What the members' media held when the power went.
