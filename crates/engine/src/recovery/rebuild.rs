@@ -168,22 +168,11 @@ impl<D: BlockDev> Array<D> {
     /// (only reachable with `--start-dirty-degraded`, or on mirrors) is resynced at the same
     /// time: every parity is recomputed from the data as decoded, so the stripe is
     /// consistent afterwards; on parity levels a data chunk decoded there came from parity
-    /// that was not verified (logged: the flag accepted that risk); a data chunk in `also`
-    /// of such a unit is left alone. Caller holds the lock.
+    /// that was not verified (logged: the flag accepted that risk). `also` comes from scrub,
+    /// which never calls this on a parity unit still unsynced (scrub.rs). Caller holds the
+    /// lock.
     pub(crate) async fn regenerate(&self, unit: u64, also: MemberSet) -> Result<(), ArrayError> {
         let g = self.geo();
-        if g.level.is_parity()
-            && self.recovery().resync.unsynced(unit)
-            && also
-                .iter()
-                .any(|m| matches!(g.role(unit, m), Role::Data(_)))
-        {
-            // A data chunk a scrub could not read, in a stripe whose parity was not verified
-            // since the unclean stop (resync could not read it either): decoding it could
-            // write wrong data over it, and the stripe's parity would then agree with that.
-            // It stays unreadable (reads refuse it) and unsynced until a client writes it.
-            return Ok(());
-        }
         let mut excl = MemberSet::EMPTY;
         loop {
             let failed = self.check_serving()?;
