@@ -46,6 +46,12 @@ pub struct ServeArgs {
     /// Fail a member whose I/O has had no completion for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub io_timeout: f64,
+    /// Safe mode (md's safe_mode_delay): once no write has been in flight for this many
+    /// seconds, make everything durable and record the array clean in the superblocks, so
+    /// a crash while idle needs no resync; the next write marks it dirty again first.
+    /// 0 turns it off (clean only at a clean stop).
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub safe_mode_delay: f64,
     /// Media (read) errors a member may have, decaying by half per hour, before the next one
     /// fails it; each one is reconstructed from the stripe and rewritten in place.
     #[arg(long, value_name = "N", default_value_t = 20)]
@@ -340,6 +346,12 @@ fn checked_plan(args: &ServeArgs, members: &[PathBuf], events: &Events) -> Resul
             args.io_timeout
         );
     }
+    if !(args.safe_mode_delay >= 0.0 && args.safe_mode_delay <= 86_400.0) {
+        bail!(
+            "--safe-mode-delay {}: must be a number of seconds from 0 to 86400",
+            args.safe_mode_delay
+        );
+    }
     let plan = assemble::plan_with(members, args.force)?;
     for r in &plan.refused {
         warn(args, events, r.to_string());
@@ -481,9 +493,11 @@ fn start_resync_and_daemon(
             "no resync: it needs every member, and the array is degraded".to_string(),
         ),
     }
-    // The write-intent bitmap daemon: clears the bits of regions idle for a tick, and
-    // checkpoints the journal.
-    sup.start_bitmap_daemon()
+    // The metadata daemon: clears the bitmap bits of regions idle for a tick, checkpoints
+    // the journal, and marks an idle array clean (safe mode).
+    let safe_mode =
+        (args.safe_mode_delay > 0.0).then(|| Duration::from_secs_f64(args.safe_mode_delay));
+    sup.start_bitmap_daemon(safe_mode)
         .context("starting the bitmap thread")?;
     Ok(())
 }

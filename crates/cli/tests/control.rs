@@ -333,6 +333,30 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
     qemu_io(&srv.uri(), &["write -P 0x5a 0 1M".into()]);
     srv.kill(); // power-cut-like: no clean stop
     assert!(!examine_clean(&m[0]), "killed server left the array dirty");
+    // A torn stripe, as a write cut short by the power leaves it: in one stripe where the
+    // member left out below holds data, the P chunk on a member that stays is rewritten.
+    let torn_stripe = {
+        use uraid_core::format::{pick_superblock_slot, DATA_OFFSET, SB_SIZE};
+        let img = std::fs::read(&m[0]).unwrap();
+        let g = pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
+            .unwrap()
+            .0
+            .geometry;
+        let s = (0..(1u64 << 20) / g.stripe_data_bytes())
+            .find(|&s| {
+                (0..g.data_chunks()).any(|i| g.data_member(s, i) == 5) && g.parity_member(s, 0) != 5
+            })
+            .expect("a stripe of the first MiB with data on member 5");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&m[g.parity_member(s, 0)])
+            .unwrap();
+        use std::io::{Seek, SeekFrom};
+        f.seek(SeekFrom::Start(DATA_OFFSET + g.member_offset(s, 0)))
+            .unwrap();
+        f.write_all(&vec![0xa5; g.chunk as usize]).unwrap();
+        s
+    };
 
     // Dirty and degraded: refused, with the reason and the way out.
     let ms: Vec<String> = m[..5].iter().map(|p| p.display().to_string()).collect();
@@ -348,8 +372,9 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
         "the refusal names where: {e}"
     );
     // Asked for, it starts (and cannot resync without every member). Chunks on present
-    // members read back; chunks that would be rebuilt from the dirty region's untrusted
-    // parity fail with EIO instead of returning whatever the parity gives.
+    // members read back; chunks of the missing member are decoded where the members
+    // present agree (RAID6 has a parity to spare) and fail with EIO in the torn stripe
+    // instead of returning whatever its parity gives.
     let srv = serve(&dir, &m[..5], &["--start-dirty-degraded"]);
     let (mut served, mut refused) = (0, 0);
     for c in 0..16u64 {
@@ -376,6 +401,14 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
     assert_eq!(
         j["unsynced_stripes_refused"], refused,
         "one stripe per refused chunk: {j}"
+    );
+    assert_eq!(
+        refused, 1,
+        "only the chunk in torn stripe {torn_stripe} is refused"
+    );
+    assert!(
+        j["unsynced_stripes_verified"].as_u64().unwrap() >= 1,
+        "intact stripes were checked and served: {j}"
     );
     assert_eq!(j["state"], "active, degraded, resync pending", "{j}");
     srv.stop();
@@ -457,6 +490,51 @@ fn idle_regions_are_cleared_so_a_later_crash_leaves_nothing_to_resync() {
     // Degraded and not clean, but no region dirty: it starts unasked and serves every byte.
     let srv = serve(&dir, &m[..5], &[]);
     qemu_io(&srv.uri(), &["read -P 0x6b 0 1M".into()]);
+    srv.stop();
+}
+
+/// Safe mode (md's safe_mode_delay): a server idle for `--safe-mode-delay` records the
+/// array clean on disk while it keeps serving (status says "clean"), so a SIGKILL then
+/// needs no resync; the next write marks it dirty again before it is acknowledged.
+#[test]
+fn an_idle_server_marks_the_array_clean_and_the_next_write_dirty() {
+    let dir = tmp("safemode");
+    let m = create(&dir);
+    let srv = serve(&dir, &m, &["--safe-mode-delay", "2"]);
+    let clean_within = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let j = status_json(&srv);
+            if j["state"] == "clean" && examine_clean(&m[0]) {
+                assert_eq!(j["dirty"], false, "{j}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{what}: never clean: {j}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    qemu_io(&srv.uri(), &["write -P 0x3c 0 1M".into()]);
+    // Well within the 2 s delay: dirty on disk while the write is recent.
+    assert!(!examine_clean(&m[0]), "dirty on disk after a write");
+    assert_eq!(status_json(&srv)["state"], "active");
+    clean_within("after the first write");
+    qemu_io(&srv.uri(), &["write -P 0x3d 1M 1M".into()]);
+    assert!(
+        !examine_clean(&m[0]),
+        "the next write marked it dirty again"
+    );
+    clean_within("after the second write");
+    srv.kill();
+    for member in &m {
+        assert!(examine_clean(member), "{} not clean", member.display());
+    }
+    // Clean on disk: it starts degraded without --start-dirty-degraded, nothing to resync,
+    // and every byte is there.
+    let srv = serve(&dir, &m[..5], &[]);
+    qemu_io(
+        &srv.uri(),
+        &["read -P 0x3c 0 1M".into(), "read -P 0x3d 1M 1M".into()],
+    );
     srv.stop();
 }
 

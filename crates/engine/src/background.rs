@@ -181,7 +181,9 @@ impl Priority {
 /// * A unit goes from unsynced to synced (`mark`), never back; only the holder of its
 ///   stripe lock marks it, after its parity (or mirror copies) were made consistent: by the
 ///   resync walk, by a client write that resyncs it first (`Array::resync_if_unsynced`), or
-///   by a rebuild that rewrote every chunk of it.
+///   by a rebuild that rewrote every chunk of it; or after the chunks of the members
+///   present were found to be one codeword with a parity to spare (`Array::verify_unsynced`,
+///   a degraded array that cannot resync).
 /// * Pending ends once (`finish`, or `finish_if_all_synced`) and never starts again; after
 ///   that `unsynced` is false for every unit.
 /// * `given_up`: units a write found unreadable (not retried by writes); `reported`: units
@@ -198,6 +200,9 @@ pub(crate) struct ResyncState {
     given_up: std::sync::Mutex<std::collections::HashMap<u64, MemberSet>>,
     /// Units whose degraded reads were refused (not yet resynced: parity untrusted).
     reported: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Units a degraded read or write found consistent among the members present
+    /// (`Array::verify_unsynced`) and marked synced.
+    verified: AtomicU64,
 }
 
 impl ResyncState {
@@ -221,6 +226,7 @@ impl ResyncState {
             due,
             given_up: Default::default(),
             reported: Default::default(),
+            verified: AtomicU64::new(0),
         }
     }
 
@@ -297,6 +303,16 @@ impl ResyncState {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .len() as u64
+    }
+
+    /// An unsynced unit was found consistent among the members present and marked synced.
+    pub(crate) fn note_verified(&self) {
+        self.verified.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Units verified so far (status).
+    pub(crate) fn verified(&self) -> u64 {
+        self.verified.load(Ordering::Relaxed)
     }
 
     pub(crate) fn finish(&self) {

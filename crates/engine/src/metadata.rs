@@ -28,6 +28,32 @@ use uraid_core::MemberSet;
 /// Who a member is on disk (defined with the assembly decision that produces it).
 pub use uraid_core::assemble::MemberId;
 
+/// A write's hold on "not clean" (`Metadata::hold_dirty`): safe mode does not mark the
+/// array clean while one lives.
+pub(crate) struct DirtyHold<'a>(&'a Metadata);
+
+impl Drop for DirtyHold<'_> {
+    fn drop(&mut self) {
+        let m = self.0;
+        m.last_write
+            .store(m.epoch.elapsed().as_millis() as u64, Ordering::Release);
+        m.writers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A safe-mode clean pass (`Metadata::begin_clean`): holds the first-write lock, so writers
+/// wait until it is dropped.
+pub(crate) struct CleanPass<'a> {
+    meta: &'a Metadata,
+    _first: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for CleanPass<'_> {
+    fn drop(&mut self) {
+        self.meta.cleaning.store(false, Ordering::SeqCst);
+    }
+}
+
 /// What the superblock lock guards (`Metadata::lock`): the array's current superblock, who
 /// each member is on disk, and a replacement's swap. Its fields are private to this module:
 /// every edit is a `Metadata` method that states its rule and ends in the round that makes
@@ -61,8 +87,16 @@ pub(crate) struct Metadata {
     /// The superblock lock (`lock`). Lock order (array/mod.rs): taken after stripe,
     /// write-intent and journal locks, never before them.
     state: tokio::sync::Mutex<Meta>,
-    /// Serialises the first write's preparation (`ensure_dirty`).
+    /// Serialises the first write's preparation (`hold_dirty`) and safe mode's clean pass
+    /// (`begin_clean`).
     first_write: tokio::sync::Mutex<()>,
+    /// Writes in flight that rely on the superblocks saying "not clean" (`DirtyHold`).
+    writers: AtomicU64,
+    /// A safe-mode clean pass is deciding or running: new writers wait on `first_write`.
+    cleaning: AtomicBool,
+    /// When the last `DirtyHold` ended, in ms since `epoch` (safe mode's idle delay).
+    last_write: AtomicU64,
+    epoch: std::time::Instant,
     /// The failed set the superblocks on disk record.
     persisted: AtomicU64,
     /// Slots whose member was removed (`REMOVED_SLOT`), for status without the lock.
@@ -109,6 +143,10 @@ impl Metadata {
                 swap: None,
             }),
             first_write: tokio::sync::Mutex::new(()),
+            writers: AtomicU64::new(0),
+            cleaning: AtomicBool::new(false),
+            last_write: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             persisted: AtomicU64::new(persisted.bits()),
             removed: AtomicU64::new(removed.bits()),
             dirty: AtomicBool::new(false),
@@ -462,32 +500,70 @@ impl Metadata {
         }
     }
 
-    /// Before the first write of a session: superblocks say "not clean", then
-    /// `sync_bitmap` runs (every member's bitmap copy made equal to the bits in memory,
-    /// `WriteIntent::sync_all`) before any write relies on them. Not under the superblock
-    /// lock: a member failing there is recorded by a superblock round.
-    pub(crate) async fn ensure_dirty<D: BlockDev>(
+    /// Before a write: superblocks say "not clean" (a round, the first time in a session
+    /// and after every safe-mode clean pass), then `sync_bitmap` runs (every member's bitmap
+    /// copy made equal to the bits in memory, `WriteIntent::sync_all`) before any write
+    /// relies on them. The returned hold keeps safe mode from marking the array clean until
+    /// it is dropped (after the write's member I/O). Not under the superblock lock: a member
+    /// failing there is recorded by a superblock round.
+    ///
+    /// Safe mode's rule (with `begin_clean`): a writer counts itself in `writers` and then
+    /// reads `dirty` and `cleaning`; the clean pass sets `cleaning` and then reads
+    /// `writers` (all SeqCst). So either the writer sees the pass and waits for it on
+    /// `first_write`, or the pass sees the writer and gives up: "clean" is never written
+    /// while a write that relies on "not clean" is on its way to the members.
+    pub(crate) async fn hold_dirty<D: BlockDev>(
         &self,
         members: &Members<D>,
         sync_bitmap: impl std::future::Future<Output = ()>,
-    ) {
-        if self.dirty.load(Ordering::Acquire) {
-            return;
+    ) -> DirtyHold<'_> {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        if self.dirty.load(Ordering::SeqCst) && !self.cleaning.load(Ordering::SeqCst) {
+            return DirtyHold(self);
         }
+        self.writers.fetch_sub(1, Ordering::SeqCst);
         Box::pin(async {
+            // A clean pass holds this lock from deciding to its last round.
             let _first = self.first_write.lock().await;
-            if self.dirty.load(Ordering::Acquire) {
-                return;
+            if !self.dirty.load(Ordering::Acquire) {
+                {
+                    let mut meta = self.state.lock().await;
+                    meta.sb.clean = false;
+                    self.persist(members, &mut meta, true).await;
+                }
+                sync_bitmap.await;
+                self.dirty.store(true, Ordering::SeqCst);
             }
-            {
-                let mut meta = self.state.lock().await;
-                meta.sb.clean = false;
-                self.persist(members, &mut meta, true).await;
-            }
-            sync_bitmap.await;
-            self.dirty.store(true, Ordering::Release);
+            self.writers.fetch_add(1, Ordering::SeqCst);
+            DirtyHold(self)
         })
         .await
+    }
+
+    /// Milliseconds since the last write that held the array dirty ended (safe mode).
+    pub(crate) fn idle_ms(&self) -> u64 {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        now.saturating_sub(self.last_write.load(Ordering::Acquire))
+    }
+
+    /// Safe mode: begins a clean pass if the array is dirty and no write holds it dirty.
+    /// While the pass lives, new writers wait (`hold_dirty`); the caller drains, flushes
+    /// and checkpoints, then calls `record_clean`. None: a writer is in flight or marking
+    /// the array dirty, or nothing to do.
+    pub(crate) fn begin_clean(&self) -> Option<CleanPass<'_>> {
+        if self.frozen || !self.dirty.load(Ordering::Acquire) {
+            return None;
+        }
+        let first = self.first_write.try_lock().ok()?;
+        self.cleaning.store(true, Ordering::SeqCst);
+        let pass = CleanPass {
+            meta: self,
+            _first: first,
+        };
+        if self.writers.load(Ordering::SeqCst) != 0 || !self.dirty.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(pass)
     }
 
     /// The last round of a clean stop (the caller drained, flushed and checkpointed): if

@@ -235,11 +235,13 @@ impl<D: BlockDev> Supervisor<D> {
         Ok(ResyncStart::Started)
     }
 
-    /// Starts the write-intent bitmap daemon if the array has a bitmap or a journal (and
-    /// the server writes): every `BITMAP_TICK` it clears the bits of regions idle for a
-    /// tick and checkpoints the journal. False if there is nothing for it to do, or after
-    /// `stop`; a second call while it runs does nothing (true).
-    pub fn start_bitmap_daemon(&self) -> std::io::Result<bool> {
+    /// Starts the metadata daemon of a read-write server: every `BITMAP_TICK` it clears
+    /// the write-intent bits of regions idle for a tick and checkpoints the journal (if the
+    /// array has a bitmap or a journal), and with `safe_mode` (md's `safe_mode_delay`) it
+    /// marks the array clean once no write has been in flight for that long
+    /// (`Array::safe_mode_tick`). False if there is nothing for it to do, or after `stop`;
+    /// a second call while it runs does nothing (true).
+    pub fn start_bitmap_daemon(&self, safe_mode: Option<Duration>) -> std::io::Result<bool> {
         let mut slot = lock(&self.bitmap_daemon);
         if slot.is_some() {
             return Ok(true);
@@ -248,7 +250,8 @@ impl<D: BlockDev> Supervisor<D> {
             return Ok(false);
         }
         let a = self.volume.array();
-        if (a.bitmap_state().0 == 0 && a.journal_status().is_none()) || self.read_only {
+        let ticks = a.bitmap_state().0 != 0 || a.journal_status().is_some();
+        if (!ticks && safe_mode.is_none()) || self.read_only {
             return Ok(false);
         }
         let (vol, stop) = (self.volume.clone(), self.daemon_stop.clone());
@@ -257,9 +260,15 @@ impl<D: BlockDev> Supervisor<D> {
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(DAEMON_POLL);
                 slept += DAEMON_POLL;
-                if slept >= crate::bitmap::BITMAP_TICK {
+                if ticks && slept >= crate::bitmap::BITMAP_TICK {
                     slept = Duration::ZERO;
                     futures::executor::block_on(vol.array().bitmap_tick());
+                }
+                if let Some(idle) = safe_mode {
+                    let a = vol.array();
+                    if a.is_dirty() && a.idle_for() >= idle {
+                        futures::executor::block_on(a.safe_mode_tick(idle));
+                    }
                 }
             }
         })?;

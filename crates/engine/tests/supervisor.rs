@@ -151,7 +151,7 @@ fn nothing_starts_after_stop() {
     let sup = Arc::new(Supervisor::new(vol.clone(), false));
     sup.stop();
     assert_eq!(sup.start_resync().unwrap(), ResyncStart::NotNeeded);
-    assert!(!sup.start_bitmap_daemon().unwrap());
+    assert!(!sup.start_bitmap_daemon(None).unwrap());
     assert!(!vol.array().recovery_progress().running);
     assert!(vol.array().needs_resync(), "no resync ran");
 }

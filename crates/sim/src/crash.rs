@@ -218,6 +218,10 @@ pub struct TrialConfig {
     /// Run the bitmap daemon's pass (`Array::bitmap_tick`) concurrently with the workload,
     /// so the cut also lands while bits are being cleared.
     pub bitmap_daemon: bool,
+    /// Run safe mode's clean pass (`Array::safe_mode_tick`, no idle delay) concurrently
+    /// with the workload: the cut also lands while an idle array is being marked clean and
+    /// while the next write marks it dirty again.
+    pub safe_mode: bool,
     /// A journal device in this mode (one more device on the clock, small enough to wrap
     /// and checkpoint during the workload): every reassembly replays it, so nothing may be
     /// refused, with members lost or not.
@@ -287,6 +291,10 @@ pub static JOURNAL_FALLBACKS: AtomicU64 = AtomicU64::new(0);
 /// Journal checkpoints taken during trial workloads (all threads): the journal tests check
 /// that the log really filled, wrapped and was checkpointed under the cut.
 pub static JOURNAL_CHECKPOINTS: AtomicU64 = AtomicU64::new(0);
+
+/// Safe-mode passes that recorded "clean" in trials with `safe_mode` (all threads): the
+/// safe-mode test checks that cleaning really happened under the cut.
+pub static SAFE_MODE_CLEANS: AtomicU64 = AtomicU64::new(0);
 
 /// Regions the bitmap daemon cleared in trials with `bitmap_daemon` (all threads): the
 /// daemon test checks that clearing really happened under the cut.
@@ -394,9 +402,14 @@ fn workload(
     };
     let mut rng = Rng::new(cfg.seed ^ 0xB17);
     let daemon = async {
-        while cfg.bitmap_daemon && !done.get() && !run.clock.is_off() {
-            let n = vol.array().bitmap_tick().await;
-            BITMAP_REGIONS_CLEARED.fetch_add(n, Ordering::Relaxed);
+        while (cfg.bitmap_daemon || cfg.safe_mode) && !done.get() && !run.clock.is_off() {
+            if cfg.bitmap_daemon {
+                let n = vol.array().bitmap_tick().await;
+                BITMAP_REGIONS_CLEARED.fetch_add(n, Ordering::Relaxed);
+            }
+            if cfg.safe_mode && vol.array().safe_mode_tick(std::time::Duration::ZERO).await {
+                SAFE_MODE_CLEANS.fetch_add(1, Ordering::Relaxed);
+            }
             for _ in 0..rng.below(16) {
                 uraid_engine::reactor::yield_now().await;
             }
@@ -1072,6 +1085,7 @@ pub fn journal_failure_every_cut(
         lose_after: 0,
         resync: false,
         bitmap_daemon: false,
+        safe_mode: false,
         journal: Some(mode),
         journal_fault: false,
     };

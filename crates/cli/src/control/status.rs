@@ -129,6 +129,7 @@ pub(super) fn status(state: &State) -> Value {
             "set_rounds": bm.set_rounds, "clear_rounds": bm.clear_rounds,
         },
         "unsynced_stripes_refused": a.unsynced_stripes_refused,
+        "unsynced_stripes_verified": a.unsynced_stripes_verified,
         "scrub": scrub_json(&a.scrub),
         "spares": state.jobs.spare_paths(),
         "journal": a.journal.as_ref().map(|j| json!({

@@ -192,6 +192,11 @@ impl Serve {
         if self.metrics {
             cmd.arg("--metrics=tcp:127.0.0.1:0");
         }
+        // Tests that kill the server to stand in for a crash want the array dirty at the
+        // kill however long they idled: safe mode is off unless a test asks for it.
+        if !self.args.iter().any(|a| a == "--safe-mode-delay") {
+            cmd.args(["--safe-mode-delay", "0"]);
+        }
         let stderr = match &self.log {
             Some(log) => Stdio::from(
                 std::fs::File::create(log)

@@ -459,15 +459,78 @@ impl<D: BlockDev> Array<D> {
         self.meta.clean_round_due()
     }
 
-    /// Before the first write of a session: superblocks say "not clean", then every
-    /// member's bitmap copy is made equal to memory (bitmap.rs).
+    /// Before the first write of a session (and the first after a safe-mode clean pass):
+    /// superblocks say "not clean", then every member's bitmap copy is made equal to memory
+    /// (bitmap.rs). Background walks call this; safe mode does not run while one does.
     pub(crate) async fn ensure_dirty(&self) {
+        drop(self.hold_dirty().await);
+    }
+
+    /// `ensure_dirty`, held until the returned guard drops: safe mode does not mark the
+    /// array clean meanwhile (`Metadata::hold_dirty`).
+    pub(crate) async fn hold_dirty(&self) -> crate::metadata::DirtyHold<'_> {
         self.meta
-            .ensure_dirty(
+            .hold_dirty(
                 &self.members,
                 self.intent.sync_all(&self.meta, &self.members),
             )
             .await
+    }
+
+    /// Whether the superblocks say "not clean" (written since assembly or since the last
+    /// safe-mode clean pass).
+    pub fn is_dirty(&self) -> bool {
+        self.meta.is_dirty()
+    }
+
+    /// How long no write has held the array dirty (safe mode's idle clock).
+    pub fn idle_for(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.meta.idle_ms())
+    }
+
+    /// Safe mode (md's `safe_mode_delay`): if no write has been in flight for `idle` and
+    /// no background walk runs or is due, makes everything written durable on the members
+    /// (deferred write-back writes drained, members flushed, journal checkpointed, idle
+    /// bitmap bits cleared) and records "clean" in the superblocks, as a clean stop does.
+    /// The next write marks the array dirty again before it touches a member. Returns
+    /// whether the superblocks now say "clean". Runs on a reactor when the array has them
+    /// (member timeouts), like `bitmap_tick`.
+    pub async fn safe_mode_tick(self: &Arc<Self>, idle: std::time::Duration) -> bool {
+        let a = self.clone();
+        let pass = move |a: Arc<Self>| async move {
+            let r = &a.recovery;
+            let walking = [
+                &r.resync_progress,
+                &r.rebuild_progress,
+                &r.scrub_progress,
+                &r.replace_progress,
+            ]
+            .iter()
+            .any(|p| p.running.load(std::sync::atomic::Ordering::Acquire));
+            if walking
+                || a.meta.idle_ms() < idle.as_millis() as u64
+                || a.needs_resync()
+                || a.check_serving().is_err()
+            {
+                return false;
+            }
+            let Some(_pass) = a.meta.begin_clean() else {
+                return false;
+            };
+            a.journal_drain().await;
+            a.flush_members().await;
+            if a.check_serving().is_err() {
+                return false;
+            }
+            a.journal_checkpoint().await;
+            a.bitmap_close().await;
+            a.meta.record_clean(&a.members, || a.needs_resync()).await;
+            !a.meta.is_dirty()
+        };
+        match &self.rt {
+            Some(rt) => rt.spawn_on(0, move || pass(a)).await.unwrap_or(false),
+            None => pass(a).await,
+        }
     }
 
     /// Flushes every member and, if anything was written since assembly and no resync is
@@ -661,7 +724,8 @@ impl<D: BlockDev> Array<D> {
         // Members being rebuilt that do not hold the stripe yet are not read.
         let at = self.members.at(stripe);
         let mut excl = at.behind;
-        if self.recovery.resync.unsynced(stripe) {
+        if self.recovery.resync.unsynced(stripe) && !self.verify_unsynced(stripe, at.stale()).await
+        {
             drop(held);
             return Err(self.unsynced_unreadable(stripe, at.stale()));
         }
@@ -728,9 +792,12 @@ impl<D: BlockDev> Array<D> {
         let held = self.locks.lock(e.stripe).await;
         let at = self.members.at(e.stripe);
         let mut excl = errors.union(at.behind);
-        if self.recovery.resync.unsynced(e.stripe) {
-            // Parity not yet made consistent after an unclean stop: what it would rebuild
-            // may be wrong, so the read fails instead (recovery/resync.rs).
+        if self.recovery.resync.unsynced(e.stripe)
+            && !self.verify_unsynced(e.stripe, excl.union(at.failed)).await
+        {
+            // Parity not yet made consistent after an unclean stop and the members present
+            // do not show it intact: what it would rebuild may be wrong, so the read fails
+            // instead (recovery/resync.rs).
             drop(held);
             return Err(self.unsynced_unreadable(e.stripe, excl.union(at.failed)));
         }
@@ -768,8 +835,9 @@ impl<D: BlockDev> Array<D> {
             tracing::error!(
                 target: "uraid_engine::recovery",
                 "stripe {stripe} (volume bytes {}..{}) is unreadable where member(s) {members} \
-                 are missing: it was being written when the array stopped uncleanly and has not \
-                 been resynced, so data rebuilt from its parity could be wrong",
+                 are missing: it is in a region marked dirty at an unclean stop (a write to it \
+                 may have been cut short), it has not been resynced, and the members present \
+                 cannot show it intact, so data rebuilt from its parity could be wrong",
                 stripe * sdb,
                 (stripe + 1) * sdb
             );
@@ -876,7 +944,7 @@ impl<D: BlockDev> Array<D> {
             return Ok(());
         }
         self.check_serving()?;
-        self.ensure_dirty().await;
+        let _dirty = self.hold_dirty().await;
         // The regions' write-intent bits are durable before any member is written, and stay
         // set until the guard is dropped (after the member writes).
         let _intent = self.intent.begin(&self.meta, &self.members, off, len).await;

@@ -24,10 +24,14 @@ impl<D: BlockDev> Array<D> {
     /// an unreadable data chunk is not retried by writes (each retry would spend the member's
     /// read-error budget); the walk reports it.
     pub(crate) async fn resync_if_unsynced(&self, unit: u64) -> Result<(), ArrayError> {
-        if !self.recovery().resync.unsynced(unit)
-            || !self.members().stale_at(unit).is_empty()
-            || self.recovery().resync.given_up(unit)
-        {
+        if !self.recovery().resync.unsynced(unit) || self.recovery().resync.given_up(unit) {
+            return Ok(());
+        }
+        let stale = self.members().stale_at(unit);
+        if !stale.is_empty() {
+            // Degraded: resync cannot run, but with a parity to spare the members present
+            // may show that the stripe is not torn (then the write plans as on a synced one).
+            self.verify_unsynced(unit, stale).await;
             return Ok(());
         }
         match self.resync_unit(unit).await {
@@ -44,6 +48,85 @@ impl<D: BlockDev> Array<D> {
             Err(_) => {}
         }
         Ok(())
+    }
+
+    /// A degraded read or write meets unsynced `unit` with the members in `out` (missing,
+    /// failed, behind a rebuild, or with a media error here) unusable. With fewer of them
+    /// than parities, the chunks that can be read are more than k and can be checked
+    /// against each other: decode the data from the first k, recompute every other chunk
+    /// read. If all agree, the stripe is one codeword: no write to it was cut short among
+    /// these members (a torn stripe, some chunks new and others old, is not a codeword
+    /// unless the difference happens to fit the code over every byte of a chunk), and the
+    /// chunks of the members out are the ones it determines. The unit is then marked synced
+    /// (ResyncState's contract) and true returned. False: torn, no parity to spare, not a
+    /// parity level, or a read failed; the caller refuses as before. Caller holds the lock.
+    pub(crate) async fn verify_unsynced(&self, unit: u64, out: MemberSet) -> bool {
+        let g = self.geo();
+        if !g.level.is_parity() {
+            return false;
+        }
+        let Ok(out) = self.readable(out) else {
+            return false;
+        };
+        let (k, p) = (g.data_chunks(), g.parity());
+        let shard_member = |s: usize| {
+            if s < k {
+                g.data_member(unit, s)
+            } else {
+                g.parity_member(unit, s - k)
+            }
+        };
+        let avail: Vec<usize> = (0..k + p)
+            .filter(|&s| !out.contains(shard_member(s)))
+            .collect();
+        if avail.len() <= k {
+            return false;
+        }
+        let at = g.member_offset(unit, 0);
+        let reqs: Vec<_> = avail
+            .iter()
+            .map(|&s| (shard_member(s), at, g.chunk))
+            .collect();
+        let mut excl = MemberSet::EMPTY;
+        let shards = match self.read_members(&reqs, &mut excl).await {
+            Attempt::Done(b) => b,
+            Attempt::Retry => return false,
+        };
+        let codec = self.codec().as_ref().expect("parity level has a codec");
+        // The data the first k chunks read determine.
+        let basis = &avail[..k];
+        let wanted: Vec<usize> = (0..k).filter(|d| !basis.contains(d)).collect();
+        let mut decoded: Vec<IoBuf> = wanted
+            .iter()
+            .map(|_| buf::alloc(g.chunk as usize))
+            .collect();
+        {
+            let srcs: Vec<&[u8]> = shards[..k].iter().map(|b| &b[..]).collect();
+            let mut dsts: Vec<&mut [u8]> = decoded.iter_mut().map(|b| &mut b[..]).collect();
+            if codec.decode(basis, &srcs, &wanted, &mut dsts).is_err() {
+                return false;
+            }
+        }
+        let data: Vec<&[u8]> = (0..k)
+            .map(|d| match basis.iter().position(|&s| s == d) {
+                Some(i) => &shards[i][..],
+                None => &decoded[wanted.iter().position(|&w| w == d).unwrap_or(0)][..],
+            })
+            .collect();
+        let mut parity: Vec<IoBuf> = (0..p).map(|_| buf::alloc(g.chunk as usize)).collect();
+        {
+            let mut outp: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+            codec.encode(&data, &mut outp);
+        }
+        let agree = avail.iter().zip(&shards).skip(k).all(|(&s, held)| {
+            let want: &[u8] = if s < k { data[s] } else { &parity[s - k][..] };
+            held[..] == *want
+        });
+        if agree {
+            self.recovery().resync.mark(unit);
+            self.recovery().resync.note_verified();
+        }
+        agree
     }
 
     /// Makes one stripe consistent: parity computed from the data, or every mirror copy

@@ -102,6 +102,9 @@ pub struct ArrayStatus {
     /// Stripes whose degraded reads were refused because their parity was not resynced
     /// after an unclean stop (each logged once with its volume range).
     pub unsynced_stripes_refused: u64,
+    /// Stripes not yet resynced that a degraded read or write found intact among the
+    /// members present (a parity to spare) and served.
+    pub unsynced_stripes_verified: u64,
     /// Progress of the running (or last) rebuild.
     pub rebuild: ProgressView,
     /// Progress of the running (or last) replace.
@@ -198,6 +201,7 @@ impl<D: BlockDev> Array<D> {
             resync_due: self.needs_resync(),
             resync: self.recovery.resync_progress.view(),
             unsynced_stripes_refused: self.recovery.resync.unreadable_reported(),
+            unsynced_stripes_verified: self.recovery.resync.verified(),
             rebuild: self.recovery.rebuild_progress.view(),
             replace: self.recovery.replace_progress.view(),
             scrub: ScrubStatus {

@@ -91,6 +91,11 @@ impl<D: BlockDev> Array<D> {
         self.recovery().resync.unreadable_reported()
     }
 
+    /// Stripes not yet resynced that the members present showed intact (served).
+    pub fn unsynced_stripes_verified(&self) -> u64 {
+        self.recovery().resync.verified()
+    }
+
     /// Progress of the array's background operation (resync).
     pub fn recovery_progress(&self) -> crate::recovery::ProgressView {
         self.recovery().resync_progress.view()
