@@ -52,6 +52,12 @@ pub struct ServeArgs {
     /// 0 turns it off (clean only at a clean stop).
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub safe_mode_delay: f64,
+    /// Fail-slow members: a member whose mean I/O latency stays above this many times the
+    /// median of the members for 3 s in a row (and above 200 µs) is reported slow, and reads
+    /// of its chunks are served by reconstruction from the others while the level has
+    /// redundancy to spare (it is still written). 0 turns it off.
+    #[arg(long, value_name = "FACTOR", default_value_t = uraid_engine::slow::DEFAULT_FACTOR)]
+    pub slow_factor: f64,
     /// Media (read) errors a member may have, decaying by half per hour, before the next one
     /// fails it; each one is reconstructed from the stripe and rewritten in place.
     #[arg(long, value_name = "N", default_value_t = 20)]
@@ -247,6 +253,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     for l in &listeners {
         println!("uraid: listening on {}", uri(l, &export));
     }
+    array.array().set_slow_factor(args.slow_factor);
     array.array().set_throttle(Throttle {
         budget: args.background_budget,
         min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
@@ -344,6 +351,12 @@ fn checked_plan(args: &ServeArgs, members: &[PathBuf], events: &Events) -> Resul
         bail!(
             "--io-timeout {}: must be a number of seconds above 0 and at most 86400",
             args.io_timeout
+        );
+    }
+    if !(args.slow_factor == 0.0 || (args.slow_factor >= 1.5 && args.slow_factor <= 1000.0)) {
+        bail!(
+            "--slow-factor {}: must be 0 (off) or from 1.5 to 1000",
+            args.slow_factor
         );
     }
     if !(args.safe_mode_delay >= 0.0 && args.safe_mode_delay <= 86_400.0) {

@@ -35,6 +35,7 @@ pub mod net;
 pub mod reactor;
 pub mod recovery;
 pub mod shard;
+pub mod slow;
 mod stripe;
 pub mod supervisor;
 pub mod volume;

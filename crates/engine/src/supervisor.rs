@@ -30,6 +30,9 @@ const SPARE_WATCH_EVERY: Duration = Duration::from_millis(200);
 /// How often the bitmap daemon looks at its stop flag (it ticks every `BITMAP_TICK`).
 const DAEMON_POLL: Duration = Duration::from_millis(100);
 
+/// How often the daemon judges member latency (`Array::slow_tick`).
+const SLOW_TICK: Duration = Duration::from_secs(1);
+
 /// Why a command was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RefusalKind {
@@ -235,12 +238,13 @@ impl<D: BlockDev> Supervisor<D> {
         Ok(ResyncStart::Started)
     }
 
-    /// Starts the metadata daemon of a read-write server: every `BITMAP_TICK` it clears
-    /// the write-intent bits of regions idle for a tick and checkpoints the journal (if the
-    /// array has a bitmap or a journal), and with `safe_mode` (md's `safe_mode_delay`) it
-    /// marks the array clean once no write has been in flight for that long
-    /// (`Array::safe_mode_tick`). False if there is nothing for it to do, or after `stop`;
-    /// a second call while it runs does nothing (true).
+    /// Starts the metadata daemon: every `BITMAP_TICK` it clears the write-intent bits of
+    /// regions idle for a tick and checkpoints the journal (if the array has a bitmap or a
+    /// journal and the server writes), with `safe_mode` (md's `safe_mode_delay`) it marks
+    /// the array clean once no write has been in flight for that long
+    /// (`Array::safe_mode_tick`), and every `SLOW_TICK` it judges member latency
+    /// (`Array::slow_tick`). False after `stop`; a second call while it runs does nothing
+    /// (true).
     pub fn start_bitmap_daemon(&self, safe_mode: Option<Duration>) -> std::io::Result<bool> {
         let mut slot = lock(&self.bitmap_daemon);
         if slot.is_some() {
@@ -250,16 +254,20 @@ impl<D: BlockDev> Supervisor<D> {
             return Ok(false);
         }
         let a = self.volume.array();
-        let ticks = a.bitmap_state().0 != 0 || a.journal_status().is_some();
-        if (!ticks && safe_mode.is_none()) || self.read_only {
-            return Ok(false);
-        }
+        let writes = !self.read_only;
+        let ticks = writes && (a.bitmap_state().0 != 0 || a.journal_status().is_some());
+        let safe_mode = safe_mode.filter(|_| writes);
         let (vol, stop) = (self.volume.clone(), self.daemon_stop.clone());
         let t = spawn("uraid-bitmap", move || {
-            let mut slept = Duration::ZERO;
+            let (mut slept, mut since_slow) = (Duration::ZERO, Duration::ZERO);
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(DAEMON_POLL);
                 slept += DAEMON_POLL;
+                since_slow += DAEMON_POLL;
+                if since_slow >= SLOW_TICK {
+                    since_slow = Duration::ZERO;
+                    vol.array().slow_tick();
+                }
                 if ticks && slept >= crate::bitmap::BITMAP_TICK {
                     slept = Duration::ZERO;
                     futures::executor::block_on(vol.array().bitmap_tick());

@@ -301,3 +301,39 @@ fn degraded_reads_read_each_stripe_once() {
         }
     }
 }
+
+/// Chunk-sized reads of a mirror spread evenly over every member. (RAID10 with an even
+/// number of pairs once alternated the copy by chunk number alone, which is the pair's
+/// parity there: members 1 and 2 of a four-member RAID10 were never read.)
+#[test]
+fn mirror_reads_spread_over_every_member() {
+    for (level, members) in [
+        (Level::Raid1, 2),
+        (Level::Raid1, 3),
+        (Level::Raid10, 2),
+        (Level::Raid10, 3),
+        (Level::Raid10, 4),
+        (Level::Raid10, 6),
+        (Level::Raid10, 8),
+    ] {
+        let (array, _) = mem_array(level, members, CHUNK, 48 * CHUNK, None);
+        let size = array.size();
+        block_on(array.write(0, payload(3, size as usize))).unwrap();
+        let reads = |m: usize| array.array().status().members[m].io.read.count;
+        let before: Vec<u64> = (0..members).map(reads).collect();
+        let mut off = 0;
+        while off < size {
+            block_on(array.read(off, CHUNK)).unwrap();
+            off += CHUNK;
+        }
+        let got: Vec<u64> = (0..members).map(|m| reads(m) - before[m]).collect();
+        let even = size / CHUNK / members as u64;
+        for (m, &n) in got.iter().enumerate() {
+            assert!(
+                n * 4 >= even * 3 && n * 3 <= even * 4,
+                "{level} of {members}: member {m} served {n} of the reads, about {even} each \
+                 expected: {got:?}"
+            );
+        }
+    }
+}

@@ -36,6 +36,9 @@ pub struct Faults {
     pub hang: AtomicBool,
     /// Operations started (for tests that count member I/O).
     pub ops: AtomicU64,
+    /// Every read and write sleeps this many microseconds first (blocking the thread): a
+    /// slow but working device (fail-slow tests).
+    pub delay_us: AtomicU64,
     /// Writes to the metadata area (below the data offset) yield this many extra times: a
     /// slow map-page or superblock write, to widen a race window on purpose.
     pub slow_meta_writes: AtomicU64,
@@ -95,6 +98,10 @@ impl Faults {
 
     fn check(&self) -> io::Result<()> {
         self.ops.fetch_add(1, Ordering::SeqCst);
+        let d = self.delay_us.load(Ordering::Relaxed);
+        if d > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(d));
+        }
         if self.die_after.load(Ordering::SeqCst) > 0
             && self.die_after.fetch_sub(1, Ordering::SeqCst) == 1
         {

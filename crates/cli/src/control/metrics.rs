@@ -272,6 +272,17 @@ const FAMILIES: &[Family] = &[
         },
     },
     Family {
+        name: "uraid_member_slow",
+        kind: "gauge",
+        help: "1 while a member is flagged fail-slow (reads are served around it).",
+        when: always,
+        samples: |m, s| {
+            for (i, ms) in m.a.members.iter().enumerate() {
+                s.value(&m.member(i), u8::from(ms.slow));
+            }
+        },
+    },
+    Family {
         name: "uraid_member_io_total",
         kind: "counter",
         help: "Member I/Os (data and metadata).",
@@ -331,6 +342,7 @@ const FAMILIES: &[Family] = &[
                 ("read_modify_write", st.rmw_writes),
                 ("merged", st.merged_writes),
                 ("degraded_read", st.degraded_reads),
+                ("read_around_slow", st.slow_reads_around),
             ] {
                 s.value(&m.arr_and("plan", plan), v);
             }

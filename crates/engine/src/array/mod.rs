@@ -24,7 +24,7 @@ use crate::background::Recovery;
 use crate::bitmap::WriteIntent;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
-use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, MemberData, Members};
+use crate::members::{spawn_watchdog, ErrorPolicy, HasMembers, MemberData, Members, UnitHolders};
 use crate::metadata::{MemberId, Metadata};
 use crate::reactor::RuntimeHandle;
 use crate::shard::Sharded;
@@ -71,6 +71,8 @@ pub struct Counters {
     pub merged_writes: AtomicU64,
     /// Chunks reconstructed after a media error and rewritten in place.
     pub corrected_reads: AtomicU64,
+    /// Chunk reads served by reconstruction around a member flagged slow (slow.rs).
+    pub slow_reads_around: AtomicU64,
 }
 
 /// A point-in-time copy of `Stats` (bench deltas, status, metrics).
@@ -84,6 +86,7 @@ pub struct StatsSnapshot {
     pub rmw_writes: u64,
     pub merged_writes: u64,
     pub corrected_reads: u64,
+    pub slow_reads_around: u64,
 }
 
 impl Stats {
@@ -111,6 +114,7 @@ impl Stats {
             rmw_writes: self.total(|c| &c.rmw_writes),
             merged_writes: self.total(|c| &c.merged_writes),
             corrected_reads: self.total(|c| &c.corrected_reads),
+            slow_reads_around: self.total(|c| &c.slow_reads_around),
         }
     }
 }
@@ -127,6 +131,7 @@ impl StatsSnapshot {
             rmw_writes: self.rmw_writes - before.rmw_writes,
             merged_writes: self.merged_writes - before.merged_writes,
             corrected_reads: self.corrected_reads - before.corrected_reads,
+            slow_reads_around: self.slow_reads_around - before.slow_reads_around,
         }
     }
 }
@@ -159,6 +164,8 @@ pub struct Array<D: BlockDev> {
     /// Background-work state: resync's synced set, walk progress, the replace under way,
     /// scrub counts, throttle, allocation probe (background.rs).
     recovery: Recovery,
+    /// Members flagged fail-slow (slow.rs): reads plan around them while redundancy allows.
+    slow: crate::slow::SlowMembers,
     intent: WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
     journal: std::sync::OnceLock<crate::journal::Journal<D>>,
@@ -231,6 +238,7 @@ impl<D: BlockDev> Array<D> {
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
             recovery: Recovery::new(&geo, due),
+            slow: crate::slow::SlowMembers::new(geo.members),
             intent,
             journal: std::sync::OnceLock::new(),
             rt: rt_handle,
@@ -595,19 +603,42 @@ impl<D: BlockDev> Array<D> {
         if self.journal.get().is_some() {
             self.wait_deferred(extents.iter().map(|e| e.stripe)).await;
         }
-        if !matches!(self.geo.level, Level::Raid1 | Level::Raid10) {
-            if let Some(seg) = self.read_coalesced(&extents).await {
-                return Ok(seg);
+        // Around members flagged slow where redundancy allows (`read_holders`); if that
+        // fails (a media error on top), the same read again reading them.
+        let around = !self.slow.set().is_empty();
+        if around {
+            match Box::pin(self.read_planned(extents.clone(), true)).await {
+                Err(ArrayError::Unreadable { .. }) => {}
+                r => return r,
             }
-            if self.codec.is_some() && extents.len() > 1 && !self.members.degraded().is_empty() {
-                return self.read_degraded(extents).await;
+        }
+        self.read_planned(extents, false).await
+    }
+
+    /// `read` of `extents`, planning around slow members if `around`.
+    async fn read_planned(
+        self: &Arc<Self>,
+        extents: Vec<Extent>,
+        around: bool,
+    ) -> Result<Segments, ArrayError> {
+        if !matches!(self.geo.level, Level::Raid1 | Level::Raid10) {
+            if !around {
+                if let Some(seg) = self.read_coalesced(&extents).await {
+                    return Ok(seg);
+                }
+            }
+            if self.codec.is_some()
+                && extents.len() > 1
+                && (around || !self.members.degraded().is_empty())
+            {
+                return self.read_degraded(extents, around).await;
             }
         }
         let bufs = if extents.len() == 1 {
-            vec![self.read_extent(extents[0]).await?]
+            vec![self.read_extent(extents[0], around).await?]
         } else {
             let mut v = Vec::with_capacity(extents.len());
-            for r in join_all(extents.into_iter().map(|e| self.read_extent(e))).await {
+            for r in join_all(extents.into_iter().map(|e| self.read_extent(e, around))).await {
                 v.push(r?);
             }
             v
@@ -671,13 +702,109 @@ impl<D: BlockDev> Array<D> {
         })
     }
 
+    /// The members a read of `stripe` may not read: failed, behind a rebuild and, if
+    /// `around`, members flagged slow (slow.rs) as long as that keeps a margin: the stripe is
+    /// synced (an unsynced one is not decoded without need), the members not read stay
+    /// within the level's tolerance, and with a member already missing there, redundancy is
+    /// left after. One such read in `slow::PROBE` reads the slow member anyway.
+    fn read_holders(&self, stripe: u64, around: bool) -> UnitHolders {
+        let mut at = self.members.at(stripe);
+        if !around {
+            return at;
+        }
+        let stale = at.stale();
+        let slow = self.slow.set().minus(stale);
+        if slow.is_empty()
+            || !self.margin_around(stale, slow)
+            || self.recovery.resync.unsynced(stripe)
+            || self.slow.probe()
+        {
+            return at;
+        }
+        at.behind = at.behind.union(slow);
+        at
+    }
+
+    /// Whether a read may leave out slow members `slow` on top of `out` (members it cannot
+    /// read: failed, behind, media errors): within the tolerance, and with redundancy left
+    /// after if it is already using some for `out`.
+    fn margin_around(&self, out: MemberSet, slow: MemberSet) -> bool {
+        let used = out.union(slow).len();
+        let tol = self.geo.fault_tolerance();
+        used <= tol && (out.minus(slow).is_empty() || used < tol)
+    }
+
+    /// Counts a read that decodes `exts` of `stripe` (`at`: the plan's holders): a degraded
+    /// read if a member it cannot read is missing, failed or behind, else one around a slow
+    /// member.
+    fn count_decoded(&self, stripe: u64, exts: &[Extent], at: &UnitHolders) {
+        let real = self.members.at(stripe);
+        let degraded = exts
+            .iter()
+            .any(|e| !real.serves(self.geo.data_member(e.stripe, e.index)));
+        if degraded
+            || !exts
+                .iter()
+                .any(|e| !at.serves(self.geo.data_member(e.stripe, e.index)))
+        {
+            self.stats.add(|c| &c.degraded_reads, 1);
+        } else {
+            self.stats.add(|c| &c.slow_reads_around, 1);
+        }
+    }
+
+    /// Members flagged slow now (slow.rs).
+    pub fn slow_members(&self) -> MemberSet {
+        self.slow.set()
+    }
+
+    /// Sets the fail-slow factor (`serve --slow-factor`; 0: off).
+    pub fn set_slow_factor(&self, factor: f64) {
+        self.slow.set_factor(factor)
+    }
+
+    /// One judgement of member latency (slow.rs; the server calls it every second): flags
+    /// and unflags slow members, logging each change.
+    pub fn slow_tick(&self) {
+        let now: Vec<Option<(u64, u64)>> = (0..self.geo.members)
+            .map(|i| {
+                (!self.members.is_failed(i)).then(|| {
+                    let io = self.members.io(i);
+                    (
+                        io.read.timed + io.write.timed,
+                        io.read.latency_ns + io.write.latency_ns,
+                    )
+                })
+            })
+            .collect();
+        for (m, slow, mean, median) in self.slow.tick(&now) {
+            let name = self.members.name(m).unwrap_or("?");
+            if slow {
+                tracing::warn!(
+                    "member {m} ({name}) is slow: mean I/O latency {mean:?} against a median of \
+                     {median:?} over the members; reads of its chunks are served by \
+                     reconstruction from the others while redundancy allows (it is still written)"
+                );
+            } else {
+                tracing::info!(
+                    "member {m} ({name}) is no longer slow: mean I/O latency {mean:?}, median \
+                     {median:?}; read again"
+                );
+            }
+        }
+    }
+
     /// Multi-chunk read of a parity array with members missing. A stripe where a wanted
     /// chunk's member is missing is read as one stripe operation: each readable chunk of the
     /// span once, the missing ones decoded from those and parity (k reads per stripe). Read
     /// chunk by chunk, every missing chunk would read its k survivors again beside the reads
     /// of the wanted survivors themselves (up to twice the member I/O of a healthy read).
     /// Other stripes read per extent.
-    async fn read_degraded(self: &Arc<Self>, extents: Vec<Extent>) -> Result<Segments, ArrayError> {
+    async fn read_degraded(
+        self: &Arc<Self>,
+        extents: Vec<Extent>,
+        around: bool,
+    ) -> Result<Segments, ArrayError> {
         let mut groups: Vec<Vec<Extent>> = Vec::new();
         for e in extents {
             match groups.last_mut() {
@@ -686,17 +813,17 @@ impl<D: BlockDev> Array<D> {
             }
         }
         let futs = groups.into_iter().map(|g| async move {
-            let at = self.members.at(g[0].stripe);
+            let at = self.read_holders(g[0].stripe, around);
             let missing = g
                 .iter()
                 .any(|e| !at.serves(self.geo.data_member(e.stripe, e.index)));
             if missing && g.len() > 1 {
-                self.stats.add(|c| &c.degraded_reads, 1);
-                return Box::pin(self.read_stripe_decoded(&g)).await;
+                self.count_decoded(g[0].stripe, &g, &at);
+                return Box::pin(self.read_stripe_decoded(&g, at)).await;
             }
             let mut parts = Vec::with_capacity(g.len());
             for e in g {
-                let b = self.read_extent(e).await?;
+                let b = self.read_extent(e, around).await?;
                 let l = b.len();
                 parts.push((Arc::new(b), 0..l));
             }
@@ -715,14 +842,18 @@ impl<D: BlockDev> Array<D> {
     async fn read_stripe_decoded(
         &self,
         exts: &[Extent],
+        planned: UnitHolders,
     ) -> Result<Vec<(Arc<IoBuf>, std::ops::Range<usize>)>, ArrayError> {
         let stripe = exts[0].stripe;
         let lo = exts.iter().map(|e| e.chunk_off).min().unwrap_or(0);
         let hi = exts.iter().map(|e| e.chunk_off + e.len).max().unwrap_or(0);
         let want: Vec<usize> = exts.iter().map(|e| e.index).collect();
         let held = self.locks.lock(stripe).await;
-        // Members being rebuilt that do not hold the stripe yet are not read.
-        let at = self.members.at(stripe);
+        // Members being rebuilt that do not hold the stripe yet are not read, nor slow ones
+        // the plan reads around.
+        let mut at = self.members.at(stripe);
+        let mut around = planned.behind.minus(at.stale());
+        at.behind = at.behind.union(around);
         let mut excl = at.behind;
         if self.recovery.resync.unsynced(stripe) && !self.verify_unsynced(stripe, at.stale()).await
         {
@@ -730,6 +861,13 @@ impl<D: BlockDev> Array<D> {
             return Err(self.unsynced_unreadable(stripe, at.stale()));
         }
         let r = loop {
+            // As in `reconstruct`: around slow members only while a margin is left.
+            if !around.is_empty()
+                && !self.margin_around(excl.minus(around).union(self.members.failed()), around)
+            {
+                excl = excl.minus(around);
+                around = MemberSet::EMPTY;
+            }
             match self.fetch_data(stripe, lo, hi - lo, &want, &mut excl).await {
                 Ok(Attempt::Done(v)) => break Ok(v),
                 Ok(Attempt::Retry) => continue,
@@ -759,16 +897,17 @@ impl<D: BlockDev> Array<D> {
         r
     }
 
-    async fn read_extent(self: &Arc<Self>, e: Extent) -> Result<IoBuf, ArrayError> {
+    async fn read_extent(self: &Arc<Self>, e: Extent, around: bool) -> Result<IoBuf, ArrayError> {
         if matches!(self.geo.level, Level::Raid1 | Level::Raid10) {
-            return self.read_mirror(e).await;
+            return self.read_mirror(e, around).await;
         }
         loop {
             self.check_serving()?;
             let m = self.geo.data_member(e.stripe, e.index);
-            if !self.members.serves(m, e.stripe) {
-                self.stats.add(|c| &c.degraded_reads, 1);
-                return Box::pin(self.reconstruct(e, MemberSet::EMPTY)).await;
+            let holders = self.read_holders(e.stripe, around);
+            if !holders.serves(m) {
+                self.count_decoded(e.stripe, std::slice::from_ref(&e), &holders);
+                return Box::pin(self.reconstruct(e, MemberSet::EMPTY, holders.behind)).await;
             }
             let at = self.geo.member_offset(e.stripe, e.chunk_off);
             match self.members.read(m, at, buf::alloc(e.len as usize)).await {
@@ -777,7 +916,7 @@ impl<D: BlockDev> Array<D> {
                     let mut excl = MemberSet::EMPTY;
                     Box::pin(self.read_failed(m, &err, &mut excl)).await;
                     if excl.contains(m) {
-                        return Box::pin(self.reconstruct(e, excl)).await;
+                        return Box::pin(self.reconstruct(e, excl, holders.behind)).await;
                     }
                 }
             }
@@ -788,9 +927,17 @@ impl<D: BlockDev> Array<D> {
     /// that no stripe update is half done meanwhile. Members in `errors` had a media error:
     /// the reconstructed bytes are written back to them (md's read-error correction).
     /// Members being rebuilt that do not hold the stripe yet are not read.
-    async fn reconstruct(&self, e: Extent, errors: MemberSet) -> Result<IoBuf, ArrayError> {
+    /// `around`: slow members the plan reads around (`read_holders`), not read either.
+    async fn reconstruct(
+        &self,
+        e: Extent,
+        errors: MemberSet,
+        around: MemberSet,
+    ) -> Result<IoBuf, ArrayError> {
         let held = self.locks.lock(e.stripe).await;
-        let at = self.members.at(e.stripe);
+        let mut at = self.members.at(e.stripe);
+        let mut around = around.minus(at.stale());
+        at.behind = at.behind.union(around);
         let mut excl = errors.union(at.behind);
         if self.recovery.resync.unsynced(e.stripe)
             && !self.verify_unsynced(e.stripe, excl.union(at.failed)).await
@@ -802,6 +949,14 @@ impl<D: BlockDev> Array<D> {
             return Err(self.unsynced_unreadable(e.stripe, excl.union(at.failed)));
         }
         let r = loop {
+            // Reading around slow members stops once it would spend the last redundancy
+            // (a member failed or a media error met meanwhile): they are read instead.
+            if !around.is_empty()
+                && !self.margin_around(excl.minus(around).union(self.members.failed()), around)
+            {
+                excl = excl.minus(around);
+                around = MemberSet::EMPTY;
+            }
             match self
                 .fetch_data(e.stripe, e.chunk_off, e.len, &[e.index], &mut excl)
                 .await
@@ -861,7 +1016,19 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    async fn read_mirror(&self, e: Extent) -> Result<IoBuf, ArrayError> {
+    /// The copy of mirror chunk `c` a read tries first, so reads spread over every member:
+    /// RAID1 turns through the copies by chunk; RAID10 chunk c lies on pair c mod
+    /// (members / 2), so it turns once per pass over the pairs (by chunk alone, the copy
+    /// would follow the pair's parity when the pair count is even, and half the members
+    /// would never be read).
+    fn mirror_first(&self, c: u64) -> usize {
+        match self.geo.level {
+            Level::Raid10 => ((c / (self.geo.members as u64 / 2).max(1)) % 2) as usize,
+            _ => c as usize,
+        }
+    }
+
+    async fn read_mirror(&self, e: Extent, around: bool) -> Result<IoBuf, ArrayError> {
         let mut excl = MemberSet::EMPTY;
         loop {
             let f = self
@@ -869,16 +1036,30 @@ impl<D: BlockDev> Array<D> {
                 .union(self.members.at(e.stripe).stale());
             let copies = self.geo.mirror_copies(e.stripe);
             // Spread reads over the copies: chunk number picks the first choice. A row not
-            // yet resynced reads its first copy, the one resync will keep.
+            // yet resynced reads its first copy, the one resync will keep. Copies on members
+            // flagged slow come last (the slow one stays written, and is read if no other
+            // copy can be).
             let n = copies.len();
-            let first = if self.recovery.resync.unsynced(e.stripe) {
+            let unsynced = self.recovery.resync.unsynced(e.stripe);
+            let first = if unsynced {
                 0
             } else {
-                e.stripe as usize
+                self.mirror_first(e.stripe)
             };
-            let pick = (0..n)
-                .map(|i| copies[(first + i) % n])
-                .find(|(m, _)| !f.contains(*m) && !excl.contains(*m));
+            let slow = if around && !unsynced && !self.slow.probe() {
+                self.slow.set()
+            } else {
+                MemberSet::EMPTY
+            };
+            let usable = |m: usize| !f.contains(m) && !excl.contains(m);
+            let ordered = || (0..n).map(|i| copies[(first + i) % n]);
+            let plain = ordered().find(|&(m, _)| usable(m));
+            let pick = ordered()
+                .find(|&(m, _)| usable(m) && !slow.contains(m))
+                .or(plain);
+            if pick != plain {
+                self.stats.add(|c| &c.slow_reads_around, 1);
+            }
             let Some((m, base)) = pick else {
                 return Err(self
                     .check_serving()

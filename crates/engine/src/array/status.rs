@@ -42,6 +42,8 @@ pub struct MemberStatus {
     pub removed: bool,
     /// The device it is being replaced by, while a replace (`uraid replace`) runs.
     pub replacement: Option<String>,
+    /// Flagged fail-slow (slow.rs): reads plan around it while redundancy allows.
+    pub slow: bool,
     /// I/O totals of the current device (data and metadata I/O).
     pub io: MemberIoSnapshot,
     pub errors: MemberErrors,
@@ -161,6 +163,7 @@ impl<D: BlockDev> Array<D> {
                     state: self.members.state(i),
                     removed: removed.contains(i),
                     replacement: replacing.as_ref().filter(|r| r.0 == i).map(|r| r.1.clone()),
+                    slow: self.slow.set().contains(i),
                     io: self.members.io(i),
                     errors: MemberErrors {
                         corrected: self.members.corrected_reads(i),

@@ -1,0 +1,214 @@
+//! Fail-slow members: a member that answers but far more slowly than its peers is found
+//! from the latency the member I/O path already samples (`Members::io`), and reads of its
+//! chunks are served by reconstruction from the others while the level has redundancy to
+//! spare (array/mod.rs, `read_holders`). It is still written, so it stays current.
+//!
+//! Rules:
+//! * Judged once per `tick` (the server's metadata daemon calls `Array::slow_tick` every
+//!   second): a member is *slow now* if its mean sampled latency over the tick is above
+//!   `factor` times the median of every judged member's mean and above `FLOOR`; members with
+//!   fewer than `MIN_SAMPLES` samples in the tick are not judged (and keep their flag).
+//! * Flagged after `AFTER` slow ticks in a row; unflagged after `AFTER` ticks in a row at or
+//!   below half that threshold. At least three members must be judged for a median.
+//! * Flagging changes only which members a read plans around; it never fails a member (the
+//!   I/O timeout does that) and never changes what is written.
+//! * A flagged member keeps getting one read in `PROBE` of those planned around it, so its
+//!   latency is still measured when the load only reads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use uraid_core::MemberSet;
+
+/// Mean latency below which no member counts as slow, however fast its peers.
+pub const FLOOR: Duration = Duration::from_micros(200);
+/// Samples a member needs in a tick to be judged.
+pub const MIN_SAMPLES: u64 = 4;
+/// Ticks in a row to flag or unflag.
+pub const AFTER: u32 = 3;
+/// One read in this many of those planned around a slow member goes to it (a probe).
+pub const PROBE: u64 = 64;
+/// The default factor (`serve --slow-factor`).
+pub const DEFAULT_FACTOR: f64 = 5.0;
+
+/// A member whose flag changed in a tick: (member, now slow, its mean, the median).
+pub type Change = (usize, bool, Duration, Duration);
+
+pub(crate) struct SlowMembers {
+    slow: AtomicU64,
+    probes: AtomicU64,
+    judge: Mutex<Judge>,
+}
+
+struct Judge {
+    /// 0: off.
+    factor: f64,
+    /// Per member: cumulative (sampled operations, their latency in ns) at the last tick.
+    last: Vec<(u64, u64)>,
+    /// Per member: ticks in a row judged slow (unflagged) or recovered (flagged).
+    streak: Vec<u32>,
+}
+
+impl SlowMembers {
+    pub(crate) fn new(members: usize) -> SlowMembers {
+        SlowMembers {
+            slow: AtomicU64::new(0),
+            probes: AtomicU64::new(0),
+            judge: Mutex::new(Judge {
+                factor: DEFAULT_FACTOR,
+                last: vec![(0, 0); members],
+                streak: vec![0; members],
+            }),
+        }
+    }
+
+    /// Members flagged slow now.
+    pub(crate) fn set(&self) -> MemberSet {
+        MemberSet::from_bits(self.slow.load(Ordering::Acquire))
+    }
+
+    /// Sets the factor (0: off, which also clears every flag).
+    pub(crate) fn set_factor(&self, factor: f64) {
+        let mut j = self.judge.lock().unwrap_or_else(|e| e.into_inner());
+        j.factor = factor;
+        if factor <= 0.0 {
+            self.slow.store(0, Ordering::Release);
+            j.streak.iter_mut().for_each(|s| *s = 0);
+        }
+    }
+
+    /// Whether this read planned around slow members should go to them instead (a probe).
+    pub(crate) fn probe(&self) -> bool {
+        self.probes
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(PROBE)
+    }
+
+    /// One tick: `now[i]` is member i's cumulative (sampled operations, latency ns), None
+    /// if it is not serving (failed or missing: its flag is dropped). Returns the members
+    /// whose flag changed.
+    pub(crate) fn tick(&self, now: &[Option<(u64, u64)>]) -> Vec<Change> {
+        let mut j = self.judge.lock().unwrap_or_else(|e| e.into_inner());
+        let mut flags = self.set();
+        let mut means: Vec<Option<f64>> = Vec::with_capacity(now.len());
+        for (i, n) in now.iter().enumerate() {
+            let Some((ops, ns)) = *n else {
+                means.push(None);
+                continue;
+            };
+            let (lops, lns) = j.last.get(i).copied().unwrap_or((0, 0));
+            let (d_ops, d_ns) = (ops.saturating_sub(lops), ns.saturating_sub(lns));
+            if let Some(l) = j.last.get_mut(i) {
+                *l = (ops, ns);
+            }
+            means.push((d_ops >= MIN_SAMPLES).then(|| d_ns as f64 / d_ops as f64));
+        }
+        let mut changes = Vec::new();
+        for (i, n) in now.iter().enumerate() {
+            if n.is_none() && flags.contains(i) {
+                flags = flags.without(i);
+                j.streak[i] = 0;
+            }
+        }
+        let mut judged: Vec<f64> = means.iter().flatten().copied().collect();
+        if j.factor > 0.0 && judged.len() >= 3 {
+            judged.sort_by(|a, b| a.total_cmp(b));
+            let median = judged[judged.len() / 2];
+            let limit = (j.factor * median).max(FLOOR.as_nanos() as f64);
+            for (i, m) in means.iter().enumerate() {
+                let Some(m) = *m else { continue };
+                let flagged = flags.contains(i);
+                let counts = if flagged { m <= limit / 2.0 } else { m > limit };
+                j.streak[i] = if counts { j.streak[i] + 1 } else { 0 };
+                if j.streak[i] >= AFTER {
+                    j.streak[i] = 0;
+                    flags = if flagged {
+                        flags.without(i)
+                    } else {
+                        flags.with(i)
+                    };
+                    let d = |ns: f64| Duration::from_nanos(ns as u64);
+                    changes.push((i, !flagged, d(m), d(median)));
+                }
+            }
+        }
+        self.slow.store(flags.bits(), Ordering::Release);
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `ticks` ticks where every member does 100 sampled ops at `lat[i]` µs.
+    fn run(s: &SlowMembers, acc: &mut [(u64, u64)], lat: &[u64], ticks: usize) -> Vec<Change> {
+        let mut all = Vec::new();
+        for _ in 0..ticks {
+            let now: Vec<Option<(u64, u64)>> = acc
+                .iter_mut()
+                .zip(lat)
+                .map(|(a, &l)| {
+                    a.0 += 100;
+                    a.1 += 100 * l * 1000;
+                    Some(*a)
+                })
+                .collect();
+            all.extend(s.tick(&now));
+        }
+        all
+    }
+
+    #[test]
+    fn a_member_far_slower_than_its_peers_is_flagged_after_three_ticks_and_unflagged_after_recovering(
+    ) {
+        let s = SlowMembers::new(6);
+        let mut acc = vec![(0, 0); 6];
+        let mut lat = vec![300; 6];
+        assert!(run(&s, &mut acc, &lat, 5).is_empty(), "equal peers");
+        lat[2] = 6000; // 20x
+        assert!(run(&s, &mut acc, &lat, 2).is_empty(), "not yet: two ticks");
+        let c = run(&s, &mut acc, &lat, 1);
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].0, c[0].1), (2, true));
+        assert_eq!(s.set(), MemberSet::one(2));
+        // Twice as slow is not slow (factor 5).
+        lat[2] = 600;
+        let c = run(&s, &mut acc, &lat, 3);
+        assert_eq!((c[0].0, c[0].1), (2, false), "recovered: {c:?}");
+        assert!(s.set().is_empty());
+        lat[4] = 1200; // 4x: under the factor
+        assert!(run(&s, &mut acc, &lat, 6).is_empty());
+    }
+
+    #[test]
+    fn fast_members_under_the_floor_and_members_without_samples_are_never_flagged() {
+        let s = SlowMembers::new(4);
+        let mut acc = vec![(0, 0); 4];
+        // 10 µs peers, one at 150 µs: 15x but under the 200 µs floor.
+        assert!(run(&s, &mut acc, &[10, 10, 10, 150], 10).is_empty());
+        // A member with no samples is not judged; two judged members are no median.
+        let now = [Some((1000, 1 << 40)), None, Some((0, 0)), Some((0, 0))];
+        for _ in 0..5 {
+            assert!(s.tick(&now).is_empty());
+        }
+        // Off: nothing flagged, and a flag is cleared.
+        let s = SlowMembers::new(4);
+        let mut acc = vec![(0, 0); 4];
+        run(&s, &mut acc, &[300, 300, 300, 9000], 3);
+        assert_eq!(s.set(), MemberSet::one(3));
+        s.set_factor(0.0);
+        assert!(s.set().is_empty());
+        assert!(run(&s, &mut acc, &[300, 300, 300, 9000], 5).is_empty());
+    }
+
+    #[test]
+    fn a_member_that_stops_serving_loses_its_flag() {
+        let s = SlowMembers::new(4);
+        let mut acc = vec![(0, 0); 4];
+        run(&s, &mut acc, &[300, 300, 300, 9000], 3);
+        assert_eq!(s.set(), MemberSet::one(3));
+        s.tick(&[Some(acc[0]), Some(acc[1]), Some(acc[2]), None]);
+        assert!(s.set().is_empty());
+    }
+}
