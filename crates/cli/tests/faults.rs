@@ -43,12 +43,15 @@ fn reap(child: &mut Child, limit: Duration) {
 ///     error-pwrite-rate=1 error-pwrite-file=DIR/fail-writes \
 ///     error-zero-rate=1 error-zero-file=DIR/fail-writes \
 ///     error-trim-rate=1 error-trim-file=DIR/fail-writes \
-///     delay-read=D delay-write=D
+///     delay-read=D delay-write=D \
+///     --filter=rate rate=100G rate-file=DIR/rate
 /// nbdfuse DIR/mnt/member --unix DIR/nbdkit.sock
 /// ```
 ///
 /// The array uses `DIR/mnt/member`. The error filter (outermost) fails every read while
 /// `fail-reads` exists and every write, zero and trim while `fail-writes` exists, with EIO.
+/// The rate filter (innermost) limits its bandwidth to what `DIR/rate` says (bits per
+/// second, read every second): a slow member on demand.
 struct FaultyMember {
     dir: PathBuf,
     mnt: PathBuf,
@@ -81,6 +84,8 @@ impl FaultyMember {
         let (r, w) = (dir.join("fail-reads"), dir.join("fail-writes"));
         let _ = std::fs::remove_file(&r);
         let _ = std::fs::remove_file(&w);
+        let rate = dir.join("rate");
+        std::fs::write(&rate, "100G\n").unwrap();
         let log = std::fs::File::create(dir.join("nbdkit.log")).unwrap();
         let cache_args: &[&str] = if cache {
             &["--filter=cache", "cache=writeback"]
@@ -90,7 +95,7 @@ impl FaultyMember {
         let nbdkit = Command::new("nbdkit")
             .args(["--exit-with-parent", "-f", "-U"])
             .arg(&sock)
-            .args(["--filter=error", "--filter=delay"])
+            .args(["--filter=error", "--filter=delay", "--filter=rate"])
             .args(&cache_args[..cache_args.len().min(1)])
             .arg("file")
             .arg(&backing)
@@ -105,6 +110,8 @@ impl FaultyMember {
             .arg(format!("error-trim-file={}", w.display()))
             .arg(format!("delay-read={delay}"))
             .arg(format!("delay-write={delay}"))
+            .arg("rate=100G")
+            .arg(format!("rate-file={}", rate.display()))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -162,6 +169,12 @@ impl FaultyMember {
         } else {
             let _ = std::fs::remove_file(t);
         }
+    }
+
+    /// Limits its bandwidth to `rate` bits per second ("100M"; "100G": unlimited here),
+    /// within a second.
+    fn set_rate(&self, rate: &str) {
+        std::fs::write(self.dir.join("rate"), format!("{rate}\n")).unwrap();
     }
 
     /// From now on every read fails with EIO (until `fail_reads(false)`).
@@ -894,4 +907,83 @@ fn raid6_member_returning_eio_under_fio_verify_is_rebuilt_onto_a_spare() {
     fio_job(&dir, "w", &uri, "rw=randwrite\nverify_only=1");
     s.stop();
     drop(faulty);
+}
+
+/// A fail-slow member on a real device stack: RAID6 of six members, each behind nbdkit and
+/// nbdfuse; while a reader copies the volume over and over, member 2's bandwidth is cut to
+/// 20 Mbit/s (nbdkit's rate filter, mid-run: many times slower than its peers). The server
+/// flags it slow (status, metrics, events), serves reads of its chunks around it, every copy
+/// reads back exactly, and it is never failed.
+#[test]
+fn a_member_made_slow_mid_run_is_read_around_not_failed() {
+    let dir = tmp("slow");
+    const SIZE: u64 = 24 << 20;
+    let mems: Vec<FaultyMember> = (0..6)
+        .map(|i| FaultyMember::start(&dir.join(format!("f{i}")), SIZE, "0ms"))
+        .collect();
+    let paths: Vec<PathBuf> = mems.iter().map(|m| m.path().to_path_buf()).collect();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["create", "--level", "6", "--chunk", "16K", "-N", "f"])
+        .args(&paths)
+        .current_dir(&dir));
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+    let s = serve(&dir, &sock, &log, &paths, &["--slow-factor", "5"]);
+    let image_path = dir.join("image");
+    let vol_len = 16 << 20;
+    let mut image = vec![0u8; vol_len];
+    random_into(&mut image, 0, vol_len, 41);
+    std::fs::write(&image_path, &image).unwrap();
+    run(Command::new("nbdcopy").arg(&image_path).arg(&uri));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (dir, uri, stop) = (dir.clone(), uri.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut copies = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let got = read_volume(&dir, &uri);
+                assert!(got[..vol_len] == image[..], "copy {copies} differs");
+                copies += 1;
+            }
+            copies
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let j = live_status(&dir, &paths);
+    assert_eq!(j["slots"][2]["slow"], false, "before: {j}");
+    mems[2].set_rate("20M");
+    let flagged = wait_for(Duration::from_secs(30), || {
+        live_status(&dir, &paths)["slots"][2]["slow"] == true
+    });
+    assert!(
+        flagged,
+        "member 2 never flagged slow: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let before = live_status(&dir, &paths)["stripe_operations"]["slow_reads_around"]
+        .as_u64()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let copies = reader.join().expect("every copy read back exactly");
+    let j = live_status(&dir, &paths);
+    let around = j["stripe_operations"]["slow_reads_around"]
+        .as_u64()
+        .unwrap();
+    assert!(around > before, "no read went around the slow member: {j}");
+    assert!(copies >= 3, "only {copies} copies");
+    assert_eq!(j["slots"][2]["state"], "active", "slow is not failed: {j}");
+    for (i, slot) in j["slots"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(slot["slow"], i == 2, "slot {i}: {j}");
+    }
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        server_log.contains("member 2 (") && server_log.contains("is slow"),
+        "{server_log}"
+    );
+    mems[2].set_rate("100G");
+    s.stop();
+    drop(mems);
+    let _ = std::fs::remove_dir_all(&dir);
 }

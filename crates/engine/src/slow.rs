@@ -6,8 +6,10 @@
 //! Rules:
 //! * Judged once per `tick` (the server's metadata daemon calls `Array::slow_tick` every
 //!   second): a member is *slow now* if its mean sampled latency over the tick is above
-//!   `factor` times the median of every judged member's mean and above `FLOOR`; members with
-//!   fewer than `MIN_SAMPLES` samples in the tick are not judged (and keep their flag).
+//!   `factor` times the median of every judged member's mean and above `FLOOR`. A member with
+//!   fewer than `MIN_SAMPLES` samples since it was last judged is not judged in this tick
+//!   (and keeps its flag); its samples add up until it has them, so a member too slow to
+//!   complete a few sampled I/Os a second is judged over a longer window.
 //! * Flagged after `AFTER` slow ticks in a row; unflagged after `AFTER` ticks in a row at or
 //!   below half that threshold. At least three members must be judged for a median.
 //! * Flagging changes only which members a read plans around; it never fails a member (the
@@ -98,10 +100,14 @@ impl SlowMembers {
             };
             let (lops, lns) = j.last.get(i).copied().unwrap_or((0, 0));
             let (d_ops, d_ns) = (ops.saturating_sub(lops), ns.saturating_sub(lns));
+            if d_ops < MIN_SAMPLES {
+                means.push(None);
+                continue;
+            }
             if let Some(l) = j.last.get_mut(i) {
                 *l = (ops, ns);
             }
-            means.push((d_ops >= MIN_SAMPLES).then(|| d_ns as f64 / d_ops as f64));
+            means.push(Some(d_ns as f64 / d_ops as f64));
         }
         let mut changes = Vec::new();
         for (i, n) in now.iter().enumerate() {
@@ -200,6 +206,30 @@ mod tests {
         s.set_factor(0.0);
         assert!(s.set().is_empty());
         assert!(run(&s, &mut acc, &[300, 300, 300, 9000], 5).is_empty());
+    }
+
+    #[test]
+    fn a_member_with_few_samples_is_judged_once_they_add_up() {
+        let s = SlowMembers::new(4);
+        let mut acc = [(0u64, 0u64); 4];
+        let mut flagged_at = None;
+        for t in 0..12 {
+            // Peers: 100 samples a tick at 300 us; member 3: one sample a tick at 20 ms.
+            for a in acc.iter_mut().take(3) {
+                a.0 += 100;
+                a.1 += 100 * 300_000;
+            }
+            acc[3].0 += 1;
+            acc[3].1 += 20_000_000;
+            let now: Vec<Option<(u64, u64)>> = acc.iter().map(|&a| Some(a)).collect();
+            if !s.tick(&now).is_empty() {
+                flagged_at = Some(t);
+                break;
+            }
+        }
+        // Judged every fourth tick (four samples): flagged at the third judgement.
+        assert_eq!(flagged_at, Some(11));
+        assert_eq!(s.set(), MemberSet::one(3));
     }
 
     #[test]

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""A fail-slow member: 4k random reads over NBD (fio, ioengine=nbd) from a RAID6 of six members,
+each a file behind nbdkit (file plugin, delay filter) exposed by nbdfuse, in three cases run
+alternately: healthy (no delay anywhere), member 2 made N times slower than its measured
+latency with `--slow-factor 5` (the default: reads go around it once it is flagged), and the
+same slow member with `--slow-factor 0` (every read of its chunks waits for it). Medians of
+IOPS and p99 completion latency over the runs, and each slow case against healthy. Usage:
+
+    scripts/bench_slow.py [--runs 5] [--runtime 10] [--qd 8] [--times 20] [--dir /dev/shm/uraid-slow]
+"""
+import argparse, os, shutil, statistics, subprocess, time
+
+from benchlib import URAID, Server, fio_json, run, spread, status
+
+MEMBERS, SLOW, SIZE = 6, 2, 128 << 20
+
+
+class Member:
+    """DIR/backing behind nbdkit (delay filter) on DIR/nbdkit.sock, mounted by nbdfuse at
+    DIR/mnt/member; `start(delay_ms)` (re)starts both with that per-request delay."""
+
+    def __init__(self, d):
+        self.d, self.nbdkit, self.fuse = d, None, None
+        os.makedirs(os.path.join(d, "mnt"), exist_ok=True)
+        with open(os.path.join(d, "backing"), "wb") as f:
+            f.truncate(SIZE)
+        self.path = os.path.join(d, "mnt", "member")
+
+    def start(self, delay_ms):
+        sock = os.path.join(self.d, "nbdkit.sock")
+        delay = f"{delay_ms}ms"
+        self.nbdkit = Server(["nbdkit", "-f", "--exit-with-parent", "-U", sock, "--filter=delay", "file",
+                              os.path.join(self.d, "backing"), f"delay-read={delay}", f"delay-write={delay}"],
+                             sock=sock).start()
+        self.fuse = subprocess.Popen(["nbdfuse", self.path, "--unix", sock], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        t = time.monotonic()
+        while not (os.path.exists(self.path) and os.path.getsize(self.path) == SIZE):
+            if time.monotonic() - t > 30:
+                raise RuntimeError(f"nbdfuse did not mount {self.path}")
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.fuse:
+            subprocess.run(["fusermount3", "-u", os.path.dirname(self.path)], capture_output=True)
+            self.fuse.wait()
+            self.fuse = None
+        if self.nbdkit:
+            self.nbdkit.stop()
+            self.nbdkit = None
+
+
+def fio(target, runtime, qd, nbd=True, rw="randread"):
+    eng = [f"--ioengine=nbd", f"--uri={target}"] if nbd else ["--ioengine=libaio", "--direct=1",
+                                                               f"--filename={target}"]
+    j = fio_json(["fio", "--name=slow", *eng, f"--rw={rw}", "--bs=4k", f"--iodepth={qd}", "--norandommap",
+                  "--randrepeat=0", f"--runtime={runtime}", "--time_based", "--size=100%",
+                  "--output-format=json"])["jobs"][0]
+    side = j["read"] if "read" in rw else j["write"]
+    return side["iops"], side["clat_ns"]["percentile"]["99.000000"] / 1000, side["clat_ns"]["mean"] / 1000
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runtime", type=float, default=10)
+    ap.add_argument("--qd", type=int, default=8)
+    ap.add_argument("--times", type=float, default=20, help="how many times slower member 2 is made")
+    ap.add_argument("--dir", default="/dev/shm/uraid-slow")
+    a = ap.parse_args()
+    shutil.rmtree(a.dir, ignore_errors=True)
+    members = [Member(os.path.join(a.dir, f"m{i}")) for i in range(MEMBERS)]
+    try:
+        for m in members:
+            m.start(0)
+        # The slow member's delay: `times` x one member's own 4k read latency at QD1.
+        _, _, base_us = fio(members[SLOW].path, 3, 1, nbd=False)
+        delay_ms = max(1, round(a.times * base_us / 1000))
+        print(f"member 4k read at QD1: {base_us:.0f} us mean; slow member: +{delay_ms} ms per request "
+              f"(about {(base_us + delay_ms * 1000) / base_us:.0f}x)")
+        paths = [m.path for m in members]
+        run([URAID, "create", "--level", "6", "-N", "slow", "--chunk", "64K"] + paths)
+        sock, ctl = os.path.join(a.dir, "nbd.sock"), os.path.join(a.dir, "ctl.sock")
+        uri = f"nbd+unix:///slow?socket={sock}"
+
+        def serve(factor):
+            return Server([URAID, "serve", f"--listen=unix:{sock}", f"--control=unix:{ctl}",
+                           f"--slow-factor={factor}", *paths], sock=sock, unlink=[ctl],
+                          log=os.path.join(a.dir, "serve.log")).start()
+
+        s = serve(5)
+        run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1m", "--iodepth=4",
+             "--size=100%"])
+        s.stop(check=True)
+        cases = [("healthy", 0, 5), ("slow, read around (--slow-factor 5)", delay_ms, 5),
+                 ("slow, --slow-factor 0", delay_ms, 0)]
+        res = {c[0]: [] for c in cases}
+        for r in range(a.runs):
+            for name, delay, factor in cases:
+                members[SLOW].stop()
+                members[SLOW].start(delay)
+                s = serve(factor)
+                # Long enough for the judgement (3 s) before the measured run.
+                fio(uri, 5, a.qd)
+                st = status(ctl)
+                flagged = st["slots"][SLOW]["slow"]
+                iops, p99, _ = fio(uri, a.runtime, a.qd)
+                s.stop(check=True)
+                res[name].append((iops, p99, flagged))
+                print(f"run {r + 1}: {name}: {iops:.0f} IOPS, p99 {p99:.0f} us, flagged {flagged}")
+        h_iops = statistics.median(v[0] for v in res["healthy"])
+        h_p99 = statistics.median(v[1] for v in res["healthy"])
+        cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
+        print(f"\nCPU: {cpu}; RAID6 of {MEMBERS} (64K chunk), fio nbd randread 4k QD{a.qd}, "
+              f"{a.runs} runs x {a.runtime:.0f} s, medians")
+        print("| case | IOPS | vs healthy | p99 (us) | vs healthy | IOPS spread | flagged |")
+        print("|---|---|---|---|---|---|---|")
+        for name, _, _ in cases:
+            iops = statistics.median(v[0] for v in res[name])
+            p99 = statistics.median(v[1] for v in res[name])
+            flagged = sum(v[2] for v in res[name])
+            print(f"| {name} | {iops:.0f} | {iops / h_iops:.2f} | {p99:.0f} | {p99 / h_p99:.2f} | "
+                  f"{spread([v[0] for v in res[name]]):.0%} | {flagged}/{len(res[name])} |")
+    finally:
+        for m in members:
+            m.stop()
+        shutil.rmtree(a.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
