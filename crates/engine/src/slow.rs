@@ -95,10 +95,19 @@ impl SlowMembers {
         let mut means: Vec<Option<f64>> = Vec::with_capacity(now.len());
         for (i, n) in now.iter().enumerate() {
             let Some((ops, ns)) = *n else {
+                // Not serving: a device put into the slot later counts from zero.
+                if let Some(l) = j.last.get_mut(i) {
+                    *l = (0, 0);
+                }
                 means.push(None);
                 continue;
             };
-            let (lops, lns) = j.last.get(i).copied().unwrap_or((0, 0));
+            let (mut lops, mut lns) = j.last.get(i).copied().unwrap_or((0, 0));
+            if ops < lops || ns < lns {
+                // Another device in the slot (its own counters): judged from its start.
+                (lops, lns) = (0, 0);
+                j.streak[i] = 0;
+            }
             let (d_ops, d_ns) = (ops.saturating_sub(lops), ns.saturating_sub(lns));
             if d_ops < MIN_SAMPLES {
                 means.push(None);

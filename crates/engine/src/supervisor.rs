@@ -274,7 +274,7 @@ impl<D: BlockDev> Supervisor<D> {
                 }
                 if let Some(idle) = safe_mode {
                     let a = vol.array();
-                    if a.is_dirty() && a.idle_for() >= idle {
+                    if a.is_dirty() && a.idle_for() >= idle && !a.needs_resync() {
                         futures::executor::block_on(a.safe_mode_tick(idle));
                     }
                 }

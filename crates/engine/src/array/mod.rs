@@ -149,8 +149,9 @@ pub struct ArrayOptions {
 /// stripe_write.rs); the walks above it (recovery/, volume.rs) reach a component through
 /// its accessor and call its methods with the other components they need as arguments.
 ///
-/// Lock order: stripe lock (`locks`) → write-intent and journal locks (`intent`, `journal`)
-/// → superblock lock (`Metadata::lock`). A task may take a lock right of one it holds,
+/// Lock order: safe mode's first-write lock (`Metadata::begin_clean`, `hold_dirty`) → stripe
+/// lock (`locks`) → write-intent and journal locks (`intent`, `journal`) → superblock lock
+/// (`Metadata::lock`). A task may take a lock right of one it holds,
 /// never one left of it: so journal checkpoints and `Journal::retire_slot` (their member
 /// flush may need a superblock round) never run under the superblock lock.
 pub struct Array<D: BlockDev> {
@@ -507,15 +508,17 @@ impl<D: BlockDev> Array<D> {
         let a = self.clone();
         let pass = move |a: Arc<Self>| async move {
             let r = &a.recovery;
-            let walking = [
-                &r.resync_progress,
-                &r.rebuild_progress,
-                &r.scrub_progress,
-                &r.replace_progress,
-            ]
-            .iter()
-            .any(|p| p.running.load(std::sync::atomic::Ordering::Acquire));
-            if walking
+            let walking = || {
+                [
+                    &r.resync_progress,
+                    &r.rebuild_progress,
+                    &r.scrub_progress,
+                    &r.replace_progress,
+                ]
+                .iter()
+                .any(|p| p.running.load(std::sync::atomic::Ordering::Acquire))
+            };
+            if walking()
                 || a.meta.idle_ms() < idle.as_millis() as u64
                 || a.needs_resync()
                 || a.check_serving().is_err()
@@ -525,6 +528,10 @@ impl<D: BlockDev> Array<D> {
             let Some(_pass) = a.meta.begin_clean() else {
                 return false;
             };
+            // A walk that began meanwhile (its writes hold no DirtyHold) ends the pass.
+            if walking() {
+                return false;
+            }
             a.journal_drain().await;
             a.flush_members().await;
             if a.check_serving().is_err() {
@@ -605,7 +612,17 @@ impl<D: BlockDev> Array<D> {
         }
         // Around members flagged slow where redundancy allows (`read_holders`); if that
         // fails (a media error on top), the same read again reading them.
-        let around = !self.slow.set().is_empty();
+        let slow = self.slow.set();
+        let around = !slow.is_empty()
+            && self.geo.fault_tolerance() > 0
+            && extents.iter().any(|e| match self.geo.level {
+                Level::Raid1 | Level::Raid10 => self
+                    .geo
+                    .mirror_copies(e.stripe)
+                    .iter()
+                    .any(|&(m, _)| slow.contains(m)),
+                _ => slow.contains(self.geo.data_member(e.stripe, e.index)),
+            });
         if around {
             match Box::pin(self.read_planned(extents.clone(), true)).await {
                 Err(ArrayError::Unreadable { .. }) => {}
@@ -851,10 +868,9 @@ impl<D: BlockDev> Array<D> {
         let held = self.locks.lock(stripe).await;
         // Members being rebuilt that do not hold the stripe yet are not read, nor slow ones
         // the plan reads around.
-        let mut at = self.members.at(stripe);
+        let at = self.members.at(stripe);
         let mut around = planned.behind.minus(at.stale());
-        at.behind = at.behind.union(around);
-        let mut excl = at.behind;
+        let mut excl = at.behind.union(around);
         if self.recovery.resync.unsynced(stripe) && !self.verify_unsynced(stripe, at.stale()).await
         {
             drop(held);
@@ -882,7 +898,8 @@ impl<D: BlockDev> Array<D> {
                     // A media error met on the way: the decoded bytes go back (as in
                     // `reconstruct`).
                     let m = self.geo.data_member(stripe, e.index);
-                    if excl.minus(at.behind).contains(m) && !self.members.is_failed(m) {
+                    if excl.minus(at.behind).minus(around).contains(m) && !self.members.is_failed(m)
+                    {
                         self.rewrite(m, self.geo.member_offset(stripe, lo), &b)
                             .await;
                     }
@@ -935,12 +952,11 @@ impl<D: BlockDev> Array<D> {
         around: MemberSet,
     ) -> Result<IoBuf, ArrayError> {
         let held = self.locks.lock(e.stripe).await;
-        let mut at = self.members.at(e.stripe);
+        let at = self.members.at(e.stripe);
         let mut around = around.minus(at.stale());
-        at.behind = at.behind.union(around);
-        let mut excl = errors.union(at.behind);
+        let mut excl = errors.union(at.behind).union(around);
         if self.recovery.resync.unsynced(e.stripe)
-            && !self.verify_unsynced(e.stripe, excl.union(at.failed)).await
+            && !self.verify_unsynced(e.stripe, at.stale()).await
         {
             // Parity not yet made consistent after an unclean stop and the members present
             // do not show it intact: what it would rebuild may be wrong, so the read fails
@@ -973,7 +989,7 @@ impl<D: BlockDev> Array<D> {
         };
         if let Ok(data) = &r {
             let m = self.geo.data_member(e.stripe, e.index);
-            if excl.minus(at.behind).contains(m) && !self.members.is_failed(m) {
+            if excl.minus(at.behind).minus(around).contains(m) && !self.members.is_failed(m) {
                 let off = self.geo.member_offset(e.stripe, e.chunk_off);
                 self.rewrite(m, off, data).await;
             }
