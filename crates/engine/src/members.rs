@@ -1169,12 +1169,14 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
                 match &mut stall {
                     None => {
                         tracing::error!(
-                            "I/O timed out on {} members at once ({over} past the timeout \
-                             {timeout:?}, {together} waiting for {:.1?} or more): more than \
-                             the array can lose, so treating it as a host stall, not failing \
-                             them; their I/O keeps waiting",
+                            "I/O timed out on {} member(s) at once ({over} past the timeout \
+                             {timeout:?}, {together} waiting for {:.1?} or more): failing \
+                             them would fail the array (members already lost: {}), so \
+                             treating it as a host stall, not failing them; their I/O keeps \
+                             waiting",
                             together.len(),
-                            timeout / 2
+                            timeout / 2,
+                            m.degraded()
                         );
                         stall = Some((now, now));
                     }
@@ -1290,6 +1292,15 @@ mod tests {
         assert_eq!(
             judge(set(&[3]), set(&[3]), set(&[0]), survives),
             Judgement::TimeOut(set(&[3]))
+        );
+        // No redundancy left (a degraded RAID5): one hung member would fail the array.
+        let raid5 = |lost: MemberSet| lost.len() <= 1;
+        assert_eq!(
+            judge(set(&[2]), set(&[2]), set(&[0]), raid5),
+            Judgement::Stall {
+                over: set(&[2]),
+                together: set(&[2])
+            }
         );
     }
 }
