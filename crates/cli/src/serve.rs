@@ -313,6 +313,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     };
     eprintln!("uraid: {name} received: finishing in-flight requests");
     tracing::info!(target: "uraid::serve", "{name} received: stopping");
+    stop_deadline(args.io_timeout);
     ctl.stop();
     sup.stop();
     let r = server.shutdown();
@@ -342,6 +343,37 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         }
     );
     Ok(())
+}
+
+/// The longest a stop may take, for an I/O timeout of `io_timeout` seconds: a member that
+/// hangs is failed after one timeout, a stop that meets a second one takes another.
+fn stop_bound(io_timeout: f64) -> Duration {
+    Duration::from_secs_f64(2.0 * io_timeout + 5.0)
+}
+
+/// Past `stop_bound` after the signal, the process exits (status 1) without finishing the
+/// stop: member I/O still waits (a host stall beyond the level's tolerance, which fails no
+/// member, or members that stop answering one after another). What it leaves is what a
+/// crash leaves: the superblocks still say "not clean" and the next start resyncs (and
+/// replays the journal); nothing acknowledged is lost (docs/invariants.md).
+fn stop_deadline(io_timeout: f64) {
+    let bound = stop_bound(io_timeout);
+    let spawned = std::thread::Builder::new()
+        .name("uraid-stop-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(bound);
+            tracing::error!(
+                target: "uraid::serve",
+                "the stop did not finish within {bound:?} (2 x --io-timeout + 5 s): member \
+                 I/O is still waiting (a host stall?); exiting without marking the array \
+                 clean: the next start resyncs, as after a crash"
+            );
+            eprintln!("uraid: stop timed out after {bound:?}: exiting without a clean stop");
+            std::process::exit(1);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(target: "uraid::serve", "no stop deadline (cannot start its thread: {e})");
+    }
 }
 
 /// The assembly plan for `members`, after the checks that refuse to start, with a warning

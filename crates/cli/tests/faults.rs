@@ -985,5 +985,183 @@ fn a_member_made_slow_mid_run_is_read_around_not_failed() {
     mems[2].set_rate("100G");
     s.stop();
     drop(mems);
+/// Waits (at most 20 s) until no process claims `members`: ring I/O a server left on a
+/// device that hung holds its file, and so its `flock`, until the device answers it.
+fn wait_unclaimed(members: &[PathBuf]) {
+    for m in members {
+        let free = wait_for(Duration::from_secs(20), || {
+            let Ok(f) = std::fs::File::open(m) else {
+                return false;
+            };
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor this closure owns; closing it releases the lock.
+            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+        });
+        assert!(free, "{} still claimed", m.display());
+    }
+}
+
+/// Stops `pid` (SIGSTOP: every I/O to its member hangs in FUSE) or lets it go on (SIGCONT).
+fn freeze(pid: u32, on: bool) {
+    let sig = if on { libc::SIGSTOP } else { libc::SIGCONT };
+    // SAFETY: kill(2) on the pid of a child this test spawned.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// SIGTERM while a member hangs (its nbdkit stopped), during a scrub and a client's reads:
+/// the member is timed out and failed, the server exits 0 within --io-timeout plus a few
+/// seconds, and the next start (the member back) serves every byte with it recorded failed.
+#[test]
+fn sigterm_with_a_hung_member_during_a_scrub_stops_within_the_timeout() {
+    let (dir, faulty, members, image) = raid5_with_faulty_member("hungstop");
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+    let mut s = serve(
+        &dir,
+        &sock,
+        &log,
+        &members,
+        &["--io-timeout", "2", "--resync-max", "8"],
+    );
+    let mut args = vec!["scrub".to_string(), "--control=unix:ctl.sock".into()];
+    args.extend(members.iter().map(|p| p.display().to_string()));
+    ok(&uraid(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &dir,
+    ));
+    let mut reader = Command::new("nbdcopy")
+        .arg(&uri)
+        .arg(dir.join("during.img"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = faulty.nbdkit.id();
+    let j = live_status(&dir, &members);
+    assert_eq!(j["scrub"]["state"], "running", "{j}");
+    freeze(pid, true);
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    s.signal(libc::SIGTERM);
+    let st = s.exit_within(Duration::from_secs(30));
+    let took = t.elapsed();
+    freeze(pid, false);
+    kill_if_running(&mut reader);
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "exit status {st}: {server_log}");
+    assert!(
+        took < Duration::from_secs(2 + 3),
+        "stop took {took:?}: {server_log}"
+    );
+    assert!(
+        server_log.contains("member 3 (") && server_log.contains("timing it out"),
+        "{server_log}"
+    );
+    let st = status_of(&members);
+    assert!(st.contains("[3/4] [UUU_]"), "{st}");
+
+    wait_unclaimed(&members);
+    let s = serve(&dir, &sock, &dir.join("serve2.log"), &members, &[]);
+    assert!(read_volume(&dir, &uri) == image, "read-back after the stop");
+    s.stop();
+    drop(faulty);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A host stall with real processes: every member of a RAID5 of three stops answering (their
+/// nbdkits stopped) for three I/O timeouts while a client reads. No member is failed (the
+/// log says it is taken for a host stall) and the read completes with the right bytes once
+/// they answer. A stop during a stall that does not end exits (status 1) within
+/// 2 x --io-timeout + 5 s; the next start has every member and serves every byte.
+#[test]
+fn host_stall_fails_no_member_and_a_stop_during_one_is_bounded() {
+    let dir = tmp("stall");
+    const SIZE: u64 = 16 << 20;
+    let faulty: Vec<FaultyMember> = (0..3)
+        .map(|i| FaultyMember::start(&dir.join(format!("f{i}")), SIZE, "0ms"))
+        .collect();
+    let members: Vec<PathBuf> = faulty.iter().map(|f| f.path().to_path_buf()).collect();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args([
+            "create", "--level", "5", "--chunk", "64K", "-N", "f", "--size", "16M",
+        ])
+        .args(&members));
+    let vol = 2 * (SIZE as usize - (1 << 20));
+    let mut image = vec![0u8; vol];
+    const MIB: usize = 1 << 20;
+    let ranges = [(0, 12 * MIB), (20 * MIB, 6 * MIB)];
+    for (i, &(off, len)) in ranges.iter().enumerate() {
+        random_into(&mut image, off, len, 900 + i as u64);
+    }
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+    let mut s = serve(&dir, &sock, &log, &members, &["--io-timeout", "1"]);
+    write_ranges(&dir, &uri, &image, &ranges, "base");
+    let pids: Vec<u32> = faulty.iter().map(|f| f.nbdkit.id()).collect();
+
+    // A stall of three timeouts under a reader (whose reads all wait on it).
+    let out = dir.join("during.img");
+    pids.iter().for_each(|&p| freeze(p, true));
+    let mut reader = Command::new("nbdcopy")
+        .arg(&uri)
+        .arg(&out)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3000));
+    let during = std::fs::read_to_string(&log).unwrap();
+    let still = matches!(reader.try_wait(), Ok(None));
+    pids.iter().for_each(|&p| freeze(p, false));
+    assert!(still, "the read finished during the stall: {during}");
+    assert!(
+        during.contains("treating it as a host stall"),
+        "no stall logged: {during}"
+    );
+    let st = reader.wait().unwrap();
+    assert!(st.success(), "the read failed after the stall: {during}");
+    assert!(
+        std::fs::read(&out).unwrap() == image,
+        "read-back after a stall"
+    );
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !server_log.contains("marking it faulty") && server_log.contains("host stall over"),
+        "{server_log}"
+    );
+
+    // A stall that does not end, and a stop.
+    pids.iter().for_each(|&p| freeze(p, true));
+    let mut reader = Command::new("nbdcopy")
+        .arg(&uri)
+        .arg(&out)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let t = Instant::now();
+    s.signal(libc::SIGTERM);
+    let st = s.exit_within(Duration::from_secs(30));
+    let took = t.elapsed();
+    pids.iter().for_each(|&p| freeze(p, false));
+    kill_if_running(&mut reader);
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(st.code(), Some(1), "{server_log}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(2 + 5 + 2),
+        "stop took {took:?}: {server_log}"
+    );
+    assert!(
+        server_log.contains("the stop did not finish within"),
+        "{server_log}"
+    );
+    let st = status_of(&members);
+    assert!(st.contains("[3/3] [UUU]"), "{st}");
+    wait_unclaimed(&members);
+    let s = serve(&dir, &sock, &dir.join("serve2.log"), &members, &[]);
+    assert!(read_volume(&dir, &uri) == image, "read-back after the stop");
+    s.stop();
+    drop(faulty);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1069,27 +1069,148 @@ pub(crate) trait HasMembers<D: BlockDev>: Send + Sync + 'static {
     fn extra_device(&self) -> Option<(&Health, &str)> {
         None
     }
+    /// Whether the array still serves every byte with the members in `lost` gone (the
+    /// host-stall rule, `judge`). By default always: every timeout fails its member.
+    fn survives(&self, _lost: MemberSet) -> bool {
+        true
+    }
 }
+
+/// What the watchdog does about the member I/O it sees in one round (`judge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Judgement {
+    /// Nothing waited past the timeout.
+    Quiet,
+    /// Time these members out (their I/O fails with ETIMEDOUT, which fails them).
+    TimeOut(MemberSet),
+    /// A host stall: I/O timed out on `together` at once (`over` past the timeout, the rest
+    /// of `together` past half of it), more members than the array can lose: none is
+    /// failed, their I/O keeps waiting.
+    Stall {
+        over: MemberSet,
+        together: MemberSet,
+    },
+}
+
+/// The watchdog's rule for one round (docs/design/failures.md, "Host stall"). `over`:
+/// members not failed whose oldest waiting I/O has waited at least the timeout; `slow`:
+/// those whose oldest waiting I/O has waited at least half of it (`over` among them: the
+/// members that timed out "at once"); `lost`: members already failed, missing or being
+/// rebuilt; `survives`: whether the array serves every byte without a set of members. If
+/// the array survives losing `slow` as well, `over` is timed out as always (md's rule: a
+/// member that stops answering is failed). If not, a timeout that hits more members at once
+/// than the level tolerates is taken for a stall of the host (memory starvation, a frozen
+/// VM), not for that many dead drives: none is failed and their I/O keeps waiting. Errors
+/// (not timeouts) still fail members, and a real loss beyond the tolerance still fails the
+/// array through them.
+pub(crate) fn judge(
+    over: MemberSet,
+    slow: MemberSet,
+    lost: MemberSet,
+    survives: impl Fn(MemberSet) -> bool,
+) -> Judgement {
+    if over.is_empty() {
+        return Judgement::Quiet;
+    }
+    let together = slow.union(over);
+    if survives(lost.union(together)) {
+        Judgement::TimeOut(over)
+    } else {
+        Judgement::Stall { over, together }
+    }
+}
+
+/// How often a host stall that goes on is logged again (at most; at least once per timeout).
+const STALL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Starts the I/O watchdog for `owner` if its policy has a timeout: a thread that checks
 /// every timeout/8 (at most 1 s) how long each member's oldest waiting I/O has waited, and
 /// aborts a member whose oldest I/O has waited longer than the timeout (per I/O, so one
-/// stuck request is caught even while the member completes others). It exits when the owner
-/// is dropped.
+/// stuck request is caught even while the member completes others), unless that would fail
+/// more members than the array tolerates (`judge`: a host stall, logged while it lasts,
+/// nothing aborted). It exits when the owner is dropped.
 pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
     let Some(timeout) = owner.members().policy.io_timeout else {
         return;
     };
     let weak: Weak<A> = Arc::downgrade(owner);
     let tick = (timeout / 8).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    // While a host stall lasts: when it began and when it was last logged.
+    let mut stall: Option<(Instant, Instant)> = None;
     let spawned = std::thread::Builder::new()
         .name("uraid-watchdog".into())
         .spawn(move || loop {
             std::thread::sleep(tick);
             let Some(a) = weak.upgrade() else { return };
             let m = a.members();
-            for (i, _, name, h) in m.generations() {
-                if h.aborted.load(Ordering::Acquire) {
+            let failed = m.failed();
+            // The slots' current devices: their ages decide between a dead member and a
+            // stalled host.
+            let (mut over, mut slow) = (MemberSet::EMPTY, MemberSet::EMPTY);
+            let mut oldest_age = Duration::ZERO;
+            for i in 0..m.count() {
+                let h = m.health(i);
+                if failed.contains(i) || h.is_aborted() {
+                    continue;
+                }
+                let Some(oldest) = h.oldest().1 else { continue };
+                let age = oldest.elapsed();
+                oldest_age = oldest_age.max(age);
+                if age >= timeout {
+                    over = over.with(i);
+                }
+                if age >= timeout / 2 {
+                    slow = slow.with(i);
+                }
+            }
+            let verdict = judge(over, slow, m.degraded(), |lost| a.survives(lost));
+            if let Judgement::Stall { over, together } = verdict {
+                let now = Instant::now();
+                match &mut stall {
+                    None => {
+                        tracing::error!(
+                            "I/O timed out on {} member(s) at once ({over} past the timeout \
+                             {timeout:?}, {together} waiting for {:.1?} or more): failing \
+                             them would fail the array (members already lost: {}), so \
+                             treating it as a host stall, not failing them; their I/O keeps \
+                             waiting",
+                            together.len(),
+                            timeout / 2,
+                            m.degraded()
+                        );
+                        stall = Some((now, now));
+                    }
+                    Some((since, logged))
+                        if now.duration_since(*logged) >= STALL_LOG_EVERY.min(timeout) =>
+                    {
+                        tracing::error!(
+                            "host stall for {:.0?}: I/O on members {together} still waiting \
+                             (the oldest for {oldest_age:.0?}); nothing failed; the server \
+                             waits as long as it lasts (a stop gives up on it, as after a \
+                             crash)",
+                            now.duration_since(*since)
+                        );
+                        *logged = now;
+                    }
+                    Some(_) => {}
+                }
+                // No timeout this round, the journal's and replacements' included: they
+                // wait on the same stalled host.
+                continue;
+            }
+            if let Some((since, _)) = stall.take() {
+                tracing::warn!(
+                    "host stall over after {:.1?}: member I/O answers again; no member was \
+                     failed for it",
+                    since.elapsed()
+                );
+            }
+            // The members `judge` timed out; failed members' I/O still waiting (a stripe
+            // operation may wait for it); replacements and replaced devices (a
+            // replacement's timeout only ends the replace): per I/O, as always.
+            for (i, g, name, h) in m.generations() {
+                let live = g == m.generation(i) && !failed.contains(i);
+                if h.is_aborted() || (live && !over.contains(i)) {
                     continue;
                 }
                 let (n, oldest) = h.oldest();
@@ -1122,5 +1243,64 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot start the I/O watchdog thread: {e}; member I/O has no timeout");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{judge, Judgement};
+    use uraid_core::MemberSet;
+
+    fn set(m: &[usize]) -> MemberSet {
+        m.iter().copied().collect()
+    }
+
+    /// RAID6 of 6 (any two lost survive): timeouts on at most two members fail them; on
+    /// more at once (the rest of `slow` counted with them) none is failed; members already
+    /// lost count against the tolerance.
+    #[test]
+    fn judge_tells_a_host_stall_from_dead_members() {
+        let survives = |lost: MemberSet| lost.len() <= 2;
+        assert_eq!(
+            judge(set(&[]), set(&[1, 2]), set(&[]), survives),
+            Judgement::Quiet
+        );
+        assert_eq!(
+            judge(set(&[3]), set(&[3]), set(&[]), survives),
+            Judgement::TimeOut(set(&[3]))
+        );
+        assert_eq!(
+            judge(set(&[3, 4]), set(&[]), set(&[]), survives),
+            Judgement::TimeOut(set(&[3, 4]))
+        );
+        // Two past the timeout, a third past half of it: three at once.
+        assert_eq!(
+            judge(set(&[3, 4]), set(&[3, 4, 5]), set(&[]), survives),
+            Judgement::Stall {
+                over: set(&[3, 4]),
+                together: set(&[3, 4, 5])
+            }
+        );
+        // One lost already: two more at once is one too many.
+        assert_eq!(
+            judge(set(&[3]), set(&[3, 4]), set(&[0]), survives),
+            Judgement::Stall {
+                over: set(&[3]),
+                together: set(&[3, 4])
+            }
+        );
+        assert_eq!(
+            judge(set(&[3]), set(&[3]), set(&[0]), survives),
+            Judgement::TimeOut(set(&[3]))
+        );
+        // No redundancy left (a degraded RAID5): one hung member would fail the array.
+        let raid5 = |lost: MemberSet| lost.len() <= 1;
+        assert_eq!(
+            judge(set(&[2]), set(&[2]), set(&[0]), raid5),
+            Judgement::Stall {
+                over: set(&[2]),
+                together: set(&[2])
+            }
+        );
     }
 }

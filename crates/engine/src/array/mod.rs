@@ -184,6 +184,10 @@ impl<D: BlockDev> HasMembers<D> for Array<D> {
     fn extra_device(&self) -> Option<(&crate::members::Health, &str)> {
         self.journal.get().map(|j| (&j.health, j.name()))
     }
+
+    fn survives(&self, lost: MemberSet) -> bool {
+        self.geo.survives(lost)
+    }
 }
 
 impl<D: BlockDev> Array<D> {
