@@ -24,6 +24,11 @@
 //!   it, so no commit counts past it), records already durable finish their member writes,
 //!   the members are flushed (write-back: what only the journal held), a superblock round
 //!   records "no journal", and only then do stripe operations continue without it.
+//! * A dropped future never leaves a sequence number in flight (the checkpoint could never
+//!   pass it, the log would fill and every writer wait): a record dropped before it is
+//!   durable poisons the journal (`Abandon`), one dropped after it (`Applied`, a deferred
+//!   finish: `Journal::release`) too unless its member writes all completed; each releases
+//!   its sequence number on drop.
 //! * Assertions (`assert!`, also in release: each is O(1) per record or checkpoint, and a
 //!   violation would make replay write the wrong bytes): a record never straddles the end
 //!   of a lap and positions only move forward (`reserve`); a checkpoint never moves the
@@ -438,8 +443,10 @@ impl<D: BlockDev> Journal<D> {
     }
 }
 
-/// A record reserved whose write has not finished: dropping it (a cancelled request)
-/// poisons the journal (`Journal::log`).
+/// A record reserved that is not durable yet: dropping it (a cancelled request, before its
+/// write completed or during its commit) poisons the journal and releases the sequence
+/// number (`Journal::log`), so neither a commit nor a checkpoint nor the fallback waits
+/// for it.
 struct Abandon<'a, D: BlockDev> {
     j: &'a Journal<D>,
     seq: u64,
@@ -616,9 +623,15 @@ impl<D: BlockDev> Journal<D> {
                 crate::reactor::yield_now().await;
             }
         };
-        // From here until the write's outcome is known, a dropped future (runtime shutdown)
-        // abandons the record: the journal is marked failed, never left with a gap that a
-        // later commit could count past.
+        // From here until the record is durable (or its failure handled), a dropped future
+        // (runtime shutdown, an embedder's timeout) abandons the record: the journal is
+        // marked failed and the sequence number leaves the in-flight set, so nobody waits
+        // for it (`Abandon`). Dropped before its write completed, the log may hold a gap a
+        // later commit must not count past; dropped during its commit, the record may yet
+        // become durable without its member writes ever being issued, and replaying it
+        // before a later record of the same stripe (computed from the members without it)
+        // would leave that stripe's parity wrong. After the poison no record is written
+        // again: replay applies at most this one, last for its stripe.
         let mut guard = Abandon {
             j,
             seq,
@@ -638,11 +651,11 @@ impl<D: BlockDev> Journal<D> {
             j.failed.store(true, Ordering::SeqCst);
         }
         j.lock().unwritten.remove(&seq);
-        guard.armed = false;
         let r = match r {
             Ok(()) => j.commit(seq).await,
             Err(e) => Err(e),
         };
+        guard.armed = false;
         if let Err(e) = r {
             j.lock().inflight.remove(&seq);
             self.fail(geo, meta, members, &e).await;
