@@ -18,6 +18,7 @@ use uraid_core::format::JournalMode;
 struct OwnedApplied<D: BlockDev> {
     a: Arc<Array<D>>,
     seq: u64,
+    bytes: u64,
     region: Option<u64>,
     held: Option<HeldStripe>,
     done: bool,
@@ -26,7 +27,7 @@ struct OwnedApplied<D: BlockDev> {
 impl<D: BlockDev> Drop for OwnedApplied<D> {
     fn drop(&mut self) {
         if let Some(j) = self.a.journal.get() {
-            j.release(self.seq, self.done);
+            j.release(self.seq, self.bytes, self.done);
         }
         self.a.intent.deferred_end(self.region);
         if let Some(h) = self.held.take() {
@@ -141,10 +142,11 @@ impl<D: BlockDev> Array<D> {
     /// the stripe unlocked — in a task of this reactor, so the acknowledged writers return
     /// now. Readers of the stripe wait for the lock meanwhile (`wait_deferred`).
     pub(crate) fn finish_deferred(self: &Arc<Self>, held: HeldStripe, d: Deferred) {
-        let (seq, writes, region) = d.into_parts();
+        let (seq, bytes, writes, region) = d.into_parts();
         let mut rec = OwnedApplied {
             a: self.clone(),
             seq,
+            bytes,
             region,
             held: Some(held),
             done: false,
@@ -182,6 +184,14 @@ impl<D: BlockDev> Array<D> {
     pub(crate) async fn journal_drain(&self) {
         if let Some(j) = self.journal.get() {
             j.drain().await;
+        }
+    }
+
+    /// Bounds write-back's deferred member writes to `bytes` (`Journal::reserve_deferred`;
+    /// default `journal::DEFAULT_DEFERRED_LIMIT`). No effect without a journal.
+    pub fn set_deferred_limit(&self, bytes: u64) {
+        if let Some(j) = self.journal.get() {
+            j.set_deferred_limit(bytes);
         }
     }
 
