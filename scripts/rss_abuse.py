@@ -15,10 +15,12 @@ server's peak resident set (VmHWM in /proc/PID/status) and then checks that noth
 
 The NBD client is written here over a Unix socket (no libnbd Python bindings needed).
 Usage: python3 scripts/rss_abuse.py [--bin target/release/uraid] [--dir /tmp/uraid-rss]
-       [--seconds 15] [--bound-mib 1024] [--conns 128] [scenario ...]
+       [--seconds 15] [--bound-mib 1024] [--conns 128] [--write-back-memory SIZE]
+       [scenario ...]
 """
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -129,7 +131,8 @@ class Env:
         self.dir = os.path.join(args.dir, tag)
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
-        self.procs, self.mounts = [], []
+        self.procs, self.mounts, self.server = [], [], None
+        ENVS.append(self)
 
     def slow_member(self, i, size, delay):
         """A member file behind nbdkit's delay filter, mounted back with nbdfuse."""
@@ -165,9 +168,10 @@ class Env:
 
     def serve(self, members, extra=()):
         sock = os.path.join(self.dir, "nbd.sock")
+        self.control = os.path.join(self.dir, "control.sock")
         log = open(os.path.join(self.dir, "serve.log"), "w")
         p = subprocess.Popen([self.args.bin, "serve", "--listen", f"unix:{sock}", "--control",
-                              "none", *extra, *members], stdout=log, stderr=log)
+                              f"unix:{self.control}", *extra, *members], stdout=log, stderr=log)
         for _ in range(500):
             if os.path.exists(sock):
                 break
@@ -179,16 +183,39 @@ class Env:
         return sock
 
     def stop(self):
-        self.server.send_signal(2)
-        try:
-            self.server.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
+        """Stops the server (SIGINT, then SIGKILL after 120 s), unmounts, stops nbdkit."""
+        if self.server is not None:
+            self.server.send_signal(2)
+            try:
+                self.server.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
+            self.server = None
         for m in self.mounts:
             subprocess.run(["fusermount3", "-u", m], capture_output=True)
         for p in self.procs:
             p.kill()
             p.wait()
+        self.mounts, self.procs = [], []
+
+
+ENVS = []
+
+
+def status(control):
+    """GET /status on the control socket, as JSON."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(control)
+    s.sendall(b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n")
+    b = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        b += c
+    s.close()
+    return json.loads(b.split(b"\r\n\r\n", 1)[1])
 
 
 def patterns(n=16):
@@ -234,12 +261,13 @@ def verify(sock, name, blk, last, pats):
 
 def scenario_slow(args, pats):
     env = Env(args, "slow")
-    size = 64 * MIB
+    size = args.member_mib * MIB
     members = [env.slow_member(i, size, args.delay) for i in range(6)]
     journal = env.file_member("journal", 1024 * MIB)
     run([args.bin, "create", "--level", "6", "--chunk", "64K", "-N", "rss", "--journal-mode",
          "write-back", "--journal", journal, *members])
-    sock = env.serve(members + [journal])
+    extra = ["--write-back-memory", args.write_back_memory] if args.write_back_memory else []
+    sock = env.serve(members + [journal], extra)
     c = Client(sock, b"rss")
     vol = c.size
     c.close()
@@ -252,6 +280,10 @@ def scenario_slow(args, pats):
     for t in ts:
         t.start()
     peak_deferred = 0
+    while any(t.is_alive() for t in ts):
+        j = status(env.control).get("journal") or {}
+        peak_deferred = max(peak_deferred, j.get("deferred_bytes", 0))
+        time.sleep(0.05)
     for t in ts:
         t.join()
     written = len(last)
@@ -260,8 +292,9 @@ def scenario_slow(args, pats):
     env.stop()
     return dict(name="slow members, write-back journal 1 GiB, 8 clients writing 1 MiB at QD8",
                 hwm_mib=hwm / 1024, bad=bad, blocks=written, secs=time.time() - t0,
-                note=f"members behind nbdkit delay-write={args.delay}; "
-                     f"--write-back-memory default 256M")
+                note=f"peak deferred {peak_deferred / MIB:.0f} MiB; "
+                     f"members behind nbdkit delay-write={args.delay}; "
+                     f"--write-back-memory {args.write_back_memory or 'default (256M)'}")
 
 
 def scenario_noread(args, pats):
@@ -279,44 +312,27 @@ def scenario_noread(args, pats):
         assert c.reply()[1] == 0
         last[b] = b % 16
     c.close()
-    abusers = []
-    for k in range(4):
-        a = Client(sock, b"rss")
-        a.s.setblocking(False)
-        abusers.append(a)
+    abusers = [Client(sock, b"rss") for _ in range(4)]
     hdr = lambda typ, h, off, ln: struct.pack(">IHHQQI", REQ_MAGIC, 0, typ, h, off, ln)
-    deadline = time.time() + args.seconds
-    sent = [0] * len(abusers)
-    pending = [b""] * len(abusers)
-    while time.time() < deadline:
-        progress = False
-        for k, a in enumerate(abusers):
-            while len(pending[k]) < 4096:
-                i = sent[k]
-                typ = CMD_READ if k % 2 == 0 else CMD_BLOCK_STATUS
-                off = (i * 32 * MIB) % (vol - 32 * MIB) if typ == CMD_READ else 0
-                ln = 32 * MIB if typ == CMD_READ else vol
-                pending[k] += hdr(typ, i, off, ln)
-                sent[k] += 1
-            try:
-                n = a.s.send(pending[k])
-                pending[k] = pending[k][n:]
-                progress = progress or n > 0
-            except BlockingIOError:
-                pass
-        if not progress:
-            time.sleep(0.05)
-    # Whatever is still unsent goes out now (the replies below are read meanwhile by
-    # the server's answers arriving; a blocking send of a few KiB completes once read).
+    # Each client sends all its requests at once (a thread blocks once the server stops
+    # reading them) and reads no reply for --seconds: READ clients 64 x 32 MiB (2 GiB
+    # asked each), BLOCK_STATUS clients 20,000 whole-volume requests each.
+    sent = [args.reads if k % 2 == 0 else args.statuses for k in range(len(abusers))]
+
+    def requests(k):
+        for i in range(sent[k]):
+            if k % 2 == 0:
+                yield hdr(CMD_READ, i, (i * 32 * MIB) % (vol - 32 * MIB), 32 * MIB)
+            else:
+                yield hdr(CMD_BLOCK_STATUS, i, 0, vol)
+
     for k, a in enumerate(abusers):
-        a.s.setblocking(True)
-        threading.Thread(target=a.s.sendall, args=(pending[k],)).start()
-    time.sleep(1)
+        threading.Thread(target=a.s.sendall, args=(b"".join(requests(k)),)).start()
+    time.sleep(args.seconds)
     hwm = hwm_kib(env.server.pid)
     # Now read every reply: reads must carry the data written (or zeros for the holes).
     bad = 0
     for k, a in enumerate(abusers):
-        a.s.setblocking(True)
         for _ in range(sent[k]):
             h, err, data = a.reply()
             if err:
@@ -332,9 +348,10 @@ def scenario_noread(args, pats):
         a.close()
     bad += verify(sock, b"rss", MIB, last, pats)
     env.stop()
-    return dict(name="4 clients never reading replies: 2 x 32 MiB READs, 2 x whole-volume "
-                     "BLOCK_STATUS", hwm_mib=hwm / 1024, bad=bad, blocks=sum(sent),
-                secs=args.seconds, note="requests sent until the server stopped reading")
+    return dict(name=f"4 clients reading no reply for {args.seconds:.0f} s: 2 x {args.reads} "
+                     f"READs of 32 MiB, 2 x {args.statuses} whole-volume BLOCK_STATUS",
+                hwm_mib=hwm / 1024, bad=bad, blocks=sum(sent), secs=args.seconds,
+                note="then every reply read and checked")
 
 
 def scenario_conns(args, pats):
@@ -368,13 +385,24 @@ def main():
     ap.add_argument("--bound-mib", type=int, default=1024)
     ap.add_argument("--conns", type=int, default=128)
     ap.add_argument("--delay", default="5ms")
+    ap.add_argument("--write-back-memory", help="passed to serve in the slow scenario")
+    ap.add_argument("--member-mib", type=int, default=128, help="slow scenario's members")
+    ap.add_argument("--reads", type=int, default=64)
+    ap.add_argument("--statuses", type=int, default=20000)
     ap.add_argument("scenarios", nargs="*", default=["slow", "noread", "conns"])
     args = ap.parse_args()
     pats = patterns()
     rows, ok = [], True
     for s in args.scenarios:
-        r = {"slow": scenario_slow, "noread": scenario_noread, "conns": scenario_conns}[s](
-            args, pats)
+        try:
+            r = {"slow": scenario_slow, "noread": scenario_noread, "conns": scenario_conns}[s](
+                args, pats)
+        finally:
+            for e in ENVS:
+                if e.server is not None and e.server.poll() is None:
+                    e.server.kill()
+                    e.server.wait()
+                e.stop()
         met = r["hwm_mib"] <= args.bound_mib and r["bad"] == 0
         ok &= met
         rows.append(r)
