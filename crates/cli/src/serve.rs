@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// Resync rate while clients are idle, MB/s; 0: unlimited (md's sync_speed_max).
     #[arg(long, value_name = "MB/S", default_value_t = 0)]
     pub resync_max: u64,
+    /// Write-back journal: memory held for acknowledged writes on their way to the members
+    /// (data and parity). At this bound new writes wait for the members, as in write-through
+    /// mode, until the slow members catch up.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = size::parse)]
+    pub write_back_memory: u64,
     /// Control socket (HTTP/JSON, `uraid status`, `uraid watch`, curl): unix:PATH or none.
     /// Default: unix:/run/uraid/NAME.sock, or unix:uraid-data/control.sock for the
     /// embedded default volume.
@@ -187,6 +192,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     };
     // Members first: a member another process holds is refused before any socket is bound.
     let array = assemble::open_volume(&plan, Some(rt.handle()), opts)?;
+    array.array().set_deferred_limit(args.write_back_memory);
     // Then the control socket, before any NBD socket: nothing has been served if it fails.
     // The default one is optional (a non-root user cannot create /run/uraid; another array
     // of the same name may hold it): without it the server runs and says so.

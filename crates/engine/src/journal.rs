@@ -24,6 +24,18 @@
 //!   it, so no commit counts past it), records already durable finish their member writes,
 //!   the members are flushed (write-back: what only the journal held), a superblock round
 //!   records "no journal", and only then do stripe operations continue without it.
+//! * A dropped future never leaves a sequence number in flight (the checkpoint could never
+//!   pass it, the log would fill and every writer wait): a record dropped before it is
+//!   durable poisons the journal (`Abandon`), one dropped after it (`Applied`, a deferred
+//!   finish: `Journal::release`) too unless its member writes all completed; each releases
+//!   its sequence number on drop.
+//! * Write-back's deferred member writes are bounded in bytes (`deferred_limit`, default
+//!   `DEFAULT_DEFERRED_LIMIT`): a record is deferred only if its bytes fit under the bound
+//!   (`reserve_deferred`, counted until its finish releases them); otherwise its writer
+//!   does the member writes itself before it is acknowledged, as in write-through mode, so
+//!   at the bound new writes wait for the members and never fail. The wait needs nothing a
+//!   deferred write holds (those hold only their own stripe and do member I/O), so it cannot
+//!   deadlock.
 //! * Assertions (`assert!`, also in release: each is O(1) per record or checkpoint, and a
 //!   violation would make replay write the wrong bytes): a record never straddles the end
 //!   of a lap and positions only move forward (`reserve`); a checkpoint never moves the
@@ -67,6 +79,9 @@ pub struct Journal<D: BlockDev> {
     reported: AtomicBool,
     checkpoint_running: AtomicBool,
     stats: JournalStats,
+    /// Bytes of deferred member writes held in memory now, and their bound (module docs).
+    deferred_bytes: AtomicU64,
+    deferred_limit: AtomicU64,
     /// I/O timeouts: the array's watchdog ages the journal's I/Os like a member's and aborts
     /// them (ETIMEDOUT: the journal fails, the array falls back to bitmap mode).
     pub(crate) health: crate::members::Health,
@@ -116,7 +131,17 @@ pub struct JournalStatus {
     pub checkpoints: u64,
     /// Records replayed when the array was assembled.
     pub replayed: u64,
+    /// Write-back: bytes of acknowledged member writes held in memory until the members
+    /// have them, and their bound.
+    pub deferred_bytes: u64,
+    pub deferred_limit: u64,
 }
+
+/// The default bound of write-back's deferred member writes: 256 MiB, a burst of a quarter
+/// second at 1 GB/s of member writes held for slow members (md's stripe cache holds far
+/// less, 256 stripes), well under the 1 GiB a server should stay within; a record larger
+/// than the bound is never deferred.
+pub const DEFAULT_DEFERRED_LIMIT: u64 = 256 << 20;
 
 /// Reads both superblock slots of a journal device.
 fn read_super<J: BlockDev>(dev: &J) -> Result<JournalSuper, String> {
@@ -342,6 +367,8 @@ impl<D: BlockDev> Journal<D> {
             watched: AtomicBool::new(false),
             checkpoint_running: AtomicBool::new(false),
             stats: JournalStats::default(),
+            deferred_bytes: AtomicU64::new(0),
+            deferred_limit: AtomicU64::new(DEFAULT_DEFERRED_LIMIT),
         };
         j.stats.replayed.store(replayed, Ordering::Relaxed);
         j
@@ -438,8 +465,10 @@ impl<D: BlockDev> Journal<D> {
     }
 }
 
-/// A record reserved whose write has not finished: dropping it (a cancelled request)
-/// poisons the journal (`Journal::log`).
+/// A record reserved that is not durable yet: dropping it (a cancelled request, before its
+/// write completed or during its commit) poisons the journal and releases the sequence
+/// number (`Journal::log`), so neither a commit nor a checkpoint nor the fallback waits
+/// for it.
 struct Abandon<'a, D: BlockDev> {
     j: &'a Journal<D>,
     seq: u64,
@@ -483,21 +512,29 @@ impl<D: BlockDev> Applied<'_, D> {
     }
 
     /// Hands the record's member writes to the task that finishes them (`Array::finish_deferred`,
-    /// which releases the record: `Journal::release`).
+    /// which releases the record: `Journal::release`) if their bytes fit under the bound of
+    /// deferred writes (`Journal::reserve_deferred`); else gives them back with the record,
+    /// for the caller to write before it is acknowledged.
+    #[allow(clippy::type_complexity)]
     pub(crate) fn defer(
         mut self,
         writes: Vec<(usize, u64, IoBuf)>,
         region: Option<u64>,
-    ) -> Deferred {
+    ) -> Result<Deferred, (Self, Vec<(usize, u64, IoBuf)>)> {
+        let bytes: u64 = writes.iter().map(|w| w.2.len() as u64).sum();
+        if !self.j.reserve_deferred(bytes) {
+            return Err((self, writes));
+        }
         self.done = true;
         let seq = self.seq;
         // Still in flight: the deferred writer removes it when its writes completed.
         self.seq = u64::MAX;
-        Deferred {
+        Ok(Deferred {
             seq,
+            bytes,
             writes,
             region,
-        }
+        })
     }
 }
 
@@ -505,6 +542,8 @@ impl<D: BlockDev> Applied<'_, D> {
 /// (write-back journal on reactors): the stripe stays locked until they completed.
 pub(crate) struct Deferred {
     seq: u64,
+    /// Counted in the journal's deferred bytes until released.
+    bytes: u64,
     writes: Vec<(usize, u64, IoBuf)>,
     region: Option<u64>,
 }
@@ -521,10 +560,11 @@ impl<D: BlockDev> Drop for Applied<'_, D> {
 }
 
 impl Deferred {
-    /// The record's sequence number, its member writes and its write-intent region (the
-    /// task that finishes it: `Journal::release` once the writes completed).
-    pub(crate) fn into_parts(self) -> (u64, Vec<(usize, u64, IoBuf)>, Option<u64>) {
-        (self.seq, self.writes, self.region)
+    /// The record's sequence number, its bytes, its member writes and its write-intent
+    /// region (the task that finishes it: `Journal::release` once the writes completed).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn into_parts(self) -> (u64, u64, Vec<(usize, u64, IoBuf)>, Option<u64>) {
+        (self.seq, self.bytes, self.writes, self.region)
     }
 }
 
@@ -543,13 +583,31 @@ impl<D: BlockDev> Journal<D> {
         self.watched.store(on, Ordering::Relaxed);
     }
 
-    /// A deferred record (`Applied::defer`) is finished: its member writes completed (`done`)
-    /// or were dropped (not done: the journal is poisoned, the record is replayed).
-    pub(crate) fn release(&self, seq: u64, done: bool) {
+    /// A deferred record (`Applied::defer`) of `bytes` is finished: its member writes
+    /// completed (`done`) or were dropped (not done: the journal is poisoned, the record is
+    /// replayed).
+    pub(crate) fn release(&self, seq: u64, bytes: u64, done: bool) {
         if !done {
             self.failed.store(true, Ordering::SeqCst);
         }
         self.lock().inflight.remove(&seq);
+        self.deferred_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Sets the bound of deferred member writes in bytes (module docs).
+    pub(crate) fn set_deferred_limit(&self, bytes: u64) {
+        self.deferred_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts `bytes` of member writes as deferred if they fit under the bound; false: the
+    /// caller writes them itself (module docs).
+    pub(crate) fn reserve_deferred(&self, bytes: u64) -> bool {
+        let limit = self.deferred_limit.load(Ordering::Relaxed);
+        self.deferred_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= limit).then_some(held + bytes)
+            })
+            .is_ok()
     }
 
     /// Logs the member writes of one stripe operation of an array of geometry `geo` over
@@ -616,9 +674,15 @@ impl<D: BlockDev> Journal<D> {
                 crate::reactor::yield_now().await;
             }
         };
-        // From here until the write's outcome is known, a dropped future (runtime shutdown)
-        // abandons the record: the journal is marked failed, never left with a gap that a
-        // later commit could count past.
+        // From here until the record is durable (or its failure handled), a dropped future
+        // (runtime shutdown, an embedder's timeout) abandons the record: the journal is
+        // marked failed and the sequence number leaves the in-flight set, so nobody waits
+        // for it (`Abandon`). Dropped before its write completed, the log may hold a gap a
+        // later commit must not count past; dropped during its commit, the record may yet
+        // become durable without its member writes ever being issued, and replaying it
+        // before a later record of the same stripe (computed from the members without it)
+        // would leave that stripe's parity wrong. After the poison no record is written
+        // again: replay applies at most this one, last for its stripe.
         let mut guard = Abandon {
             j,
             seq,
@@ -638,11 +702,11 @@ impl<D: BlockDev> Journal<D> {
             j.failed.store(true, Ordering::SeqCst);
         }
         j.lock().unwritten.remove(&seq);
-        guard.armed = false;
         let r = match r {
             Ok(()) => j.commit(seq).await,
             Err(e) => Err(e),
         };
+        guard.armed = false;
         if let Err(e) = r {
             j.lock().inflight.remove(&seq);
             self.fail(geo, meta, members, &e).await;
@@ -868,6 +932,8 @@ impl<D: BlockDev> Journal<D> {
             commits: l(&j.stats.commits),
             checkpoints: l(&j.stats.checkpoints),
             replayed: l(&j.stats.replayed),
+            deferred_bytes: l(&j.deferred_bytes),
+            deferred_limit: l(&j.deferred_limit),
         }
     }
 }

@@ -162,17 +162,34 @@ impl<D: BlockDev> Volume<D> {
 
     /// Runs of `[off, off+len)`, clipped to the range.
     pub fn allocation(&self, off: u64, len: u64) -> Result<Vec<Run>, ArrayError> {
+        self.allocation_prefix(off, len, usize::MAX, u64::MAX)
+    }
+
+    /// The runs of a prefix of `[off, off+len)`: at most `max_runs` runs (≥ 1) and
+    /// `max_granules` granules looked at (≥ 1), so the work and the list are bounded
+    /// whatever the range (NBD block status answers for a prefix).
+    pub fn allocation_prefix(
+        &self,
+        off: u64,
+        len: u64,
+        max_runs: usize,
+        max_granules: u64,
+    ) -> Result<Vec<Run>, ArrayError> {
         self.array.validate(off, len)?;
         let gr = self.map.granule;
         let end = off + len;
         let mut out: Vec<Run> = Vec::new();
         let mut pos = off;
-        while pos < end {
+        let mut looked = 0u64;
+        while pos < end && looked < max_granules.max(1) {
             let g = pos / gr;
             let next = ((g + 1) * gr).min(end);
             let a = self.map.is_set(g);
+            looked += 1;
+            let full = out.len() >= max_runs.max(1);
             match out.last_mut() {
                 Some(last) if last.allocated == a => last.len += next - pos,
+                _ if full => break,
                 _ => out.push(Run {
                     off: pos,
                     len: next - pos,

@@ -715,3 +715,88 @@ fn loops_with_inline_io_share_their_reactors_fairly() {
     drop(vol);
     rt.shutdown();
 }
+
+/// Write-back's deferred member writes are bounded in bytes: with one member holding every
+/// write (a slow member) and a bound of three stripe records, writes over every stripe on
+/// both reactors are acknowledged until the held bytes reach the bound, then wait (none
+/// fails); the held bytes never pass the bound; once the member answers every write
+/// completes and reads back, and nothing stays held.
+#[test]
+fn write_back_deferred_bytes_stay_under_their_bound() {
+    let rt = Runtime::new(2, 64, true).unwrap();
+    let (vol, faults, _j) = write_back_raid5(&rt);
+    let (sw, stripes) = (3 * 4096usize, vol.size() / (3 * 4096));
+    let record = 4 * 4096u64; // a full-stripe record: three data chunks and P
+    let limit = 3 * record;
+    vol.array().set_deferred_limit(limit);
+    let held = move |v: &Volume<uraid_sim::MemDev>| {
+        let j = v.array().journal_status().unwrap();
+        assert_eq!(j.deferred_limit, limit);
+        j.deferred_bytes
+    };
+    // Allocate every granule first (map pages bypass the journal), then let it settle.
+    let v = vol.clone();
+    rt.handle()
+        .block_on(0, move || async move {
+            v.write(0, Arc::new(vec![1u8; v.size() as usize])).await
+        })
+        .unwrap();
+    settle(&rt, &vol, 0, vol.size());
+    faults[2].hold();
+    let mut image = vec![1u8; vol.size() as usize];
+    let mut done = Vec::new();
+    for s in 0..stripes {
+        let data = vec![10 + s as u8; sw];
+        image[s as usize * sw..(s as usize + 1) * sw].copy_from_slice(&data);
+        let v = vol.clone();
+        done.push(rt.handle().spawn_on(s as usize % 2, move || async move {
+            v.write(s * sw as u64, Arc::new(data)).await
+        }));
+    }
+    let mut peak = 0;
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) {
+        peak = peak.max(held(&vol));
+        assert!(peak <= limit, "{peak} bytes deferred, bound {limit}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let results: Vec<Option<Result<(), uraid_engine::ArrayError>>> = done
+        .iter_mut()
+        .map(|rx| rx.try_recv().ok().flatten())
+        .collect();
+    let acked = results.iter().filter(|r| r.is_some()).count();
+    eprintln!("member 2 held: {acked} of {stripes} writes acknowledged, {peak} bytes deferred");
+    assert_eq!(peak, limit, "the deferred writes never reached the bound");
+    assert!(
+        acked < stripes as usize,
+        "every write was acknowledged: nothing waited at the bound"
+    );
+    faults[2].release();
+    let watch = std::thread::spawn({
+        let vol = vol.clone();
+        move || {
+            let mut peak = 0;
+            for _ in 0..200 {
+                peak = peak.max(held(&vol));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            peak
+        }
+    });
+    for (rx, r) in done.into_iter().zip(results) {
+        let r = r.unwrap_or_else(|| futures::executor::block_on(rx).expect("write task"));
+        r.expect("a write at the bound failed");
+    }
+    assert!(watch.join().unwrap() <= limit);
+    assert!(
+        read_all(&rt, &vol) == image,
+        "read-back after the member answered"
+    );
+    let v = vol.clone();
+    rt.handle()
+        .block_on(0, move || async move { v.close().await })
+        .unwrap();
+    assert_eq!(held(&vol), 0, "deferred bytes left after a clean close");
+    drop(vol);
+    rt.shutdown();
+}

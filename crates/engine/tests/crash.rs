@@ -7,8 +7,8 @@
 use uraid_core::format::JournalMode;
 use uraid_core::Level;
 use uraid_sim::crash::{
-    journal_failure_every_cut, journal_read_error_fails_assembly, run_replay_then_member_returns,
-    run_trial, run_two_stage, TrialConfig,
+    dropped_write_every_poll, journal_failure_every_cut, journal_read_error_fails_assembly,
+    run_replay_then_member_returns, run_trial, run_two_stage, TrialConfig,
 };
 
 fn trials(default: u64) -> u64 {
@@ -665,5 +665,32 @@ fn journal_read_error_fails_the_assembly() {
         let had =
             journal_read_error_fails_assembly(&cfg).unwrap_or_else(|e| panic!("{level}: {e}"));
         assert!(had, "{level}: the journal held no record");
+    }
+}
+
+/// A write future dropped at every await point (polled N times, then dropped, for every N
+/// until it completes), both journal modes: later writes and the journal's checkpoints go
+/// on (or the abandoned record poisoned the journal and the array switched to bitmap mode),
+/// and after a power cut every byte reads back, whole and with each member out
+/// (`uraid_sim::crash::dropped_write_every_poll`). Before the fix, a future dropped during
+/// its record's commit left the sequence number in flight: the log filled and the later
+/// writes spun.
+#[test]
+fn dropped_write_future_never_blocks_the_journal() {
+    for (level, members) in [(Level::Raid5, 4), (Level::Raid6, 6)] {
+        for mode in [JournalMode::WriteThrough, JournalMode::WriteBack] {
+            let r =
+                dropped_write_every_poll(level, members, mode).unwrap_or_else(|e| panic!("{e}"));
+            println!("{level} {mode:?}: {r:?}");
+            assert!(r.drops > 3, "{level} {mode:?}: too few drop points: {r:?}");
+            assert!(
+                r.active > 0,
+                "{level} {mode:?}: no drop before the record: {r:?}"
+            );
+            assert!(
+                r.poisoned > 0,
+                "{level} {mode:?}: no drop inside the record: {r:?}"
+            );
+        }
     }
 }

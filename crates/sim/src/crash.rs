@@ -1203,3 +1203,158 @@ pub fn journal_read_error_fails_assembly(cfg: &TrialConfig) -> Result<bool, Stri
         Ok(_) => Err("assembled although the journal could not be read".into()),
     }
 }
+
+/// Polls `fut` with a no-op waker until it is ready, at most `max` times (the members and
+/// the journal complete in memory, each operation after one yield): Err if it never was,
+/// a writer spinning forever.
+fn poll_bounded<T>(fut: impl std::future::Future<Output = T>, max: u64) -> Result<T, String> {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    for _ in 0..max {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return Ok(v);
+        }
+    }
+    Err(format!("not done after {max} polls"))
+}
+
+/// What `dropped_write_every_poll` saw over its drop points.
+#[derive(Debug, Default)]
+pub struct DroppedWrites {
+    /// Drop points tried (the write future polled 1, 2, ... times, then dropped).
+    pub drops: u64,
+    /// Of which the journal stayed in service (and its checkpoints moved on)...
+    pub active: u64,
+    /// ...or was poisoned by the abandoned record (the array switched to bitmap mode).
+    pub poisoned: u64,
+}
+
+/// A write future dropped at every await point: for N = 1, 2, ... a read-modify-write into a
+/// journalled array is polled N times and dropped (until N polls complete it). Afterwards
+/// later writes, into the same stripe and elsewhere, enough to wrap the small trial log
+/// several times, must complete (no writer waits for the dropped sequence number); the
+/// journal's checkpoints must have moved on, or the journal was poisoned and the switch to
+/// bitmap mode is done. Then the power is cut after a FLUSH and the array reassembled, whole
+/// and with each member left out: every byte reads as written (the dropped write's range
+/// was overwritten), or, only in bitmap mode with a member out, is refused on a stripe the
+/// bitmap marks.
+pub fn dropped_write_every_poll(
+    level: Level,
+    members: usize,
+    mode: JournalMode,
+) -> Result<DroppedWrites, String> {
+    let cfg = TrialConfig {
+        level,
+        members,
+        chunk: 4096,
+        rows: 8,
+        seed: 3,
+        tasks: 1,
+        ops_per_task: 0,
+        fail_members: false,
+        lose_after: 0,
+        resync: false,
+        bitmap_daemon: false,
+        journal: Some(mode),
+        journal_fault: false,
+    };
+    use std::future::Future as _;
+    let mut seen = DroppedWrites::default();
+    const POLLS: u64 = 1_000_000;
+    for n in 1.. {
+        let ctx = |e: String| format!("{level} {mode:?}, dropped after {n} polls: {e}");
+        let (vol, _faults, clock) = build(&cfg, 0);
+        let size = vol.size();
+        let sdb = vol.geometry().stripe_data_bytes();
+        let mut model = crate::Model::new(size);
+        let base = crate::payload(100, size as usize);
+        poll_bounded(vol.write(0, base.clone()), POLLS)
+            .map_err(ctx)?
+            .map_err(|e| ctx(e.to_string()))?;
+        poll_bounded(vol.flush(), POLLS)
+            .map_err(ctx)?
+            .map_err(|e| ctx(e.to_string()))?;
+        model.write(0, &base);
+        let cps0 = vol.array().journal_status().map_or(0, |j| j.checkpoints);
+        // The write dropped: one chunk of stripe 1 (a read-modify-write).
+        let (woff, wlen) = (sdb + 4096, 4096u64);
+        let mut w = Box::pin(vol.write(woff, crate::payload(200, wlen as usize)));
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        let mut finished = false;
+        for _ in 0..n {
+            if let std::task::Poll::Ready(r) = w.as_mut().poll(&mut cx) {
+                r.map_err(|e| ctx(format!("the write itself: {e}")))?;
+                finished = true;
+                break;
+            }
+        }
+        drop(w);
+        // Later writes: the dropped write's range first (so its bytes are known), then
+        // small writes over every stripe, round and round.
+        let mut later = vec![(woff, wlen)];
+        for i in 0..48u64 {
+            later.push(((i % 8) * sdb + (i % 3) * 4096, 4096));
+        }
+        for (i, &(off, len)) in later.iter().enumerate() {
+            let data = crate::payload(300 + i as u64, len as usize);
+            poll_bounded(vol.write(off, data.clone()), POLLS)
+                .map_err(|e| ctx(format!("later write {i}: {e}")))?
+                .map_err(|e| ctx(format!("later write {i}: {e}")))?;
+            model.write(off, &data);
+        }
+        poll_bounded(vol.flush(), POLLS)
+            .map_err(ctx)?
+            .map_err(|e| ctx(e.to_string()))?;
+        let j = vol.array().journal_status().expect("journal");
+        seen.drops += u64::from(!finished);
+        if j.state == "active" {
+            seen.active += u64::from(!finished);
+            if j.checkpoints <= cps0 {
+                return Err(ctx(format!(
+                    "the journal's checkpoints never moved on: {j:?}"
+                )));
+            }
+        } else {
+            seen.poisoned += 1;
+            if finished {
+                return Err(ctx("a write that completed poisoned the journal".into()));
+            }
+        }
+        let live = poll_bounded(vol.read(0, size), POLLS)
+            .map_err(ctx)?
+            .map_err(|e| ctx(e.to_string()))?;
+        if live.to_vec() != model.bytes {
+            return Err(ctx("the running array reads back wrong".into()));
+        }
+        clock.power_cut();
+        drop(vol);
+        let images = clock.images().expect("power was cut");
+        for lost in std::iter::once(None).chain((0..members).map(Some)) {
+            let present: Vec<bool> = (0..members).map(|i| Some(i) != lost).collect();
+            let v = reassemble(&images, &present)
+                .map_err(|e| ctx(format!("member {lost:?} out: reassembly: {e}")))?;
+            for s in 0..size / sdb {
+                let got = match block_on(v.read(s * sdb, sdb)) {
+                    Ok(b) => b.to_vec(),
+                    Err(uraid_engine::ArrayError::Unreadable { .. })
+                        if j.state != "active"
+                            && lost.is_some()
+                            && v.array().stripe_unsynced(s) =>
+                    {
+                        continue
+                    }
+                    Err(e) => return Err(ctx(format!("member {lost:?} out, stripe {s}: {e}"))),
+                };
+                if got[..] != *model.read(s * sdb, sdb) {
+                    return Err(ctx(format!(
+                        "member {lost:?} out: stripe {s} reads back wrong after the cut"
+                    )));
+                }
+            }
+        }
+        if finished {
+            return Ok(seen);
+        }
+    }
+    unreachable!("the loop returns once the write completes")
+}

@@ -413,6 +413,14 @@ const FAMILIES: &[Family] = &[
         samples: |m, s| journal(m, s, |j| j.used_bytes),
     },
     Family {
+        name: "uraid_journal_deferred_bytes",
+        kind: "gauge",
+        help: "Write-back: bytes of acknowledged member writes held in memory until the \
+               members have them (bounded by --write-back-memory).",
+        when: has_journal,
+        samples: |m, s| journal(m, s, |j| j.deferred_bytes),
+    },
+    Family {
         name: "uraid_journal_records_total",
         kind: "counter",
         help: "Stripe updates logged to the journal.",

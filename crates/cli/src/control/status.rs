@@ -133,12 +133,18 @@ pub(super) fn status(state: &State) -> Value {
         "unsynced_stripes_verified": a.unsynced_stripes_verified,
         "scrub": scrub_json(&a.scrub),
         "spares": state.jobs.spare_paths(),
-        "journal": a.journal.as_ref().map(|j| json!({
-            "device": j.device, "mode": j.mode, "state": j.state,
-            "log_bytes": j.log_bytes, "used_bytes": j.used_bytes,
-            "records": j.records, "bytes": j.bytes, "commits": j.commits,
-            "checkpoints": j.checkpoints, "replayed_records": j.replayed,
-        })),
+        "journal": a.journal.as_ref().map(journal_json),
+    })
+}
+
+/// The `journal` of the status document.
+fn journal_json(j: &uraid_engine::journal::JournalStatus) -> Value {
+    json!({
+        "device": j.device, "mode": j.mode, "state": j.state,
+        "log_bytes": j.log_bytes, "used_bytes": j.used_bytes,
+        "records": j.records, "bytes": j.bytes, "commits": j.commits,
+        "checkpoints": j.checkpoints, "replayed_records": j.replayed,
+        "deferred_bytes": j.deferred_bytes, "deferred_limit": j.deferred_limit,
     })
 }
 

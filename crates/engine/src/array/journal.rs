@@ -10,22 +10,40 @@ use crate::ArrayError;
 use std::sync::Arc;
 use uraid_core::format::JournalMode;
 
-/// A deferred record's finish, owned by the task that does it: dropped before its member
-/// writes completed (runtime shutdown), it poisons the journal (the record is replayed).
-/// Either way the record leaves the journal's in-flight set and its write-intent region ends.
+/// A deferred record's finish, owned by the task that does it (built before the task is
+/// spawned, so a task dropped before its first poll drops it too): dropped before its
+/// member writes completed (runtime shutdown), it poisons the journal (the record is
+/// replayed). Either way the record leaves the journal's in-flight set, its write-intent
+/// region ends, and then the stripe it holds is released.
 struct OwnedApplied<D: BlockDev> {
     a: Arc<Array<D>>,
     seq: u64,
+    bytes: u64,
     region: Option<u64>,
+    held: Option<HeldStripe>,
     done: bool,
 }
 
 impl<D: BlockDev> Drop for OwnedApplied<D> {
     fn drop(&mut self) {
         if let Some(j) = self.a.journal.get() {
-            j.release(self.seq, self.done);
+            j.release(self.seq, self.bytes, self.done);
         }
         self.a.intent.deferred_end(self.region);
+        if let Some(h) = self.held.take() {
+            drop(self.a.locks.resume(h));
+        }
+    }
+}
+
+/// The background checkpoint slot claimed by `spawn_checkpoint`, released on drop.
+struct CheckpointClaim<D: BlockDev>(Arc<Array<D>>);
+
+impl<D: BlockDev> Drop for CheckpointClaim<D> {
+    fn drop(&mut self) {
+        if let Some(j) = self.0.journal.get() {
+            j.checkpoint_finished();
+        }
     }
 }
 
@@ -72,11 +90,11 @@ impl<D: BlockDev> Array<D> {
         match (&self.rt, self.me.upgrade()) {
             (Some(rt), Some(a)) => {
                 rt.run_on(0, move || {
+                    // Released also when the task is dropped unfinished (runtime shutdown).
+                    let claim = CheckpointClaim(a);
                     crate::reactor::spawn_local(async move {
-                        a.journal_checkpoint().await;
-                        if let Some(j) = a.journal.get() {
-                            j.checkpoint_finished();
-                        }
+                        claim.0.journal_checkpoint().await;
+                        drop(claim);
                     })
                 });
             }
@@ -124,20 +142,19 @@ impl<D: BlockDev> Array<D> {
     /// the stripe unlocked — in a task of this reactor, so the acknowledged writers return
     /// now. Readers of the stripe wait for the lock meanwhile (`wait_deferred`).
     pub(crate) fn finish_deferred(self: &Arc<Self>, held: HeldStripe, d: Deferred) {
-        let a = self.clone();
-        let (seq, writes, region) = d.into_parts();
+        let (seq, bytes, writes, region) = d.into_parts();
+        let mut rec = OwnedApplied {
+            a: self.clone(),
+            seq,
+            bytes,
+            region,
+            held: Some(held),
+            done: false,
+        };
         crate::reactor::spawn_local(async move {
-            let held = a.locks.resume(held);
-            let mut rec = OwnedApplied {
-                a: a.clone(),
-                seq,
-                region,
-                done: false,
-            };
-            a.write_members(writes).await;
+            rec.a.write_members(writes).await;
             rec.done = true;
             drop(rec);
-            drop(held);
         });
     }
 
@@ -167,6 +184,14 @@ impl<D: BlockDev> Array<D> {
     pub(crate) async fn journal_drain(&self) {
         if let Some(j) = self.journal.get() {
             j.drain().await;
+        }
+    }
+
+    /// Bounds write-back's deferred member writes to `bytes` (`Journal::reserve_deferred`;
+    /// default `journal::DEFAULT_DEFERRED_LIMIT`). No effect without a journal.
+    pub fn set_deferred_limit(&self, bytes: u64) {
+        if let Some(j) = self.journal.get() {
+            j.set_deferred_limit(bytes);
         }
     }
 

@@ -473,10 +473,19 @@ impl<D: BlockDev> Array<D> {
             // no copy of the list on the usual path, where nothing failed).
             let mut writes = writes;
             writes.retain(|w| r.kept.contains(w.0));
-            if self.can_defer() {
+            let (r, writes) = if self.can_defer() {
                 let region = self.intent.deferred_begin(stripe);
-                return Ok(Some(r.defer(writes, region)));
-            }
+                match r.defer(writes, region) {
+                    Ok(d) => return Ok(Some(d)),
+                    // At the bound of deferred bytes: written now, before the acknowledgement.
+                    Err(back) => {
+                        self.intent.deferred_end(region);
+                        back
+                    }
+                }
+            } else {
+                (r, writes)
+            };
             self.write_members(writes).await;
             r.done();
         } else {

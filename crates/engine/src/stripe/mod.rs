@@ -12,6 +12,8 @@
 //! * A stripe is held through a `StripeGuard`; dropping it releases the stripe, on every
 //!   path. Write-back's deferred member writes carry the hold to their task
 //!   (`StripeGuard::detach`, `StripeLocks::resume`).
+//! * A queued write whose writer's future was dropped before a holder took it is discarded
+//!   (`StripeSlot::live_pending`): turns never go to writers that no longer exist.
 //! * Only a held stripe is released, and the count of waiting lockers never goes below
 //!   zero: `assert!`, also in release (O(1) under the shard mutex already taken; a violation
 //!   would let two holders write one stripe).
@@ -69,6 +71,17 @@ struct StripeSlot {
 }
 
 impl StripeSlot {
+    /// Drops queued writes whose writer is gone (its future dropped before any holder took
+    /// the write: nobody waits for it, so it is not run) and says whether any remain. Else
+    /// a locker's release would give the next turn to writers that no longer exist and
+    /// every later locker would wait for them.
+    fn live_pending(&mut self) -> bool {
+        if self.pending.iter().any(|p| p.done.is_canceled()) {
+            self.pending.retain(|p| !p.done.is_canceled());
+        }
+        !self.pending.is_empty()
+    }
+
     /// Registers a waiter's waker once (`reactor::park`; a long hold, a write-back journal's
     /// deferred member writes, once turned the copies into a wake-up storm).
     fn park(&mut self, w: &Waker) {
@@ -146,7 +159,7 @@ impl StripeLocks {
             .unwrap_or_else(|e| e.into_inner());
         let slot = t.entry(stripe).or_default();
         let r = f(slot);
-        if !slot.locked && slot.waiters.is_empty() && slot.pending.is_empty() && slot.lockers == 0 {
+        if !slot.locked && slot.waiters.is_empty() && !slot.live_pending() && slot.lockers == 0 {
             t.remove(&stripe);
         }
         r
@@ -171,7 +184,7 @@ impl StripeLocks {
         };
         std::future::poll_fn(|cx| {
             self.with_slot(stripe, |s| {
-                let writers_next = s.writer_turn && !s.pending.is_empty();
+                let writers_next = s.writer_turn && s.live_pending();
                 if (!s.locked && !writers_next) || (s.handoff && guard.counted) {
                     if guard.counted {
                         assert!(s.lockers > 0, "stripe {stripe}: locker count below zero");
@@ -219,7 +232,7 @@ impl StripeLocks {
             if by_writer && s.lockers > 0 {
                 s.handoff = true;
             } else {
-                s.writer_turn = !by_writer && !s.pending.is_empty();
+                s.writer_turn = !by_writer && s.live_pending();
                 s.locked = false;
             }
             std::mem::take(&mut s.waiters)
@@ -282,7 +295,10 @@ impl StripeLocks {
 
     /// Everything queued on the stripe (the holder runs it as one stripe operation).
     pub(crate) fn take_batch(&self, stripe: u64) -> Vec<PendingWrite> {
-        self.with_slot(stripe, |s| std::mem::take(&mut s.pending))
+        self.with_slot(stripe, |s| {
+            s.live_pending();
+            std::mem::take(&mut s.pending)
+        })
     }
 }
 
@@ -314,5 +330,38 @@ impl Drop for LockerGuard<'_> {
             self.locks.with_slot(self.stripe, |s| s.handoff = false);
             self.locks.unlock(self.stripe, false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+        f.poll(&mut std::task::Context::from_waker(
+            futures::task::noop_waker_ref(),
+        ))
+    }
+
+    /// A writer whose future is dropped while its write is queued behind a locker: when the
+    /// locker releases the stripe the turn must not go to that writer (it no longer exists),
+    /// or every later locker (a degraded read, a write-back reader) waits forever.
+    #[test]
+    fn a_dropped_queued_writer_never_holds_the_next_turn() {
+        let locks = StripeLocks::new(1);
+        let reader = futures::executor::block_on(locks.lock(7));
+        let src: WriteBuf = vec![0u8; 512].into();
+        let mut w = Box::pin(locks.queue(7, src, Vec::new()));
+        assert!(
+            poll(w.as_mut()).is_pending(),
+            "the writer queues behind the locker"
+        );
+        drop(w);
+        drop(reader);
+        let mut next = Box::pin(locks.lock(7));
+        assert!(
+            matches!(poll(next.as_mut()), Poll::Ready(_)),
+            "a locker waits for a writer whose future was dropped"
+        );
     }
 }

@@ -64,6 +64,8 @@ async fn transmission<D: BlockDev>(
         // off the socket) only once that fits the connection's budget.
         let cost = match req.typ {
             proto::CMD_WRITE | proto::CMD_READ if req.length <= MAX_PAYLOAD => req.length as usize,
+            // Its reply, at most (`answer_block_status`'s caps).
+            proto::CMD_BLOCK_STATUS => block_status_cost(req.flags, req.length),
             _ => 0,
         };
         if cost > 0 {
@@ -196,8 +198,27 @@ async fn handle<D: BlockDev>(
     }
 }
 
+/// Extents in one BLOCK_STATUS reply, at most (512 KiB of reply): a longer range is
+/// answered for a prefix, as the spec allows (the client asks again from where it ends).
+const MAX_STATUS_EXTENTS: usize = 1 << 16;
+/// Allocation-map granules one BLOCK_STATUS looks at, at most (its work on the reactor).
+const MAX_STATUS_GRANULES: u64 = 1 << 18;
+
+/// The reply bytes a BLOCK_STATUS of `len` bytes may take (charged to the connection's
+/// payload budget while it is in flight): a chunk header, the context id and 8 bytes per
+/// extent; runs are whole sectors at least.
+fn block_status_cost(flags: u16, len: u32) -> usize {
+    let extents = if flags & proto::CMD_FLAG_REQ_ONE != 0 {
+        1
+    } else {
+        (len as usize).div_ceil(512).clamp(1, MAX_STATUS_EXTENTS)
+    };
+    24 + 8 * extents
+}
+
 /// Answers a BLOCK_STATUS (`base:allocation`): one extent per allocated or unallocated
-/// run, at most one with `req_one`; false if it got an error reply.
+/// run, at most one with `req_one`, at most `MAX_STATUS_EXTENTS` and `MAX_STATUS_GRANULES`
+/// looked at (a reply for a prefix of the range); false if it got an error reply.
 fn answer_block_status<D: BlockDev>(
     inner: &Inner<D>,
     sess: &Session,
@@ -208,17 +229,19 @@ fn answer_block_status<D: BlockDev>(
     req_one: bool,
 ) -> bool {
     use proto::*;
-    let runs = match inner.array.allocation(off, len) {
+    let limit = if req_one { 1 } else { MAX_STATUS_EXTENTS };
+    let runs = match inner
+        .array
+        .allocation_prefix(off, len, limit, MAX_STATUS_GRANULES)
+    {
         Ok(r) => r,
         Err(e) => {
             reply_error(inner, sess, conn, req, errno_of(&e), &e.to_string());
             return false;
         }
     };
-    let limit = if req_one { 1 } else { 1 << 20 };
     let ext: Vec<(u32, u32)> = runs
         .iter()
-        .take(limit)
         .map(|r| {
             let flags = if r.allocated {
                 0
