@@ -985,6 +985,9 @@ fn a_member_made_slow_mid_run_is_read_around_not_failed() {
     mems[2].set_rate("100G");
     s.stop();
     drop(mems);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Waits (at most 20 s) until no process claims `members`: ring I/O a server left on a
 /// device that hung holds its file, and so its `flock`, until the device answers it.
 fn wait_unclaimed(members: &[PathBuf]) {

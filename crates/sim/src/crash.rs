@@ -1255,6 +1255,7 @@ pub fn dropped_write_every_poll(
         lose_after: 0,
         resync: false,
         bitmap_daemon: false,
+        safe_mode: false,
         journal: Some(mode),
         journal_fault: false,
     };
