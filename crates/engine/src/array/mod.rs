@@ -31,6 +31,7 @@ use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
 
 mod admin;
+mod badblocks;
 mod journal;
 mod resync;
 mod status;
@@ -215,6 +216,7 @@ impl<D: BlockDev> Array<D> {
             _ => std::iter::once(0..units).collect(),
         });
         let intent = crate::bitmap::WriteIntent::new(&geo, bc, bitmap, opts.frozen_metadata);
+        let bad = sb.bad.clone();
         let a = Arc::new_cyclic(|me| Array {
             geo,
             codec,
@@ -236,6 +238,7 @@ impl<D: BlockDev> Array<D> {
             rt: rt_handle,
             me: me.clone(),
         });
+        a.members.set_bad(bad);
         spawn_watchdog(&a);
         a
     }
@@ -536,7 +539,7 @@ impl<D: BlockDev> Array<D> {
             if let Some(seg) = self.read_coalesced(&extents).await {
                 return Ok(seg);
             }
-            if self.codec.is_some() && extents.len() > 1 && !self.members.degraded().is_empty() {
+            if self.codec.is_some() && extents.len() > 1 && !self.members.irregular().is_empty() {
                 return self.read_degraded(extents).await;
             }
         }
@@ -568,8 +571,9 @@ impl<D: BlockDev> Array<D> {
         if extents.len() < 2 {
             return None;
         }
-        // Any member failed or being rebuilt: the per-extent path decides per stripe.
-        let f = self.members.degraded();
+        // Any member failed, being rebuilt or with bad blocks: the per-extent path decides
+        // per stripe.
+        let f = self.members.irregular();
         // Runs of (member, member offset, length); per extent (run, offset in run, length).
         let mut runs: Vec<(usize, u64, u64)> = Vec::new();
         let mut place = Vec::with_capacity(extents.len());
@@ -927,7 +931,12 @@ impl<D: BlockDev> Array<D> {
                         (m, base + e.chunk_off, segs)
                     })
                     .collect::<Vec<_>>();
+                let copies: MemberSet = writes.iter().map(|w| w.0).collect();
                 self.write_members(writes).await;
+                // A whole mirror chunk written: copies on a bad-block list hold it now.
+                if mirror && e.chunk_off == 0 && e.len == self.geo.chunk {
+                    self.clear_bad_written(e.stripe, copies).await;
+                }
                 self.check_serving().map(|_| ())
             }
             Err(err) => Err(err),
