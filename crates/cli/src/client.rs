@@ -245,6 +245,19 @@ fn print_slot(s: &Value, detail: bool) {
             s["read_error_budget"]["used"],
             s["read_error_budget"]["max"]
         );
+        let bad = &s["bad_blocks"]["ranges"];
+        if let Some(ranges) = bad.as_array().filter(|r| !r.is_empty()) {
+            let list: Vec<String> = ranges
+                .iter()
+                .map(|r| format!("{}+{}", r["first_unit"], r["units"]))
+                .collect();
+            println!(
+                "           bad blocks: {} range(s), {} (units {})",
+                ranges.len(),
+                size::human(s["bad_blocks"]["bytes"].as_u64().unwrap_or(0)),
+                list.join(" ")
+            );
+        }
     } else {
         println!(
             "  reads {} writes {} errors {}",

@@ -45,15 +45,15 @@ fn superblock_matches_docs() {
             }
         }
     }
-    // Superblock (25 rows), journal superblock (10), record header (8 of fixed size).
-    assert_eq!(fields.len(), 43, "docs table rows: {fields:?}");
+    // Superblock (27 rows), journal superblock (10), record header (8 of fixed size).
+    assert_eq!(fields.len(), 45, "docs table rows: {fields:?}");
     let get = |name: &str| -> &[u8] {
         let (o, s) = fields[name];
         &sb[o..o + s]
     };
     let le = |b: &[u8]| b.iter().rev().fold(0u64, |a, &x| a << 8 | x as u64);
     assert_eq!(get("magic"), b"uraid-sb");
-    assert_eq!(le(get("version")), 6);
+    assert_eq!(le(get("version")), 7);
     assert_eq!(le(get("sb_size")), 4096);
     assert_eq!(&get("name")[..6], b"docvol");
     assert_eq!(le(get("level")), 6);
@@ -73,6 +73,8 @@ fn superblock_matches_docs() {
     assert_eq!(slot3, get("device_uuid"), "slot 3 names this member");
     assert!(get("slot_uuids")[6 * 16..].iter().all(|&b| b == 0));
     assert_eq!(le(get("bitmap_chunk")), 64 << 20, "the default region");
+    assert_eq!(le(get("bad_count")), 0, "no bad blocks");
+    assert!(get("bad_ranges").iter().all(|&b| b == 0));
     assert_eq!(get("journal_uuid"), [0u8; 16], "no journal");
     assert_eq!(le(get("journal_mode")), 0);
     assert_eq!(le(get("crc32c")) as u32, crc32c_of(&sb[..4092]));

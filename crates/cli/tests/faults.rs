@@ -1168,3 +1168,111 @@ fn host_stall_fails_no_member_and_a_stop_during_one_is_bounded() {
     drop(faulty);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `qemu-io` `cmd` ("read 0 4k", "write -P 7 0 192k") on the export: its output.
+fn qemu_io_out(uri: &str, cmd: &str) -> String {
+    let o = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", cmd, uri])
+        .output()
+        .expect("qemu-io");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Bad blocks with a real fault (md's bad-block log): a RAID5 of four loses member 0 and a
+/// new device is rebuilt into its slot while every read of member 3 fails with EIO (nbdkit's
+/// error filter). The rebuild cannot produce any written unit, records them as bad blocks
+/// on member 0 and completes (it used to stop, leaving the member rebuilding); status shows
+/// the list; a read that needs a bad chunk gets EIO; a full-stripe write clears its stripe,
+/// which then reads back what was written (member 3's chunk reconstructed from the others).
+#[test]
+fn rebuild_past_a_survivor_returning_eio_completes_with_bad_blocks_a_write_clears() {
+    let (dir, faulty, members, image) = raid5_with_faulty_member("badblk");
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    const MIB: usize = 1 << 20;
+    // Member 0 missing: a write records it failed.
+    let s = serve(&dir, &sock, &dir.join("degraded.log"), &members[1..], &[]);
+    write_ranges(&dir, &uri, &image, &[(0, MIB)], "degraded");
+    s.stop();
+    let new = dir.join("new0");
+    std::fs::File::create(&new)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .arg("add")
+        .arg(&new)
+        .args(&members[1..]));
+    let mut members = members;
+    members[0] = new;
+    let log = dir.join("serve.log");
+    // A slow rebuild (1 MB/s of member I/O): member 3's reads fail from just after the start
+    // (assembly reads its superblock), long before the walk reaches the data at 40 MiB.
+    let s = serve(
+        &dir,
+        &sock,
+        &log,
+        &members,
+        &["--max-read-errors", "1000000", "--resync-max", "1"],
+    );
+    faulty.fail_reads(true);
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            live_status(&dir, &members)["slots"][0]["state"] == "active"
+        }),
+        "the rebuild did not complete: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let j = live_status(&dir, &members);
+    let bad = &j["slots"][0]["bad_blocks"];
+    assert!(
+        bad["ranges"].as_array().is_some_and(|r| !r.is_empty()) && bad["bytes"].as_u64() > Some(0),
+        "{j}"
+    );
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        server_log.contains("recorded as bad blocks"),
+        "{server_log}"
+    );
+    // Stripe 214 (volume bytes 42074112.., written at setup): member 0's chunk is bad and
+    // member 3's unreadable, so a read of the stripe needs one or the other: EIO.
+    let unit = 214u64;
+    let at = unit * 3 * 65536;
+    let out = qemu_io_out(&uri, &format!("read {at} 192k"));
+    assert!(out.contains("Input/output error"), "{out}");
+    let listed = |j: &serde_json::Value| {
+        j["slots"][0]["bad_blocks"]["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| {
+                let (f, n) = (
+                    r["first_unit"].as_u64().unwrap(),
+                    r["units"].as_u64().unwrap(),
+                );
+                f <= unit && unit < f + n
+            })
+    };
+    assert!(listed(&live_status(&dir, &members)));
+    // A full-stripe write (3 x 64K) rewrites member 0's chunk whole: cleared, and it reads
+    // back (member 3's chunk, unreadable, is reconstructed from the others now).
+    let out = qemu_io_out(&uri, &format!("write -P 0x5a {at} 192k"));
+    assert!(out.contains("wrote 196608"), "{out}");
+    let out = qemu_io_out(&uri, &format!("read -P 0x5a {at} 192k"));
+    assert!(out.contains("read 196608"), "{out}");
+    assert!(!listed(&live_status(&dir, &members)), "unit {unit} cleared");
+    s.stop();
+    faulty.fail_reads(false);
+    // On disk: every member's superblock holds the list (md's --examine-badblocks).
+    let ex = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .arg("examine")
+        .arg(&members[1]));
+    let ex = String::from_utf8_lossy(&ex.stdout);
+    assert!(ex.contains("Bad Blocks [ 0] :"), "{ex}");
+    drop(faulty);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -399,6 +399,7 @@ mod tests {
             slot_uuids: (0..n).map(|s| [s as u8 + 1; 16]).collect(),
             bitmap_chunk: 0,
             journal: None,
+            bad: Default::default(),
         };
         Found {
             path: format!("m{i}").into(),

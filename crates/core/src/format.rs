@@ -4,12 +4,13 @@
 //! All integers little-endian. Bytes read from disk are untrusted: `Superblock::decode` checks
 //! magic, version, crc32c and every field's range before anything else uses them.
 
+use crate::badblocks::{BadBlocks, BadRange, MAX_BAD_RANGES};
 use crate::codec::MAX_SHARDS;
 use crate::geometry::{Geometry, GeometryError, Level};
 
 pub const SB_SIZE: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"uraid-sb";
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// Version 3 (before the write-intent bitmap) is read as version 6 with no bitmap and no
 /// journal, version 4 (before the journal device) as version 6 with no journal, version 5
 /// (before rebuild) with no slot device uuids and no member rebuilding; the next superblock
@@ -17,6 +18,8 @@ pub const VERSION: u32 = 6;
 pub const VERSION_NO_BITMAP: u32 = 3;
 pub const VERSION_NO_JOURNAL: u32 = 4;
 pub const VERSION_NO_REBUILD: u32 = 5;
+/// Version 6 (before bad-block lists) is read as version 7 with no bad blocks.
+pub const VERSION_NO_BADBLOCKS: u32 = 6;
 /// Superblock slots: rounds alternate between the copy at offset 0 and the one at 4096
 /// (slot = events % 2), so a torn round leaves the previous superblock intact.
 pub const SB_SLOTS: usize = 2;
@@ -53,6 +56,13 @@ pub mod off {
     pub const REBUILT: usize = 512;
     /// Per slot: the device uuid of the member in it (all zero: not known, version 5).
     pub const SLOT_UUIDS: usize = 1024;
+    // ---- bad-block list (version 7; crate::badblocks) ----
+    /// Number of bad ranges that follow, u32 (at most `MAX_BAD_RANGES`).
+    pub const BAD_COUNT: usize = 3072;
+    /// Bad ranges, 16 bytes each: first unit u64, units u32, member slot u32.
+    pub const BAD_RANGES: usize = 3080;
+    pub const BAD_RANGE_SIZE: usize = 16;
+    // ---- end of the bad-block list ----
     pub const CRC: usize = 4092;
 }
 
@@ -120,6 +130,8 @@ pub struct Superblock {
     pub bitmap_chunk: u64,
     /// The journal device (its uuid) and mode; None: no journal.
     pub journal: Option<([u8; 16], JournalMode)>,
+    /// Every slot's bad-block list (version 7; empty before).
+    pub bad: BadBlocks,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -211,6 +223,14 @@ impl Superblock {
         }
         for (i, u) in self.slot_uuids.iter().enumerate() {
             b[off::SLOT_UUIDS + 16 * i..off::SLOT_UUIDS + 16 * (i + 1)].copy_from_slice(u);
+        }
+        let bad = self.bad.ranges();
+        put32(&mut b, off::BAD_COUNT, bad.len() as u32);
+        for (i, r) in bad.iter().enumerate() {
+            let o = off::BAD_RANGES + off::BAD_RANGE_SIZE * i;
+            put64(&mut b, o, r.start);
+            put32(&mut b, o + 8, r.len as u32);
+            put32(&mut b, o + 12, r.member as u32);
         }
         let crc = crc32c::crc32c(&b[..off::CRC]);
         put32(&mut b, off::CRC, crc);
@@ -363,6 +383,11 @@ impl Superblock {
                 }
             }
         };
+        let bad = if version <= VERSION_NO_BADBLOCKS {
+            BadBlocks::default()
+        } else {
+            decode_bad(b, members, geometry.units())?
+        };
         let mut array_uuid = [0u8; 16];
         array_uuid.copy_from_slice(&b[off::ARRAY_UUID..off::ARRAY_UUID + 16]);
         let mut device_uuid = [0u8; 16];
@@ -384,8 +409,29 @@ impl Superblock {
             slot_uuids,
             bitmap_chunk,
             journal,
+            bad,
         })
     }
+}
+
+/// The bad-block list of a version 7 superblock, checked (`BadBlocks::check`).
+fn decode_bad(b: &[u8], members: usize, units: u64) -> Result<BadBlocks, FormatError> {
+    let n = u32_at(b, off::BAD_COUNT) as usize;
+    if n > MAX_BAD_RANGES {
+        return Err(field("bad_count", format!("{n} > {MAX_BAD_RANGES}")));
+    }
+    let ranges: Vec<BadRange> = (0..n)
+        .map(|i| {
+            let o = off::BAD_RANGES + off::BAD_RANGE_SIZE * i;
+            BadRange {
+                start: u64_at(b, o),
+                len: u32_at(b, o + 8) as u64,
+                member: u32_at(b, o + 12) as usize,
+            }
+        })
+        .collect();
+    BadBlocks::check(&ranges, members, units).map_err(|e| field("bad_ranges", e))?;
+    Ok(BadBlocks::from_ranges(ranges))
 }
 
 /// The superblock of a member from its two slots (`SB_SLOTS`): the valid one with the
@@ -443,6 +489,11 @@ mod tests {
             slot_uuids: (0..10).map(|i| [i as u8 + 1; 16]).collect(),
             bitmap_chunk: 64 << 20,
             journal: Some(([5; 16], JournalMode::WriteBack)),
+            bad: BadBlocks::from_ranges(vec![BadRange {
+                member: 6,
+                start: 3,
+                len: 2,
+            }]),
         }
     }
 
@@ -617,6 +668,61 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn bad_block_lists_round_trip_and_malformed_ones_are_refused() {
+        let reseal = |mut b: [u8; SB_SIZE]| {
+            let c = crc32c::crc32c(&b[..off::CRC]);
+            b[off::CRC..].copy_from_slice(&c.to_le_bytes());
+            b
+        };
+        let mut s = sample();
+        let mut bad = BadBlocks::default();
+        for u in [0, 1, 2, 7, 100] {
+            bad.add(3, u).unwrap();
+        }
+        bad.add(9, s.geometry.units() - 1).unwrap();
+        s.bad = bad;
+        let good = s.encode();
+        assert_eq!(Superblock::decode(&good).unwrap(), s);
+        assert_eq!(u32_at(&good, off::BAD_COUNT), 4);
+        // Version 6 (before bad-block lists): whatever lies there, no bad blocks.
+        let mut b = good;
+        b[off::VERSION] = 6;
+        assert!(Superblock::decode(&reseal(b)).unwrap().bad.is_empty());
+        let refused = |b: [u8; SB_SIZE], name: &str| match Superblock::decode(&reseal(b)) {
+            Err(FormatError::Field { field, .. }) => assert_eq!(field, name),
+            other => panic!("{name}: {other:?}"),
+        };
+        let entry = |i: usize| off::BAD_RANGES + off::BAD_RANGE_SIZE * i;
+        // Too many ranges.
+        let mut b = good;
+        b[off::BAD_COUNT..off::BAD_COUNT + 4].copy_from_slice(&64u32.to_le_bytes());
+        refused(b, "bad_count");
+        // A member past the array's.
+        let mut b = good;
+        b[entry(0) + 12] = 10;
+        refused(b, "bad_ranges");
+        // An empty range.
+        let mut b = good;
+        b[entry(0) + 8..entry(0) + 12].copy_from_slice(&0u32.to_le_bytes());
+        refused(b, "bad_ranges");
+        // Past the last unit.
+        let mut b = good;
+        b[entry(3)..entry(3) + 8].copy_from_slice(&s.geometry.units().to_le_bytes());
+        refused(b, "bad_ranges");
+        // Out of order (overlapping the previous range).
+        let mut b = good;
+        b[entry(1)..entry(1) + 8].copy_from_slice(&1u64.to_le_bytes());
+        refused(b, "bad_ranges");
+        // A count that leaves a range out is a shorter valid list.
+        let mut b = good;
+        b[off::BAD_COUNT] = 3;
+        assert_eq!(
+            Superblock::decode(&reseal(b)).unwrap().bad.ranges().len(),
+            3
+        );
     }
 
     #[test]

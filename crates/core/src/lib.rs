@@ -6,6 +6,7 @@
 
 pub mod alloc;
 pub mod assemble;
+pub mod badblocks;
 pub mod bitmap;
 pub mod codec;
 pub mod format;

@@ -67,6 +67,12 @@ impl Recovery {
         self.allocation.get().is_some_and(|f| !f(unit, true)) && !self.resync.unsynced(unit)
     }
 
+    /// Whether unit `unit` holds no data (the allocation map: never written or trimmed, and
+    /// nobody filling it), whether in sync or not: reads there return zeros without I/O.
+    pub(crate) fn holds_no_data(&self, unit: u64) -> bool {
+        self.allocation.get().is_some_and(|f| !f(unit, true))
+    }
+
     /// `skippable` where a unit whose first write is still filling it counts as empty
     /// (`Array::empty_under_lock`).
     pub(crate) fn empty_under_lock(&self, unit: u64) -> bool {
@@ -370,6 +376,9 @@ pub struct ScrubReport {
     pub repaired: u64,
     /// Units not verified because a chunk could not be read.
     pub unreadable: u64,
+    /// Units not verified because a chunk of theirs is on a bad-block list (repair rebuilds
+    /// those it can, which takes them off the list).
+    pub bad_blocks: u64,
 }
 
 /// Live scrub counters (status, metrics).
@@ -380,6 +389,7 @@ pub(crate) struct ScrubCounts {
     pub(crate) located: AtomicU64,
     pub(crate) repaired: AtomicU64,
     pub(crate) unreadable: AtomicU64,
+    pub(crate) bad_blocks: AtomicU64,
     /// 0 idle, 1 check, 2 repair.
     pub(crate) mode: AtomicU8,
     pub(crate) paused: AtomicBool,
@@ -393,6 +403,7 @@ impl ScrubCounts {
             &self.located,
             &self.repaired,
             &self.unreadable,
+            &self.bad_blocks,
         ] {
             c.store(0, Ordering::Release);
         }
@@ -413,6 +424,7 @@ impl ScrubCounts {
             located: l(&self.located),
             repaired: l(&self.repaired),
             unreadable: l(&self.unreadable),
+            bad_blocks: l(&self.bad_blocks),
         }
     }
 }

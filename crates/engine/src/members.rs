@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
+use uraid_core::badblocks::{BadBlocks, Full};
 use uraid_core::{Geometry, MemberSet};
 
 /// What a member write writes: one buffer, or pieces of shared buffers written back to back
@@ -397,6 +398,17 @@ pub struct Members<D: BlockDev> {
     /// the units below their checkpoint (`rebuilt`). A failed member is never rebuilding.
     rebuilding: AtomicU64,
     rebuilt: Vec<AtomicU64>,
+    /// Bad-block lists (uraid_core::badblocks): a member's chunk of a listed unit is never
+    /// read (`at` counts it behind there). `bad_members`: slots with an entry, so `at` costs
+    /// one more atomic load when the list is empty. Every superblock round writes this list.
+    bad: std::sync::RwLock<BadBlocks>,
+    bad_members: AtomicU64,
+    /// Slots whose device has held no unit that reads could use since assembly (missing or
+    /// being rebuilt then, until a rebuild finishes): the only ones a rebuild may fill from
+    /// a verified decode of an unsynced stripe (recovery/rebuild.rs). A device that served
+    /// reads may have served bytes its stripe's parity does not reflect (a write torn by
+    /// the cut); a decode, even one the parities agree on, would change them.
+    unseen: AtomicU64,
     /// Slots whose replacement failed while being swapped in.
     repl_failed: AtomicU64,
     data_offset: u64,
@@ -439,6 +451,9 @@ impl<D: BlockDev> Members<D> {
                 .map(|r| AtomicU64::new(r.unwrap_or(0)))
                 .collect(),
             slots: devs.into_iter().map(Slot::new).collect(),
+            bad: Default::default(),
+            bad_members: AtomicU64::new(0),
+            unseen: AtomicU64::new(failed.union(rebuilding).bits()),
             repl_failed: AtomicU64::new(0),
             data_offset,
             policy,
@@ -542,9 +557,70 @@ impl<D: BlockDev> Members<D> {
         }
     }
 
-    /// Whether member `i` may serve a chunk of unit `unit` (`MemberState::serves`).
+    /// Whether member `i` may serve a chunk of unit `unit` (`MemberState::serves`, and not
+    /// on its bad-block list).
     pub fn serves(&self, i: usize, unit: u64) -> bool {
-        self.state(i).serves(unit)
+        self.state(i).serves(unit) && !self.is_bad(i, unit)
+    }
+
+    /// The bad-block lists as they are now (what the next superblock round writes).
+    pub fn bad_blocks(&self) -> BadBlocks {
+        self.bad.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Slots with bad blocks.
+    pub fn bad_members(&self) -> MemberSet {
+        MemberSet::from_bits(self.bad_members.load(Ordering::Acquire))
+    }
+
+    /// Whether member `i`'s chunk of `unit` is on its bad-block list.
+    pub fn is_bad(&self, i: usize, unit: u64) -> bool {
+        self.bad_members.load(Ordering::Acquire) & (1 << i) != 0
+            && self
+                .bad
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(i, unit)
+    }
+
+    /// Replaces the lists (assembly: the superblock's).
+    pub(crate) fn set_bad(&self, list: BadBlocks) {
+        let mut b = self.bad.write().unwrap_or_else(|e| e.into_inner());
+        *b = list;
+        self.bad_members
+            .store(b.members().bits(), Ordering::Release);
+    }
+
+    /// Records member `i`'s chunk of `unit` bad (a rebuild, replace or repair could not
+    /// produce it): from now on it is not read. Durable with the next superblock round,
+    /// which the caller makes before anything relies on the chunk (a rebuild checkpoint
+    /// past it). `Full`: the list could not take it (nothing changed).
+    pub(crate) fn mark_bad(&self, i: usize, unit: u64) -> Result<bool, Full> {
+        let mut b = self.bad.write().unwrap_or_else(|e| e.into_inner());
+        let r = b.add(i, unit);
+        self.bad_members
+            .store(b.members().bits(), Ordering::Release);
+        r
+    }
+
+    /// Takes member `i`'s chunk of `unit` off the list: the caller wrote the whole chunk
+    /// and flushed the member. False if it was not bad (or the full list cannot split a
+    /// range: it stays bad).
+    pub(crate) fn clear_bad(&self, i: usize, unit: u64) -> bool {
+        if self.bad_members.load(Ordering::Acquire) & (1 << i) == 0 {
+            return false;
+        }
+        let mut b = self.bad.write().unwrap_or_else(|e| e.into_inner());
+        let r = b.remove(i, unit);
+        self.bad_members
+            .store(b.members().bits(), Ordering::Release);
+        r
+    }
+
+    /// Failed, rebuilding or with bad blocks: the members the fast paths (which do not
+    /// look at units) cannot count on. `degraded` decides whether the array survives.
+    pub fn irregular(&self) -> MemberSet {
+        self.degraded().union(self.bad_members())
     }
 
     /// Who may serve unit `unit` (stripe or mirror row): `MemberState::serves` for every
@@ -553,13 +629,14 @@ impl<D: BlockDev> Members<D> {
     pub fn at(&self, unit: u64) -> UnitHolders {
         let failed = self.failed();
         let r = self.rebuilding.load(Ordering::Acquire);
-        if r == 0 {
+        let bad = self.bad_members.load(Ordering::Acquire);
+        if r == 0 && bad == 0 {
             return UnitHolders {
                 failed,
                 behind: MemberSet::EMPTY,
             };
         }
-        let behind = MemberSet::from_bits(r)
+        let mut behind: MemberSet = MemberSet::from_bits(r)
             .minus(failed)
             .iter()
             .filter(|&i| {
@@ -569,6 +646,15 @@ impl<D: BlockDev> Members<D> {
                 .serves(unit)
             })
             .collect();
+        if bad != 0 {
+            // A chunk on the bad-block list is behind like one a rebuild has not reached.
+            let list = self.bad.read().unwrap_or_else(|e| e.into_inner());
+            for i in MemberSet::from_bits(bad).minus(failed).iter() {
+                if list.contains(i, unit) {
+                    behind = behind.with(i);
+                }
+            }
+        }
         UnitHolders { failed, behind }
     }
 
@@ -596,7 +682,13 @@ impl<D: BlockDev> Members<D> {
     }
 
     /// Member `i` holds every unit: it is an ordinary member from now on.
+    /// Whether slot `i`'s device has served no reads since assembly (`unseen`).
+    pub(crate) fn unseen_since_start(&self, i: usize) -> bool {
+        self.unseen.load(Ordering::Acquire) & (1 << i) != 0
+    }
+
     pub(crate) fn rebuild_done(&self, i: usize) {
+        self.unseen.fetch_and(!(1 << i), Ordering::AcqRel);
         self.rebuilding.fetch_and(!(1 << i), Ordering::AcqRel);
         self.rebuilt[i].store(0, Ordering::Release);
     }
@@ -844,6 +936,14 @@ impl<D: BlockDev> Members<D> {
     /// Makes failed member `i` a member being rebuilt from unit 0 (after `install`).
     pub(crate) fn start_rebuilding(&self, i: usize) {
         self.rebuilt[i].store(0, Ordering::Release);
+        // The new device holds nothing: its rebuild, not the old device's list, decides
+        // which of its chunks are bad.
+        if self.bad_members.load(Ordering::Acquire) & (1 << i) != 0 {
+            let mut b = self.bad.write().unwrap_or_else(|e| e.into_inner());
+            b.forget(i);
+            self.bad_members
+                .store(b.members().bits(), Ordering::Release);
+        }
         self.rebuilding.fetch_or(1 << i, Ordering::AcqRel);
         self.failed.fetch_and(!(1 << i), Ordering::AcqRel);
     }

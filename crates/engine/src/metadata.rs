@@ -239,7 +239,9 @@ fn record_states<D: BlockDev>(members: &Members<D>, meta: &mut Meta, failed: Mem
         if meta.ids[i].uuid != [0; 16] {
             meta.sb.slot_uuids[i] = meta.ids[i].uuid;
         }
-    }
+    } // Bad-block lists: the live ones (`Members::mark_bad` before the round that a rebuild
+      // checkpoint past the unit rides on; `clear_bad` only after the chunk was flushed).
+    meta.sb.bad = members.bad_blocks();
 }
 
 /// A replacement being swapped in (`swap_begin`'s slot, generation and old identity) gets
@@ -474,6 +476,13 @@ impl Metadata {
         for &(i, r) in to {
             meta.sb.rebuilt[i] = r;
         }
+        self.persist(members, &mut meta, true).await;
+    }
+
+    /// A superblock round that records the bad-block lists as they are now
+    /// (`Members::bad_blocks`).
+    pub(crate) async fn persist_bad<D: BlockDev>(&self, members: &Members<D>) {
+        let mut meta = self.state.lock().await;
         self.persist(members, &mut meta, true).await;
     }
 

@@ -8,17 +8,16 @@ use uraid_sim::interaction::{run, run_seed, SimConfig};
 /// Seeds of the CI range left out because they fail on a known, open bug. Empty today.
 const OPEN_FINDINGS: &[u64] = &[];
 
-/// Open finding (the durability issue's "rebuild decodes unsynced units"): with no journal in
-/// service, a member lost while stripes wait for resync and a device added into its slot,
-/// the rebuild decodes those stripes from parity that may not match and then serves the
-/// result where the promise is EIO. Seeds that show it with `rebuild_unsynced` on (off in
-/// the CI runs above, so they test everything else): 159 (RAID5), 196 (EC 3 parities), 290
-/// (RAID5, journal failed earlier). Run: `cargo test -p uraid-engine --test interaction
-/// open_findings -- --ignored`.
+/// Closed finding (the durability issue's "rebuild decodes unsynced units"): with no journal
+/// in service, a member lost while stripes wait for resync and a device added into its slot,
+/// the rebuild decoded those stripes from parity that may not match and then served the
+/// result where the promise is EIO. Seeds that showed it: 159 (RAID5), 196 (EC 3 parities),
+/// 290 (RAID5, journal failed earlier). Fixed by the bad-block lists: the rebuild records
+/// such a chunk bad unless a spare parity confirms its decode (recovery/rebuild.rs), and
+/// `rebuild_unsynced` is now on in every seeded run. Kept under its old name.
 const REBUILD_UNSYNCED: &[u64] = &[159, 196, 290];
 
 #[test]
-#[ignore = "open finding: rebuild over unsynced stripes (see REBUILD_UNSYNCED)"]
 fn open_findings() {
     let failing: Vec<String> = REBUILD_UNSYNCED
         .iter()

@@ -515,3 +515,183 @@ fn rebuild_skips_units_that_hold_no_data() {
         check_without_others(&after, &[slot], &model, a.geometry().fault_tolerance());
     }
 }
+
+/// Reads `[lo, hi)` of the volume sector by sector: each read returns the model's bytes or
+/// fails as unreadable (never other bytes); returns the offsets that failed.
+fn sectors_or_eio(vol: &uraid_engine::Volume<MemDev>, model: &Model, lo: u64, hi: u64) -> Vec<u64> {
+    let mut failed = Vec::new();
+    for off in (lo..hi).step_by(512) {
+        match block_on(vol.read(off, 512)) {
+            Ok(got) => assert!(
+                got.to_vec() == model.read(off, 512),
+                "sector at {off} read bytes that were never written there"
+            ),
+            Err(e) => {
+                assert!(
+                    matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+                    "{off}: {e}"
+                );
+                failed.push(off);
+            }
+        }
+    }
+    failed
+}
+
+/// md's bad-block log, end to end in the engine: a rebuild onto a new member meets a
+/// survivor's unreadable sector where the level has no redundancy left (RAID5, one member
+/// being rebuilt): it records the new member's chunk there as a bad block and completes
+/// (it used to stop, leaving the member rebuilding forever). The bad range reads EIO where
+/// the others cannot reconstruct it and the reconstructed bytes where they can, never
+/// other bytes; the list survives a restart; a write of the chunk clears it (durably) and
+/// reads back what was written.
+#[test]
+fn a_rebuild_past_unreadable_sectors_completes_and_a_write_clears_its_bad_blocks() {
+    use uraid_core::badblocks::BadRange;
+    use uraid_core::format::DATA_OFFSET;
+    use uraid_core::Role;
+    let (images, mut model) = written(Level::Raid5, 4, 31);
+    let vol = reassemble(&images, &[true; 4]).unwrap();
+    let g = *vol.geometry();
+    let sdb = g.stripe_data_bytes();
+    // A stripe where the new member (slot 1) holds data and the survivor with the bad
+    // sector (slot 2) holds the parity.
+    let s = (0..g.units())
+        .find(|&s| g.parity_member(s, 0) == 2 && matches!(g.role(s, 1), Role::Data(_)))
+        .unwrap();
+    let d = payload(901, sdb as usize);
+    block_on(vol.write(s * sdb, d.clone())).unwrap();
+    model.write(s * sdb, &d);
+    block_on(vol.close()).unwrap();
+    let mut images = member_images(&vol);
+    add_member_images(&mut images, 1, 0xEE);
+    let vol = reassemble(&images, &[true; 4]).unwrap();
+    let a = vol.array().clone();
+    let at = DATA_OFFSET + g.member_offset(s, 0);
+    let bad_sector = 3 * 512;
+    a.member_dev(2)
+        .unwrap()
+        .faults
+        .bad_range(at + bad_sector, at + bad_sector + 512);
+    let stop = AtomicBool::new(false);
+    let r = block_on(a.rebuild_with(&stop, Duration::ZERO)).expect("the rebuild completes");
+    assert_eq!(r.finished, MemberSet::EMPTY.with(1));
+    assert!(a.rebuild_state().is_empty());
+    let listed = [BadRange {
+        member: 1,
+        start: s,
+        len: 1,
+    }];
+    assert_eq!(a.bad_blocks().ranges(), &listed);
+    let Role::Data(i) = g.role(s, 1) else {
+        unreachable!()
+    };
+    let chunk_at = s * sdb + i as u64 * g.chunk;
+    // Only the sector whose parity is unreadable fails; the rest of the chunk is
+    // reconstructed, the stripe's other chunks read directly.
+    assert_eq!(
+        sectors_or_eio(&vol, &model, s * sdb, (s + 1) * sdb),
+        vec![chunk_at + bad_sector]
+    );
+    assert!(block_on(vol.read(0, s * sdb)).unwrap().to_vec() == model.read(0, s * sdb));
+    let rest = vol.size() - (s + 1) * sdb;
+    assert!(
+        block_on(vol.read((s + 1) * sdb, rest)).unwrap().to_vec()
+            == model.read((s + 1) * sdb, rest)
+    );
+    // A restart keeps the list (the survivor's sector is readable there: the chunk is
+    // reconstructed, never read from the member that holds no data there).
+    block_on(vol.close()).unwrap();
+    let images = member_images(&vol);
+    let vol = reassemble(&images, &[true; 4]).unwrap();
+    let a = vol.array().clone();
+    assert_eq!(a.bad_blocks().ranges(), &listed);
+    assert!(sectors_or_eio(&vol, &model, s * sdb, (s + 1) * sdb).is_empty());
+    a.member_dev(2)
+        .unwrap()
+        .faults
+        .bad_range(at + bad_sector, at + bad_sector + 512);
+    assert_eq!(
+        sectors_or_eio(&vol, &model, chunk_at, chunk_at + g.chunk),
+        vec![chunk_at + bad_sector]
+    );
+    // A write of the whole chunk (a reconstruct-write: parity from the other data) clears
+    // the entry, durably, and reads back.
+    let d = payload(902, g.chunk as usize);
+    block_on(vol.write(chunk_at, d.clone())).unwrap();
+    model.write(chunk_at, &d);
+    assert!(a.bad_blocks().is_empty());
+    assert!(sectors_or_eio(&vol, &model, s * sdb, (s + 1) * sdb).is_empty());
+    let images = member_images(&vol);
+    let again = reassemble(&images, &[true; 4]).unwrap();
+    assert!(
+        again.array().bad_blocks().is_empty(),
+        "the clearing is on disk"
+    );
+    assert!(read_all(&again) == model.bytes);
+    // The new member holds the written chunk itself: every byte reads with member 2 gone.
+    let without = reassemble(&images, &[true, true, false, true]).unwrap();
+    assert!(read_all(&without) == model.bytes);
+}
+
+/// `--start-dirty-degraded`: a rebuild never decodes a stripe that is not in sync from
+/// parity nobody verified. RAID5 (no parity to spare): the new member's data chunks in
+/// unsynced stripes become bad blocks, and a stripe whose parity was torn at the cut reads
+/// EIO there, never the wrong decode. RAID6 with one new member: a decode is confirmed by
+/// the parity it did not use, so only the torn stripe becomes a bad block.
+#[test]
+fn a_rebuild_over_unsynced_stripes_never_serves_an_unverified_decode() {
+    use uraid_core::format::DATA_OFFSET;
+    use uraid_core::Role;
+    for (level, n, seed) in [(Level::Raid5, 4, 41), (Level::Raid6, 6, 42)] {
+        let (mut images, model) = written(level, n, seed);
+        let g = *reassemble(&images, &vec![true; n]).unwrap().geometry();
+        let sdb = g.stripe_data_bytes();
+        // A torn stripe: member 1 holds data there; the parity the decode uses is wrong.
+        let t = (0..g.units())
+            .find(|&s| matches!(g.role(s, 1), Role::Data(_)) && g.parity_member(s, 0) != 1)
+            .unwrap();
+        let p = g.parity_member(t, 0);
+        let at = (DATA_OFFSET + g.member_offset(t, 0)) as usize;
+        for b in &mut images[p][at..at + CHUNK as usize] {
+            *b ^= 0x5a;
+        }
+        add_member_images(&mut images, 1, 0xEE);
+        uraid_sim::make_dirty(&mut images);
+        let vol = reassemble(&images, &vec![true; n]).expect("reassembles");
+        let a = vol.array().clone();
+        assert!(a.needs_resync());
+        let stop = AtomicBool::new(false);
+        let r = block_on(a.rebuild_with(&stop, Duration::ZERO)).expect("the rebuild completes");
+        assert_eq!(r.finished, MemberSet::EMPTY.with(1), "{level}");
+        let bad = a.bad_blocks();
+        assert!(
+            bad.contains(1, t),
+            "{level}: the torn stripe is a bad block"
+        );
+        let Role::Data(i) = g.role(t, 1) else {
+            unreachable!()
+        };
+        let chunk_at = t * sdb + i as u64 * CHUNK;
+        let failed = sectors_or_eio(&vol, &model, 0, vol.size());
+        assert!(
+            failed.contains(&chunk_at),
+            "{level}: the torn stripe's rebuilt chunk reads EIO"
+        );
+        if level == Level::Raid6 {
+            assert_eq!(bad.ranges().len(), 1, "{level}: {:?}", bad.ranges());
+            assert_eq!(bad.count(1), (1, 1));
+            assert!(failed.iter().all(|&o| o >= t * sdb && o < (t + 1) * sdb));
+        } else {
+            // Every stripe where the new member holds data is a bad block (the unallocated
+            // ones are skipped by the rebuild and read as zeros).
+            assert!(bad.count(1).1 > 1);
+        }
+        // A restart keeps the lists; still never a wrong byte.
+        block_on(vol.close()).unwrap();
+        let images = member_images(&vol);
+        let vol = reassemble(&images, &vec![true; n]).unwrap();
+        assert_eq!(vol.array().bad_blocks(), bad);
+        assert!(sectors_or_eio(&vol, &model, t * sdb, (t + 1) * sdb).contains(&chunk_at));
+    }
+}

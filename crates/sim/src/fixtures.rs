@@ -42,6 +42,7 @@ pub fn sim_superblock(geometry: Geometry) -> Superblock {
         slot_uuids: (0..geometry.members).map(device_uuid).collect(),
         bitmap_chunk: sim_bitmap_chunk(&geometry),
         journal: None,
+        bad: Default::default(),
     }
 }
 

@@ -67,9 +67,9 @@ pub struct SimConfig {
     /// Go past the level's tolerance (the array must fail cleanly).
     pub beyond: bool,
     /// Let a device take a failed slot (add, spare, replace take-over) while stripes wait for
-    /// resync and no journal is in service. Off by default: the rebuild then decodes those
-    /// stripes from parity that may not match and serves the result, where the promise is
-    /// EIO (a known gap: the bad-block list of the durability issue fixes it).
+    /// resync and no journal is in service. On by default: the rebuild never decodes such a
+    /// stripe unverified, the new member's chunk there goes on its bad-block list (read EIO,
+    /// which the model accepts for a listed stripe, never other bytes).
     pub rebuild_unsynced: bool,
 }
 
@@ -110,7 +110,7 @@ impl SimConfig {
             stages: 3 + r.below(2) as usize,
             bitmap_daemon: r.below(2) == 0,
             beyond: false,
-            rebuild_unsynced: false,
+            rebuild_unsynced: true,
         }
         .focused()
     }
@@ -377,6 +377,10 @@ impl Stage {
             ArrayError::Unreadable { .. } => {
                 let sdb = g.stripe_data_bytes();
                 let unsynced = (off / sdb..=(off + len - 1) / sdb).any(|st| a.stripe_unsynced(st));
+                // A stripe with a chunk on a bad-block list (a rebuild could not produce it).
+                let bad = a.bad_blocks();
+                let listed = (off / sdb..=(off + len - 1) / sdb)
+                    .any(|st| (0..g.members).any(|m| bad.contains(m, st)));
                 // A media error plus lost members can exceed one stripe's redundancy.
                 let lost = self
                     .bad
@@ -386,7 +390,7 @@ impl Stage {
                     .chain(a.rebuild_state().iter().map(|r| &r.0))
                     .fold(a.failed(), |s, &m| s.with(m));
                 let planted = lost.len() > g.fault_tolerance();
-                unsynced || planted
+                unsynced || planted || listed
             }
             ArrayError::Failed { .. } => !a.is_serving() && self.cfg.beyond,
             _ => false,
@@ -816,7 +820,11 @@ fn read_back(
                     }
                 }
             }
-            Err(ArrayError::Unreadable { .. }) if a.stripe_unsynced(stripe) || cfg.beyond => {
+            Err(ArrayError::Unreadable { .. })
+                if a.stripe_unsynced(stripe)
+                    || cfg.beyond
+                    || (0..g.members).any(|m| a.bad_blocks().contains(m, stripe)) =>
+            {
                 for k in 0..sdb / SECTOR {
                     next.unknown[((off / SECTOR) + k) as usize] = true;
                 }

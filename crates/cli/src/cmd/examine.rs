@@ -149,6 +149,26 @@ fn print_examine(path: &Path, sb: &Superblock) {
             g.units()
         );
     }
+    // md's --examine-badblocks: every slot's list (units of `Geometry::units`).
+    for i in 0..g.members {
+        let (n, units) = sb.bad.count(i);
+        if n == 0 {
+            continue;
+        }
+        let list: Vec<String> = sb
+            .bad
+            .ranges()
+            .iter()
+            .filter(|r| r.member == i)
+            .map(|r| format!("{}+{}", r.start, r.len))
+            .collect();
+        println!(
+            " Bad Blocks [{i:>2}] : {n} range(s), {} units, {} (units {})",
+            units,
+            size::human(units * g.chunk),
+            list.join(" ")
+        );
+    }
 }
 
 fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
@@ -176,6 +196,9 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
         "spare": sb.spare,
         "member_states": (0..g.members).map(|i| sb_state(sb, i)).collect::<Vec<_>>(),
         "rebuilt_units": sb.rebuilt,
+        "bad_blocks": sb.bad.ranges().iter()
+            .map(|r| json!({"member": r.member, "first_unit": r.start, "units": r.len}))
+            .collect::<Vec<_>>(),
     })
 }
 

@@ -330,6 +330,28 @@ const FAMILIES: &[Family] = &[
         },
     },
     Family {
+        name: "uraid_member_bad_block_ranges",
+        kind: "gauge",
+        help: "Ranges on the member's bad-block list (chunks a rebuild or replace could not produce).",
+        when: always,
+        samples: |m, s| {
+            for (i, ms) in m.a.members.iter().enumerate() {
+                s.value(&m.member(i), ms.bad_ranges.len() as u64);
+            }
+        },
+    },
+    Family {
+        name: "uraid_member_bad_block_bytes",
+        kind: "gauge",
+        help: "Bytes of the member's data area on its bad-block list.",
+        when: always,
+        samples: |m, s| {
+            for (i, ms) in m.a.members.iter().enumerate() {
+                s.value(&m.member(i), ms.bad_bytes);
+            }
+        },
+    },
+    Family {
         name: "uraid_stripe_operations_total",
         kind: "counter",
         help: "Stripe writes by plan, writes merged into another's stripe operation, degraded reads.",

@@ -169,6 +169,12 @@ fn slots(state: &State, a: &ArrayStatus) -> Vec<Value> {
                 "flush": op_json(&m.io.flush),
                 "read_errors_corrected": m.errors.corrected,
                 "read_error_budget": { "used": m.errors.budget_used, "max": m.errors.budget },
+                "bad_blocks": {
+                    "ranges": m.bad_ranges.iter()
+                        .map(|&(start, units)| json!({ "first_unit": start, "units": units }))
+                        .collect::<Vec<_>>(),
+                    "bytes": m.bad_bytes,
+                },
             })
         })
         .collect()
@@ -261,5 +267,6 @@ fn scrub_json(sc: &ScrubStatus) -> Value {
         "located": r.located,
         "repaired": r.repaired,
         "unreadable": r.unreadable,
+        "bad_blocks": r.bad_blocks,
     })
 }

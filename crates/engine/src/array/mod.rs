@@ -31,6 +31,7 @@ use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
 
 mod admin;
+mod badblocks;
 mod journal;
 mod resync;
 mod status;
@@ -227,6 +228,7 @@ impl<D: BlockDev> Array<D> {
             _ => std::iter::once(0..units).collect(),
         });
         let intent = crate::bitmap::WriteIntent::new(&geo, bc, bitmap, opts.frozen_metadata);
+        let bad = sb.bad.clone();
         let a = Arc::new_cyclic(|me| Array {
             geo,
             codec,
@@ -249,6 +251,7 @@ impl<D: BlockDev> Array<D> {
             rt: rt_handle,
             me: me.clone(),
         });
+        a.members.set_bad(bad);
         spawn_watchdog(&a);
         a
     }
@@ -650,7 +653,7 @@ impl<D: BlockDev> Array<D> {
             }
             if self.codec.is_some()
                 && extents.len() > 1
-                && (around || !self.members.degraded().is_empty())
+                && (around || !self.members.irregular().is_empty())
             {
                 return self.read_degraded(extents, around).await;
             }
@@ -683,8 +686,9 @@ impl<D: BlockDev> Array<D> {
         if extents.len() < 2 {
             return None;
         }
-        // Any member failed or being rebuilt: the per-extent path decides per stripe.
-        let f = self.members.degraded();
+        // Any member failed, being rebuilt or with bad blocks: the per-extent path decides
+        // per stripe.
+        let f = self.members.irregular();
         // Runs of (member, member offset, length); per extent (run, offset in run, length).
         let mut runs: Vec<(usize, u64, u64)> = Vec::new();
         let mut place = Vec::with_capacity(extents.len());
@@ -1196,7 +1200,12 @@ impl<D: BlockDev> Array<D> {
                         (m, base + e.chunk_off, segs)
                     })
                     .collect::<Vec<_>>();
+                let copies: MemberSet = writes.iter().map(|w| w.0).collect();
                 self.write_members(writes).await;
+                // A whole mirror chunk written: copies on a bad-block list hold it now.
+                if mirror && e.chunk_off == 0 && e.len == self.geo.chunk {
+                    self.clear_bad_written(e.stripe, copies).await;
+                }
                 self.check_serving().map(|_| ())
             }
             Err(err) => Err(err),

@@ -51,7 +51,7 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// A degraded read or write meets unsynced `unit` with the members in `out` (missing,
-    /// failed, behind a rebuild, or with a media error here) unusable. With fewer of them
+    /// failed or behind a rebuild) unusable, each of them out since assembly. With fewer of them
     /// than parities, the chunks that can be read are more than k and can be checked
     /// against each other: decode the data from the first k, recompute every other chunk
     /// read. If all agree, the stripe is one codeword: no write to it was cut short among
@@ -68,6 +68,11 @@ impl<D: BlockDev> Array<D> {
         let Ok(out) = self.readable(out) else {
             return false;
         };
+        // Only for members out since assembly: one that served reads may have served a torn
+        // write's new bytes, and a decode (however the parities agree) would change them.
+        if out.iter().any(|m| !self.members().unseen_since_start(m)) {
+            return false;
+        }
         let (k, p) = (g.data_chunks(), g.parity());
         let shard_member = |s: usize| {
             if s < k {

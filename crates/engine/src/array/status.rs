@@ -47,6 +47,10 @@ pub struct MemberStatus {
     /// I/O totals of the current device (data and metadata I/O).
     pub io: MemberIoSnapshot,
     pub errors: MemberErrors,
+    /// Its bad-block list (uraid_core::badblocks): (first unit, units) ranges whose chunk
+    /// on this slot holds no valid data, and their bytes on the member.
+    pub bad_ranges: Vec<(u64, u64)>,
+    pub bad_bytes: u64,
 }
 
 /// The write-intent bitmap.
@@ -155,6 +159,7 @@ impl<D: BlockDev> Array<D> {
                 (gen == r.gen).then(|| (r.slot, name.to_string()))
             });
         let removed = self.meta.removed();
+        let bad = self.members.bad_blocks();
         let members: Vec<MemberStatus> = (0..self.geo.members)
             .map(|i| {
                 let (budget_used, budget) = self.members.read_error_budget(i);
@@ -170,6 +175,13 @@ impl<D: BlockDev> Array<D> {
                         budget_used,
                         budget,
                     },
+                    bad_ranges: bad
+                        .ranges()
+                        .iter()
+                        .filter(|r| r.member == i)
+                        .map(|r| (r.start, r.len))
+                        .collect(),
+                    bad_bytes: bad.count(i).1 * self.geo.chunk,
                 }
             })
             .collect();

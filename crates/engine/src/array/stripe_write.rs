@@ -24,7 +24,7 @@ impl<D: BlockDev> Array<D> {
         data: &WriteBuf,
     ) -> Result<(), ArrayError> {
         let (first, whole) = self.whole_stripes(off, data.len() as u64);
-        if whole >= 2 && self.journal.get().is_none() && self.members.degraded().is_empty() {
+        if whole >= 2 && self.journal.get().is_none() && self.members.irregular().is_empty() {
             // Runs of whole stripes go to each member as one I/O per run (below); whatever a
             // run could not take goes the per-stripe way.
             let runs = (0..whole)
@@ -71,7 +71,7 @@ impl<D: BlockDev> Array<D> {
         data: &WriteBuf,
         rel: usize,
     ) -> Result<bool, ArrayError> {
-        if self.journal.get().is_some() || !self.members.degraded().is_empty() {
+        if self.journal.get().is_some() || !self.members.irregular().is_empty() {
             return Ok(false);
         }
         let stripes = first..first + n;
@@ -82,7 +82,7 @@ impl<D: BlockDev> Array<D> {
         // Releases the run's stripes, in order.
         let unlock = || drop(held);
         let clean = match self.check_serving() {
-            Ok(f) => f.is_empty() && self.members.degraded().is_empty(),
+            Ok(f) => f.is_empty() && self.members.irregular().is_empty(),
             Err(e) => {
                 unlock();
                 return Err(e);
@@ -300,9 +300,28 @@ impl<D: BlockDev> Array<D> {
                 Attempt::Done(d) => d,
                 Attempt::Retry => continue,
             };
-            return self
-                .issue_stripe_writes(stripe, at, failed, data_out, parity)
+            // Chunks on a bad-block list that this operation rewrites whole (the span is
+            // the whole chunk; every chunk it writes holds valid data over the span: data
+            // read or decoded and overlaid, parity encoded from that): cleared once written.
+            let whole = mods.lo == 0 && mods.hi == g.chunk;
+            let mut clears = if whole && !unsynced {
+                self.bad_at(stripe, stale)
+            } else {
+                MemberSet::EMPTY
+            };
+            let written: MemberSet = data_out
+                .iter()
+                .map(|(i, _)| g.data_member(stripe, *i))
+                .chain((0..m).map(|j| g.parity_member(stripe, j)))
+                .collect();
+            clears = clears.minus(failed).minus(clears.minus(written));
+            let r = self
+                .issue_stripe_writes(stripe, at, failed, data_out, parity, !clears.is_empty())
                 .await;
+            if r.is_ok() && !clears.is_empty() {
+                self.clear_bad_written(stripe, clears).await;
+            }
+            return r;
         }
     }
 
@@ -429,12 +448,18 @@ impl<D: BlockDev> Array<D> {
             .filter(|&i| !unsynced && !touched[i] && excl.contains(g.data_member(stripe, i)))
             .collect();
         if !bad.is_empty() {
-            if let Attempt::Done(v) = self.fetch_data(stripe, lo, span, &bad, excl).await? {
-                for (i, b) in bad.into_iter().zip(v) {
-                    if let Some(b) = b {
-                        data_out.push((i, b));
+            // One that cannot be decoded (a chunk on a bad-block list with another read
+            // error in the span) is left as it is: the write itself needs none of them.
+            match self.fetch_data(stripe, lo, span, &bad, excl).await {
+                Ok(Attempt::Done(v)) => {
+                    for (i, b) in bad.into_iter().zip(v) {
+                        if let Some(b) = b {
+                            data_out.push((i, b));
+                        }
                     }
                 }
+                Ok(Attempt::Retry) | Err(ArrayError::Unreadable { .. }) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(Attempt::Done(data_out))
@@ -443,7 +468,7 @@ impl<D: BlockDev> Array<D> {
     /// Writes a planned stripe operation's new data chunks `data_out` and `parity` at member
     /// offset `at` to every member not in `failed` (unreadable ones included: the write
     /// repairs them); with a journal, the record is durable first, and with a write-back
-    /// journal on a reactor the member writes are returned deferred.
+    /// journal on a reactor the member writes are returned deferred (unless `no_defer`).
     async fn issue_stripe_writes(
         &self,
         stripe: u64,
@@ -451,6 +476,7 @@ impl<D: BlockDev> Array<D> {
         failed: MemberSet,
         data_out: Vec<(usize, IoBuf)>,
         parity: Vec<IoBuf>,
+        no_defer: bool,
     ) -> Result<Option<crate::journal::Deferred>, ArrayError> {
         let g = self.geo;
         let m = g.parity();
@@ -473,7 +499,9 @@ impl<D: BlockDev> Array<D> {
             // no copy of the list on the usual path, where nothing failed).
             let mut writes = writes;
             writes.retain(|w| r.kept.contains(w.0));
-            let (r, writes) = if self.can_defer() {
+            // A write that clears a bad block is not deferred: the chunk must be on the
+            // member (and flushed) before the list says it is good.
+            let (r, writes) = if self.can_defer() && !no_defer {
                 let region = self.intent.deferred_begin(stripe);
                 match r.defer(writes, region) {
                     Ok(d) => return Ok(Some(d)),

@@ -133,6 +133,7 @@ fn new_superblock(
         slot_uuids: (0..n).map(|_| *uuid::Uuid::new_v4().as_bytes()).collect(),
         bitmap_chunk,
         journal,
+        bad: Default::default(),
     };
     while sb.name.len() > format::NAME_LEN {
         sb.name.pop();

@@ -16,8 +16,10 @@
 //! * When every unit is done the member is flushed and recorded active.
 //! * The member being written failing ends its rebuild (it is failed as any member is);
 //!   another member failing leaves the walk going while the level's tolerance allows; a
-//!   unit that cannot be reconstructed (read errors past the tolerance) stops the rebuild
-//!   with an error, the member left rebuilding from the last checkpoint.
+//!   unit that cannot be reconstructed (read errors past the tolerance, or a parity unit
+//!   not in sync: never decoded) goes on the targets' bad-block lists (array/badblocks.rs)
+//!   and the walk goes on; only a full list stops the rebuild with an error, the member
+//!   left rebuilding from the last checkpoint.
 //! * Units no data was written to (or trimmed: the allocation map) are skipped
 //!   (`Array::skippable`): reads there return zeros without touching the members, and the
 //!   first write there fills whole stripes on every member, the new one included.
@@ -157,20 +159,34 @@ impl<D: BlockDev> Array<D> {
                 return Ok(());
             }
             let _held = self.locks().lock(unit).await;
-            self.regenerate(unit, MemberSet::EMPTY).await
+            match self.regenerate(unit, MemberSet::EMPTY).await {
+                // Not reconstructable (read errors past the tolerance, or not in sync): the
+                // targets' chunks there go on their bad-block lists and the walk goes on;
+                // a full list stops it.
+                Err(e @ ArrayError::Unreadable { .. }) if self.check_serving().is_ok() => {
+                    let targets = self
+                        .members()
+                        .rebuilding()
+                        .iter()
+                        .filter(|&t| !self.members().serves(t, unit))
+                        .collect();
+                    self.record_bad("rebuild", unit, targets, e)
+                }
+                r => r,
+            }
         }))
         .await
     }
 
     /// Writes to the members being rebuilt that do not hold `unit` yet, and to the members
     /// in `also` (chunks a scrub could not read), what they should hold there, computed from
-    /// the others. A unit not yet resynced after an unclean stop
-    /// (only reachable with `--start-dirty-degraded`, or on mirrors) is resynced at the same
-    /// time: every parity is recomputed from the data as decoded, so the stripe is
-    /// consistent afterwards; on parity levels a data chunk decoded there came from parity
-    /// that was not verified (logged: the flag accepted that risk). `also` comes from scrub,
-    /// which never calls this on a parity unit still unsynced (scrub.rs). Caller holds the
-    /// lock.
+    /// the others; chunks on a bad-block list among them are good again once written. A
+    /// unit not yet resynced after an unclean stop (only reachable with
+    /// `--start-dirty-degraded`, or on mirrors) and holding data is decoded on parity
+    /// levels only when a spare parity confirms it (`unsynced_decode_verified`), else a target holding data
+    /// there gets `Unreadable` (the rebuild records its chunk bad); when it goes ahead the
+    /// live parity members get parity encoded from the data too (resync). `also` comes from scrub, which never calls this on a parity unit still
+    /// unsynced (scrub.rs). Caller holds the lock.
     pub(crate) async fn regenerate(&self, unit: u64, also: MemberSet) -> Result<(), ArrayError> {
         let g = self.geo();
         let mut excl = MemberSet::EMPTY;
@@ -193,6 +209,11 @@ impl<D: BlockDev> Array<D> {
             };
             // A target that fails here is failed like any member (its rebuild ends).
             self.write_members(writes).await;
+            // Whole chunks, computed from a unit in sync: any of them on a bad-block list
+            // is good again.
+            if !self.recovery().resync.unsynced(unit) {
+                self.clear_bad_written(unit, targets).await;
+            }
             if self.recovery().resync.unsynced(unit)
                 && self.members().degraded().minus(targets).is_empty()
                 && self.recovery().resync.unreadable(unit).is_empty()
@@ -247,6 +268,46 @@ impl<D: BlockDev> Array<D> {
             codec.encode(&srcs, &mut out);
         }
         let at = g.member_offset(unit, 0);
+        if unsynced
+            && !self.recovery().holds_no_data(unit)
+            && targets
+                .iter()
+                .any(|t| matches!(g.role(unit, t), Role::Data(_)))
+        {
+            // Not in sync (started dirty and degraded): a data chunk decoded from parity is
+            // trusted only if a parity the decode did not need agrees with it, and only for
+            // a slot whose device served no reads since assembly (one that did may have
+            // served a torn write's new bytes that no parity holds: the parities agreeing
+            // on the old ones would change what was read). Where no data was ever written,
+            // reads return zeros whatever the chunks hold.
+            let unseen = targets
+                .iter()
+                .filter(|&t| matches!(g.role(unit, t), Role::Data(_)))
+                .all(|t| self.members().unseen_since_start(t));
+            let verified = if unseen {
+                self.unsynced_decode_verified(unit, &parity, failed, excl)
+                    .await
+            } else {
+                Attempt::Done(false)
+            };
+            match verified {
+                Attempt::Retry => return Ok(Attempt::Retry),
+                Attempt::Done(true) => {}
+                Attempt::Done(false) => {
+                    if self.recovery().resync.report_unreadable(unit) {
+                        let (lo, hi) = self.unit_volume_range(unit);
+                        tracing::error!(
+                            target: "uraid_engine::recovery",
+                            "stripe {unit} (volume bytes {lo}..{hi}) is in a region marked \
+                             dirty and was not resynced, and no spare parity confirms a decode: \
+                             member(s) {targets} are not rebuilt there from parity that was not \
+                             verified"
+                        );
+                    }
+                    return Err(ArrayError::Unreadable { members: targets });
+                }
+            }
+        }
         let mut extra = Vec::new();
         // Surviving data members whose chunk had to be decoded (a media error met here): on
         // an unsynced unit that decode came from parity that may be wrong, so no parity is
@@ -261,21 +322,7 @@ impl<D: BlockDev> Array<D> {
                 .note_unreadable(unit, decoded_survivors);
         }
         if unsynced {
-            if targets
-                .iter()
-                .any(|t| matches!(g.role(unit, t), Role::Data(_)))
-                && self.recovery().resync.report_unreadable(unit)
-            {
-                let sdb = g.stripe_data_bytes();
-                tracing::error!(
-                    target: "uraid_engine::recovery",
-                    "rebuild: stripe {unit} (volume bytes {}..{}) was not resynced after the \
-                     unclean stop: the new member's data there was decoded from parity that \
-                     was not verified and may be wrong",
-                    unit * sdb,
-                    (unit + 1) * sdb
-                );
-            }
+            // (Every target holds parity here: data targets were refused above.)
             // Live parity members get the recomputed parity too (resync), unless it was
             // computed from a survivor's decoded chunk.
             for (j, p) in parity
@@ -302,6 +349,42 @@ impl<D: BlockDev> Array<D> {
             .collect();
         w.extend(extra);
         Ok(Attempt::Done(w))
+    }
+
+    /// Whether the data decoded for an unsynced `unit`, whose parity encoded from it is
+    /// `parity`, is confirmed: at least one live parity chunk more than the data chunks that
+    /// had to be decoded (missing, being rebuilt, or unreadable: `excl`), and every live
+    /// parity chunk equal to the one encoded. A torn stripe then disagrees with a parity
+    /// the decode did not use. `Retry` when a parity read failed (`excl` grew).
+    async fn unsynced_decode_verified(
+        &self,
+        unit: u64,
+        parity: &[IoBuf],
+        failed: MemberSet,
+        excl: &mut MemberSet,
+    ) -> Attempt<bool> {
+        let g = self.geo();
+        let gone = failed.union(*excl);
+        let decoded = (0..g.data_chunks())
+            .filter(|&i| gone.contains(g.data_member(unit, i)))
+            .count();
+        let live: Vec<usize> = (0..g.parity())
+            .filter(|&j| !gone.contains(g.parity_member(unit, j)))
+            .collect();
+        if live.len() <= decoded {
+            return Attempt::Done(false);
+        }
+        let at = g.member_offset(unit, 0);
+        let reqs: Vec<(usize, u64, u64)> = live
+            .iter()
+            .map(|&j| (g.parity_member(unit, j), at, g.chunk))
+            .collect();
+        match self.read_members(&reqs, excl).await {
+            Attempt::Retry => Attempt::Retry,
+            Attempt::Done(held) => {
+                Attempt::Done(live.iter().zip(held).all(|(&j, h)| h[..] == parity[j][..]))
+            }
+        }
     }
 
     /// `regenerate` on a mirror level: the first live copy, read, written to `targets`.

@@ -215,7 +215,17 @@ impl<D: BlockDev> Array<D> {
                 return Ok(());
             }
             let _held = self.locks().lock(unit).await;
-            self.copy_unit(unit, i, gen).await
+            match self.copy_unit(unit, i, gen).await {
+                // Neither read nor reconstructable: the slot's chunk there goes on its
+                // bad-block list (the replacement inherits it at the swap) and the copy goes
+                // on; a full list stops it.
+                Err(e @ ArrayError::Unreadable { .. })
+                    if self.check_serving().is_ok() && !self.members().is_failed(i) =>
+                {
+                    self.record_bad("replace", unit, uraid_core::MemberSet::EMPTY.with(i), e)
+                }
+                r => r,
+            }
         }))
         .await
     }

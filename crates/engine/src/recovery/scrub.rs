@@ -14,7 +14,10 @@
 //! * Scrub needs every member (a degraded array has no redundancy to check against; rebuild
 //!   first): it refuses to start on a degraded array and stops if a member fails. A chunk
 //!   that cannot be read (media error) is reconstructed and rewritten by the read path's
-//!   error policy (`read_failed`); the unit is then counted unreadable, not verified.
+//!   error policy (`read_failed`); the unit is then counted unreadable, not verified. A
+//!   chunk on a bad-block list is not verified either: the unit is counted (`bad_blocks`)
+//!   and `repair` rebuilds it from the others where it can. Scrub adds no entries: a
+//!   member's own media error covers a few sectors, an entry a whole chunk.
 //! * Throttle: the array's `Throttle`, applied by the walk driver (recovery/walk.rs);
 //!   `pause` holds it between batches, `stop` ends it.
 
@@ -38,6 +41,8 @@ struct UnitResult {
     located: u64,
     repaired: u64,
     unreadable: bool,
+    /// A chunk of the unit is on a bad-block list.
+    bad: bool,
     /// Not verified: nothing allocated there.
     skipped: bool,
 }
@@ -139,6 +144,33 @@ impl<D: BlockDev> Array<D> {
                 ..Default::default()
             });
         }
+        // A chunk on a bad-block list holds nothing to verify: the unit is counted, and
+        // repair rebuilds it from the others where they can (which takes it off the list).
+        let listed = self.bad_at(unit, MemberSet::all(g.members));
+        if !listed.is_empty() {
+            if mode == ScrubMode::Repair {
+                match self.regenerate(unit, MemberSet::EMPTY).await {
+                    Ok(()) | Err(ArrayError::Unreadable { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let left = self.bad_at(unit, MemberSet::all(g.members));
+            tracing::warn!(
+                target: "uraid_engine::recovery",
+                "scrub: unit {unit}: member(s) {listed} have it on their bad-block list{}",
+                if mode == ScrubMode::Check {
+                    String::new()
+                } else if left.is_empty() {
+                    "; rebuilt from the others".into()
+                } else {
+                    format!("; member(s) {left} could not be rebuilt")
+                }
+            );
+            return Ok(UnitResult {
+                bad: true,
+                ..Default::default()
+            });
+        }
         // Every chunk of the unit: (member, data-area offset).
         let (chunks, parity): (Vec<(usize, u64)>, bool) = if g.level.is_parity() {
             let at = g.member_offset(unit, 0);
@@ -159,8 +191,13 @@ impl<D: BlockDev> Array<D> {
             // does), and the unit is counted, not verified.
             Attempt::Retry => {
                 let bad = excl.minus(self.members().failed());
+                // One that cannot be reconstructed either is left as it is (its other
+                // sectors still hold good data) and the walk goes on.
                 if !bad.is_empty() {
-                    self.regenerate(unit, bad).await?;
+                    match self.regenerate(unit, bad).await {
+                        Ok(()) | Err(ArrayError::Unreadable { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 return Ok(UnitResult {
                     unreadable: true,
@@ -379,6 +416,9 @@ impl<D: BlockDev> Walk<D> for ScrubWalk {
                     counts
                         .unreadable
                         .fetch_add(u64::from(u.unreadable), Ordering::AcqRel);
+                    counts
+                        .bad_blocks
+                        .fetch_add(u64::from(u.bad), Ordering::AcqRel);
                 }
                 Err(e) => {
                     if result.is_ok() {
@@ -409,7 +449,7 @@ impl<D: BlockDev> Walk<D> for ScrubWalk {
         tracing::info!(
             target: "uraid_engine::recovery",
             "array '{}': scrub ({}) finished in {:.1} s: {} units, {} mismatched column(s), {} \
-             located, {} repaired, {} unreadable unit(s)",
+             located, {} repaired, {} unreadable unit(s), {} unit(s) with bad blocks",
             self.name,
             self.mode.name(),
             self.t0.elapsed().as_secs_f64(),
@@ -417,7 +457,8 @@ impl<D: BlockDev> Walk<D> for ScrubWalk {
             r.mismatches,
             r.located,
             r.repaired,
-            r.unreadable
+            r.unreadable,
+            r.bad_blocks
         );
         Ok(r)
     }
