@@ -215,6 +215,19 @@ impl<D: BlockDev> Array<D> {
             _ => std::iter::once(0..units).collect(),
         });
         let intent = crate::bitmap::WriteIntent::new(&geo, bc, bitmap, opts.frozen_metadata);
+        // Replaces the superblocks record, for `resume_replace` (recovery/replace.rs).
+        let resumable: Vec<crate::background::Resumable> = (0..geo.members)
+            .filter_map(|i| {
+                let r = sb.replaces[i]?;
+                let units = crate::background::Resumable::units(r.copied, units, due.as_deref());
+                Some(crate::background::Resumable {
+                    slot: i,
+                    uuid: r.uuid,
+                    copied: r.copied,
+                    units,
+                })
+            })
+            .collect();
         let a = Arc::new_cyclic(|me| Array {
             geo,
             codec,
@@ -236,6 +249,10 @@ impl<D: BlockDev> Array<D> {
             rt: rt_handle,
             me: me.clone(),
         });
+        *a.recovery
+            .replace_resume
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = resumable;
         spawn_watchdog(&a);
         a
     }

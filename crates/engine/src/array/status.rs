@@ -42,6 +42,8 @@ pub struct MemberStatus {
     pub removed: bool,
     /// The device it is being replaced by, while a replace (`uraid replace`) runs.
     pub replacement: Option<String>,
+    /// Progress of that replace's copy (None while not being replaced).
+    pub replace: Option<ProgressView>,
     /// I/O totals of the current device (data and metadata I/O).
     pub io: MemberIoSnapshot,
     pub errors: MemberErrors,
@@ -129,26 +131,27 @@ impl ArrayStatus {
         !self.failed.is_empty() || !self.rebuilding().is_empty()
     }
 
-    /// The slot being replaced, while a replace runs.
+    /// The slot being replaced, while a replace runs (the lowest, if several do).
     pub fn replacing(&self) -> Option<usize> {
         self.members.iter().position(|m| m.replacement.is_some())
+    }
+
+    /// Every slot being replaced, with its copy's progress.
+    pub fn replaces(&self) -> Vec<(usize, ProgressView)> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| Some((i, m.replace.clone()?)))
+            .collect()
     }
 }
 
 impl<D: BlockDev> Array<D> {
     /// The array's state for the control plane (module docs).
     pub fn status(&self) -> ArrayStatus {
-        // The replace under way, while its replacement is still the slot's (recovery/replace.rs).
-        let replacing = self
-            .recovery
-            .replacing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(|r| {
-                let (gen, name) = self.members.replacement(r.slot)?;
-                (gen == r.gen).then(|| (r.slot, name.to_string()))
-            });
+        // The replaces under way, while their replacement is still the slot's
+        // (recovery/replace.rs).
+        let replacing = self.replace_states();
         let removed = self.meta.removed();
         let members: Vec<MemberStatus> = (0..self.geo.members)
             .map(|i| {
@@ -157,7 +160,11 @@ impl<D: BlockDev> Array<D> {
                     name: self.members.name(i).map(str::to_string),
                     state: self.members.state(i),
                     removed: removed.contains(i),
-                    replacement: replacing.as_ref().filter(|r| r.0 == i).map(|r| r.1.clone()),
+                    replacement: replacing.iter().find(|r| r.0 == i).map(|r| r.1.clone()),
+                    replace: replacing
+                        .iter()
+                        .any(|r| r.0 == i)
+                        .then(|| self.recovery.replace_progress[i].view()),
                     io: self.members.io(i),
                     errors: MemberErrors {
                         corrected: self.members.corrected_reads(i),
@@ -199,7 +206,7 @@ impl<D: BlockDev> Array<D> {
             resync: self.recovery.resync_progress.view(),
             unsynced_stripes_refused: self.recovery.resync.unreadable_reported(),
             rebuild: self.recovery.rebuild_progress.view(),
-            replace: self.recovery.replace_progress.view(),
+            replace: self.replace_progress(),
             scrub: ScrubStatus {
                 mode,
                 report,
