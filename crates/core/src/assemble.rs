@@ -89,8 +89,9 @@ pub struct Plan {
     pub spares: Vec<(PathBuf, [u8; 16])>,
     /// Replacements of a replace in progress found among the paths given (the slot, the
     /// path, the device uuid the array's superblock records for it): the replace resumes
-    /// (recovery/replace.rs). A recorded replace whose replacement is not here is noted
-    /// and dropped by the array.
+    /// (recovery/replace.rs). A recorded replace (`sb.replaces`) whose replacement is not
+    /// here is dropped by the array that serves (logged there: a plan of a running array
+    /// is not a start).
     pub replacements: Vec<(usize, PathBuf, [u8; 16])>,
     /// What `decide` noted for the log.
     pub notes: Vec<Note>,
@@ -253,23 +254,25 @@ pub fn decide(found: Vec<Found>, refused: Vec<String>, force: bool) -> Result<Pl
     for (f, why) in forceable {
         plan.consider_forced(f, why, force);
     }
-    plan.note_dropped_replaces();
     Ok(plan)
 }
 
 /// The member whose superblock is the array's truth: the array is the one most of the given
 /// members belong to (ties: the freshest); its truth is its member with the highest event
-/// count. Spares carry a copy of the superblock of when they were added: never the truth.
+/// count. Spares and replacements carry a copy of the superblock of when they were added:
+/// never the truth.
 fn array_truth(found: &[Found]) -> Option<&Found> {
+    let member = |f: &&Found| !f.sb.spare && !f.sb.replacement;
     let votes = |u: &[u8; 16]| {
         found
             .iter()
-            .filter(|f| !f.sb.spare && &f.sb.array_uuid == u)
+            .filter(member)
+            .filter(|f| &f.sb.array_uuid == u)
             .count()
     };
     found
         .iter()
-        .filter(|f| !f.sb.spare)
+        .filter(member)
         .max_by_key(|f| (votes(&f.sb.array_uuid), f.sb.events))
 }
 
@@ -401,24 +404,6 @@ impl Plan {
         self.refused.push(why);
     }
 
-    /// Notes every replace the array records whose replacement was not given: the array
-    /// drops it (the member stays).
-    fn note_dropped_replaces(&mut self) {
-        for (i, r) in self.sb.replaces.iter().enumerate() {
-            let Some(r) = r else { continue };
-            if !self.replacements.iter().any(|x| x.0 == i) {
-                self.notes.push(Note::Warn(format!(
-                    "member {i} was being replaced by device {} ({} of {} units copied), \
-                     which was not given: the replace is dropped and member {i} stays \
-                     (give the device to resume it, or replace again)",
-                    uuid_string(&r.uuid),
-                    r.copied,
-                    self.sb.geometry.units()
-                )));
-            }
-        }
-    }
-
     /// Puts member `f` into its slot.
     fn take(&mut self, f: &Found) {
         let i = f.sb.index;
@@ -488,10 +473,10 @@ mod tests {
     }
 
     /// A replace in progress: its replacement is found among the devices given and kept for
-    /// the array; one of an ended replace is refused; a recorded replace whose replacement
-    /// is not given is noted as dropped.
+    /// the array; another device claiming the slot's replacement, or one of an ended
+    /// replace, is refused.
     #[test]
-    fn replacements_are_found_refused_or_noted_missing() {
+    fn replacements_are_found_or_refused() {
         let record = crate::format::ReplaceRecord {
             uuid: [0x99; 16],
             copied: 7,
@@ -526,11 +511,20 @@ mod tests {
             .refused
             .iter()
             .any(|r| r.contains("replace that has ended")));
-        assert!(
-            matches!(&plan.notes[..], [Note::Warn(m)] if m.contains("replace is dropped")),
-            "{:?}",
-            plan.notes
+        assert_eq!(
+            plan.sb.replaces[2],
+            Some(record),
+            "still recorded: the array drops it"
         );
+        // A replacement whose copy of the array's superblock is as fresh as the members',
+        // or fresher, is never the array's truth.
+        let mut found: Vec<Found> = (0..4).map(with_record).collect();
+        let mut fresh = replacement([0x99; 16]);
+        fresh.sb.events = 9;
+        found.push(fresh);
+        let plan = decide(found, Vec::new(), false).unwrap();
+        assert!(!plan.sb.replacement && plan.sb.events == 5);
+        assert_eq!(plan.replacements.len(), 1);
         // No replace recorded (cancelled): the old replacement is refused, nothing noted.
         let mut found: Vec<Found> = (0..4).map(|i| member(i, 5)).collect();
         found.push(replacement([0x99; 16]));

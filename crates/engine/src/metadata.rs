@@ -102,6 +102,11 @@ impl Metadata {
         let removed: MemberSet = (0..sb.geometry.members)
             .filter(|&i| sb.is_removed(i))
             .collect();
+        // The array's superblock is a member's (a spare's or a replacement's copy is never
+        // the truth, `uraid_core::assemble::decide`); its rounds never carry their flags.
+        let mut sb = sb;
+        sb.spare = false;
+        sb.replacement = false;
         let replace_on_disk = if frozen {
             MemberSet::EMPTY
         } else {

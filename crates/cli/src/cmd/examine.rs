@@ -123,6 +123,11 @@ fn print_examine(path: &Path, sb: &Superblock) {
     println!("    Device UUID : {}", uuid_string(&sb.device_uuid));
     if sb.spare {
         println!("    Device Role : hot spare");
+    } else if sb.replacement {
+        println!(
+            "    Device Role : replacement of member {} (replace in progress)",
+            sb.index
+        );
     } else {
         println!("   Device Index : {}", sb.index);
     }
@@ -148,6 +153,16 @@ fn print_examine(path: &Path, sb: &Superblock) {
             sb.rebuilt[i],
             g.units()
         );
+    }
+    for (i, r) in sb.replaces.iter().enumerate() {
+        if let Some(r) = r {
+            println!(
+                "    Replace [{i:>2}] : by {}, {} of {} units copied",
+                uuid_string(&r.uuid),
+                r.copied,
+                g.units()
+            );
+        }
     }
 }
 
@@ -176,6 +191,10 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
         "spare": sb.spare,
         "member_states": (0..g.members).map(|i| sb_state(sb, i)).collect::<Vec<_>>(),
         "rebuilt_units": sb.rebuilt,
+        "replacement": sb.replacement,
+        "replaces": sb.replaces.iter().enumerate().filter_map(|(i, r)| {
+            r.map(|r| json!({"member": i, "device_uuid": uuid_string(&r.uuid), "copied_units": r.copied}))
+        }).collect::<Vec<_>>(),
     })
 }
 

@@ -2,13 +2,16 @@
 //! (`uraid replace`, md's want_replacement). The data is copied from the member itself, so
 //! the array never loses redundancy on the way, unlike fail + add.
 //!
-//! Rules (docs/invariants.md, "A replacement holds no superblock before its swap"):
+//! Rules (docs/invariants.md, "A replacement holds no member superblock before
+//! its swap", "A resumed replace trusts its replacement only below a durable checkpoint"):
 //! * From the start every write and flush of the slot goes to both devices (`Members`:
 //!   the slot's (current, replacement) generations are one word, so an I/O sees a
 //!   consistent pair); reads use the old device only. Superblocks go to the old device
 //!   only: the replacement claims nothing until the swap.
-//! * At the start the replacement's metadata area is zeroed and flushed, then every bitmap
-//!   and allocation-map page is rewritten (to every member, so to the replacement too).
+//! * At the start the replacement's metadata area is zeroed, its replacement superblock
+//!   (FLAG_REPLACEMENT: never taken for a member) written and flushed; a round records the
+//!   replace (slot, its uuid, copy checkpoint 0); then every bitmap and allocation-map page
+//!   is rewritten (to every member, so to the replacement too).
 //! * The walk copies each unit's chunk of the slot under the unit's stripe lock: read from
 //!   the old device; a chunk it cannot read is reconstructed from the rest of the stripe
 //!   (the old device's read-error budget applies as for any read).
@@ -19,8 +22,16 @@
 //!   with the old member or with the new one, which holds everything. The old device is
 //!   refused afterwards (its uuid is no longer the slot's).
 //! * Units with nothing allocated are skipped, as the rebuild does.
-//! * Progress is not persisted: after a restart the old member is simply still the member
-//!   (the replacement has no superblock); the replace is started again.
+//! * The copy checkpoint is persisted every `PERSIST_EVERY` (replacement flushed, then a
+//!   round), and when the server stops (`keep_replaces_on_stop`). At the next start the
+//!   replace resumes with its replacement (`resume_replace`): the walk covers the units
+//!   from the checkpoint and, after an unclean stop, those below it resync owes (everything
+//!   with a journal), never trusting the replacement beyond that. A recorded replace whose
+//!   replacement is not given is dropped in a round (`drop_unresumed_replaces`); a record
+//!   whose replacement was dropped is cleared before a write it missed is acknowledged
+//!   (`Metadata::failure_barrier`).
+//! * Replaces of different slots run at once (each its own walk and progress); a second
+//!   replace of a slot is refused while one runs.
 //! * The old member failing during the replace (an error, `uraid fail`) makes the
 //!   replacement the slot's new device, rebuilt from unit 0 like an added member (writes
 //!   while the slot was failed did not reach it). The replacement failing ends the replace;
