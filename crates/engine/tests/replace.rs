@@ -719,3 +719,80 @@ fn several_replaces_run_at_once() {
     check_without_others(&after, 1, &model, 2);
     check_without_others(&after, 4, &model, 2);
 }
+
+/// Yields once to the executor (the client side of a test that waits on a walk).
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// A replace stopped with the server (`keep_replaces_on_stop`, as SIGTERM does) is kept:
+/// its checkpoint is recorded, the replacement stays attached until the clean close, and
+/// the next start given the replacement resumes it from that checkpoint to the end.
+#[test]
+fn a_replace_stopped_with_the_server_resumes_at_the_next_start() {
+    let (images, model) = written(Level::Raid5, 4, 29);
+    let vol = reassemble(&images, &[true; 4]).expect("reassembles");
+    let a = vol.array().clone();
+    let units = a.geometry().units();
+    for m in 0..4 {
+        let f = &a.member_dev(m).unwrap().faults;
+        f.yield_ops.store(true, Ordering::Relaxed);
+    }
+    let new = new_dev(&images);
+    let handle = new.share();
+    let uuid = new_device_uuid(31);
+    block_on(vol.replace_member(1, new, uuid)).unwrap();
+    a.keep_replaces_on_stop();
+    let stop = AtomicBool::new(false);
+    let (o, ()) = block_on(async {
+        futures::join!(vol.replace_run_slot(1, &stop, Duration::ZERO), async {
+            while a.replace_progress_of(1).done < units / 2 {
+                YieldOnce(false).await;
+            }
+            stop.store(true, Ordering::Release);
+        })
+    });
+    assert_eq!(o.unwrap(), ReplaceOutcome::Stopped { slot: 1 });
+    assert_eq!(a.replace_state().map(|r| r.0), Some(1), "still attached");
+    block_on(vol.close()).unwrap();
+    let mut media = member_images(&vol);
+    media.push(handle.snapshot());
+    let vol = reassemble(&media, &[true; 5]).expect("reassembles");
+    let a = vol.array().clone();
+    let recorded = a.resumable_replaces();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let (slot, u, copied) = recorded[0];
+    assert_eq!((slot, u), (1, uuid));
+    assert!(
+        copied >= units / 2 && copied < units,
+        "checkpoint {copied} of {units}"
+    );
+    let dev = MemDev::from_image("mem4", media[4].clone());
+    let h = dev.share();
+    block_on(vol.resume_replace(1, dev, uuid)).expect("resumes");
+    let stop = AtomicBool::new(false);
+    assert_eq!(
+        block_on(vol.replace_run_slot(1, &stop, Duration::ZERO)).unwrap(),
+        ReplaceOutcome::Replaced { slot: 1 }
+    );
+    // Clean stop: exactly what the checkpoint did not cover was walked.
+    assert_eq!(a.replace_progress_of(1).total, units - copied);
+    assert!(read_all(&vol) == model.bytes);
+    block_on(vol.close()).unwrap();
+    let after = member_images(&vol);
+    assert!(after[1] == h.snapshot());
+    check_without_others(&after, 1, &model, 1);
+}
