@@ -56,8 +56,9 @@ impl Jobs {
         self.sup.replace(i, path, force).map_err(http)
     }
 
-    pub fn replace_cancel(&self) -> Result<String, Refusal> {
-        self.sup.replace_cancel().map_err(http)
+    /// Cancels the running replace of member `i` (every running one: None).
+    pub fn replace_cancel(&self, i: Option<usize>) -> Result<String, Refusal> {
+        self.sup.replace_cancel_of(i).map_err(http)
     }
 
     pub fn fail(&self, i: usize, force: bool) -> Result<String, Refusal> {

@@ -267,6 +267,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         priority: Priority::parse(&args.priority).unwrap_or(Priority::Normal),
     });
     let sup = Arc::new(Supervisor::new(array.clone(), args.read_only));
+    resume_replaces(args, &events, &plan, &sup);
     let state = Arc::new(control::State {
         jobs: Arc::new(crate::jobs::Jobs::new(sup.clone())),
         volume: array.clone(),
@@ -466,6 +467,34 @@ fn control_socket_path(
             p
         }
     })
+}
+
+/// Replaces the superblocks record (interrupted by a crash or a stop): each whose
+/// replacement was given resumes from its checkpoint; the others are dropped (the members
+/// stay). Right after assembly, before the other background work starts.
+fn resume_replaces(
+    args: &ServeArgs,
+    events: &Events,
+    plan: &assemble::Plan,
+    sup: &Arc<Supervisor<FileDev>>,
+) {
+    if plan.sb.replaces.iter().all(Option::is_none) {
+        return;
+    }
+    let mut found = Vec::new();
+    for (i, p, uuid) in &plan.replacements {
+        match FileDev::open(p) {
+            Ok(dev) => found.push((*i, dev, *uuid)),
+            Err(e) => warn(
+                args,
+                events,
+                format!("replacement {} of member {i}: {e}; not used", p.display()),
+            ),
+        }
+    }
+    for line in sup.resume_replaces(found) {
+        println!("uraid: {line}");
+    }
 }
 
 /// Hot spares given with the members (opened exclusively now, waiting for a failure), and

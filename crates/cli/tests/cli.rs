@@ -45,8 +45,9 @@ fn superblock_matches_docs() {
             }
         }
     }
-    // Superblock (27 rows), journal superblock (10), record header (8 of fixed size).
-    assert_eq!(fields.len(), 45, "docs table rows: {fields:?}");
+    // Superblock (27 rows, and 2 of the replace in progress), journal superblock (10),
+    // record header (8 of fixed size).
+    assert_eq!(fields.len(), 47, "docs table rows: {fields:?}");
     let get = |name: &str| -> &[u8] {
         let (o, s) = fields[name];
         &sb[o..o + s]
@@ -77,6 +78,16 @@ fn superblock_matches_docs() {
     assert!(get("bad_ranges").iter().all(|&b| b == 0));
     assert_eq!(get("journal_uuid"), [0u8; 16], "no journal");
     assert_eq!(le(get("journal_mode")), 0);
+    assert!(get("replace_uuids").iter().all(|&b| b == 0), "no replace");
+    assert!(get("replace_copied").iter().all(|&b| b == 0));
+    assert_eq!(
+        fields["replace_uuids"].0,
+        uraid_core::format::off::REPLACE_UUIDS
+    );
+    assert_eq!(
+        fields["replace_copied"].0,
+        uraid_core::format::off::REPLACE_COPIED
+    );
     assert_eq!(le(get("crc32c")) as u32, crc32c_of(&sb[..4092]));
     // The allocation map as docs/format.md describes it: a fresh array has every page sealed
     // with no bit set; 47 MiB members of a 4+2 raid6 with 64K chunks -> 752 granules, 1 page.

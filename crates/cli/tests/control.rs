@@ -1125,12 +1125,14 @@ fn a_member_is_replaced_while_serving_and_offline() {
     assert_eq!(j["slots"][2]["replacement"], s(&new2).as_str(), "{j}");
     assert_eq!(j["background"][0]["op"], "replace", "{j}");
     assert_eq!(j["degraded"], false, "{j}");
+    // A second replace of the slot is refused while it runs (other slots may be replaced
+    // at once: `a_replace_interrupted_by_sigkill_resumes_after_restart`).
     let e = one_line_error(&run_uraid(with(
-        &["replace", "3", "--with", &s(&new4)],
+        &["replace", "2", "--with", &s(&new4)],
         &srv.ctl,
         &m,
     )));
-    assert!(e.contains("one at a time"), "{e}");
+    assert!(e.contains("member 2 is being replaced already"), "{e}");
     ok(&run_uraid(with(
         &["replace", "2", "--cancel"],
         &srv.ctl,
@@ -1187,5 +1189,106 @@ fn a_member_is_replaced_while_serving_and_offline() {
     let mut want = pattern_cmds(4, 50, "read");
     want.extend(pattern_cmds(16, 7, "read").into_iter().skip(4));
     qemu_io(&srv.uri(), &want);
+    srv.stop();
+}
+
+/// A replace survives a SIGKILL of the server: its copy checkpoint is in the superblocks
+/// (`uraid examine` shows it), the next start given the replacement among the devices
+/// resumes it from there (events say so) and finishes the swap; two replaces run at once
+/// (each with its own progress); the new members then hold their data (read back with two
+/// other members taken away).
+#[test]
+fn a_replace_interrupted_by_sigkill_resumes_after_restart() {
+    let dir = tmp("replace-kill");
+    let m = create(&dir);
+    let s = |p: &PathBuf| p.display().to_string();
+    let new2 = dir.join("new2");
+    let new5 = dir.join("new5");
+    for p in [&new2, &new5] {
+        std::fs::File::create(p).unwrap().set_len(32 << 20).unwrap();
+    }
+    let with = |args: &[&str], ctl: &Path| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.push(format!("--control=unix:{}", ctl.display()));
+        v.extend(m.iter().map(s));
+        v
+    };
+    let run_uraid = |v: Vec<String>| uraid(&v.iter().map(String::as_str).collect::<Vec<_>>(), &dir);
+    // The whole volume written (the copy skips what was never written), then 3 MB/s of
+    // copying each (about 10 s): caught in the middle.
+    let mib = 124;
+    let srv = serve(&dir, &m, &["--resync-max", "3"]);
+    qemu_io(&srv.uri(), &pattern_cmds(mib, 3, "write"));
+    for (i, dev) in [("2", &new2), ("5", &new5)] {
+        let out = ok(&run_uraid(with(
+            &["replace", i, "--with", &s(dev)],
+            &srv.ctl,
+        )));
+        assert!(out.contains(&format!("replacing member {i}")), "{out}");
+    }
+    let t0 = Instant::now();
+    loop {
+        let j = status_json(&srv);
+        assert_eq!(j["slots"][2]["state"], "replacing", "{j}");
+        assert_eq!(j["slots"][5]["state"], "replacing", "{j}");
+        let bg = j["background"].as_array().unwrap();
+        let members: Vec<u64> = bg.iter().filter_map(|b| b["member"].as_u64()).collect();
+        assert_eq!(members, vec![2, 5], "one progress per replace: {j}");
+        // Past 3 s each checkpoint has been persisted at least once.
+        if bg.iter().all(|b| b["done"].as_u64().unwrap_or(0) > 0)
+            && t0.elapsed() > Duration::from_secs(3)
+        {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no progress: {j}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    srv.kill();
+    let ex = uraid_json(&["examine", &s(&m[0]), "--json"], &dir);
+    let recorded = ex["replaces"].as_array().unwrap().clone();
+    assert_eq!(recorded.len(), 2, "{ex}");
+    let copied2 = recorded[0]["copied_units"].as_u64().unwrap();
+    assert_eq!(recorded[0]["member"], 2, "{ex}");
+    assert!(
+        copied2 > 0,
+        "a checkpoint was persisted before the kill: {ex}"
+    );
+    let ex2 = uraid_json(&["examine", &s(&new2), "--json"], &dir);
+    assert_eq!(ex2["replacement"], true, "{ex2}");
+    // The next start, given the replacements among the devices, resumes both and finishes.
+    let mut given = m.clone();
+    given.push(new2.clone());
+    given.push(new5.clone());
+    let srv = serve(&dir, &given, &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = status_json(&srv);
+        if j["background"].as_array().unwrap().is_empty() {
+            assert_eq!(j["slots"][2]["path"], s(&new2).as_str(), "{j}");
+            assert_eq!(j["slots"][5]["path"], s(&new5).as_str(), "{j}");
+            assert_eq!(j["slots"][2]["state"], "active", "{j}");
+            assert_eq!(j["degraded"], false, "{j}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "replace did not finish: {j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ev = curl(&["--unix-socket", &s(&srv.ctl), "http://uraid/events"]);
+    assert!(
+        ev.contains(&format!("its replace by {} resumes at unit", s(&new2)))
+            && ev.contains(&format!("(the superblocks recorded {copied2} copied)")),
+        "resumed from the checkpoint: {ev}"
+    );
+    assert!(
+        ev.contains("member 2 replaced") && ev.contains("member 5 replaced"),
+        "{ev}"
+    );
+    srv.stop();
+    // Members 0 and 1 away: new2 and new5 are needed for every stripe.
+    let mut members = m.clone();
+    members[2] = new2.clone();
+    members[5] = new5.clone();
+    let srv = serve(&dir, &members[2..], &[]);
+    qemu_io(&srv.uri(), &pattern_cmds(mib, 3, "read"));
     srv.stop();
 }

@@ -87,6 +87,12 @@ pub struct Plan {
     pub journal: Option<PathBuf>,
     /// Hot spares of this array among the paths given, with their device uuids.
     pub spares: Vec<(PathBuf, [u8; 16])>,
+    /// Replacements of a replace in progress found among the paths given (the slot, the
+    /// path, the device uuid the array's superblock records for it): the replace resumes
+    /// (recovery/replace.rs). A recorded replace (`sb.replaces`) whose replacement is not
+    /// here is dropped by the array that serves (logged there: a plan of a running array
+    /// is not a start).
+    pub replacements: Vec<(usize, PathBuf, [u8; 16])>,
     /// What `decide` noted for the log.
     pub notes: Vec<Note>,
 }
@@ -231,6 +237,7 @@ pub fn decide(found: Vec<Found>, refused: Vec<String>, force: bool) -> Result<Pl
         bitmap: None,
         journal: None,
         spares: Vec::new(),
+        replacements: Vec::new(),
         notes: Vec::new(),
     };
     // Two copies of one slot: the fresher is considered first.
@@ -252,17 +259,20 @@ pub fn decide(found: Vec<Found>, refused: Vec<String>, force: bool) -> Result<Pl
 
 /// The member whose superblock is the array's truth: the array is the one most of the given
 /// members belong to (ties: the freshest); its truth is its member with the highest event
-/// count. Spares carry a copy of the superblock of when they were added: never the truth.
+/// count. Spares and replacements carry a copy of the superblock of when they were added:
+/// never the truth.
 fn array_truth(found: &[Found]) -> Option<&Found> {
+    let member = |f: &&Found| !f.sb.spare && !f.sb.replacement;
     let votes = |u: &[u8; 16]| {
         found
             .iter()
-            .filter(|f| !f.sb.spare && &f.sb.array_uuid == u)
+            .filter(member)
+            .filter(|f| &f.sb.array_uuid == u)
             .count()
     };
     found
         .iter()
-        .filter(|f| !f.sb.spare)
+        .filter(member)
         .max_by_key(|f| (votes(&f.sb.array_uuid), f.sb.events))
 }
 
@@ -286,6 +296,10 @@ impl Plan {
             } else {
                 self.spares.push((f.path.clone(), f.sb.device_uuid));
             }
+            return None;
+        }
+        if f.sb.replacement {
+            self.consider_replacement(f);
             return None;
         }
         let i = f.sb.index;
@@ -363,6 +377,33 @@ impl Plan {
         }
     }
 
+    /// A replacement (FLAG_REPLACEMENT): taken if the array's superblock records the replace
+    /// of its slot by this device; refused with the reason otherwise.
+    fn consider_replacement(&mut self, f: &Found) {
+        let (sb, i, u) = (&self.sb, f.sb.index, f.sb.device_uuid);
+        let p = f.path.display();
+        let why = if f.sb.array_uuid != sb.array_uuid || f.sb.geometry != sb.geometry {
+            format!(
+                "{p}: a replacement for array {} ('{}'), not this one",
+                uuid_string(&f.sb.array_uuid),
+                f.sb.name
+            )
+        } else if sb.slot_uuids[i] == u {
+            format!("{p}: a replacement that became member {i} since")
+        } else if sb.replaces[i].is_none_or(|r| r.uuid != u) {
+            format!(
+                "{p}: was the replacement of member {i} in a replace that has ended \
+                 (cancelled, failed or dropped); not used"
+            )
+        } else if self.replacements.iter().any(|r| r.0 == i) {
+            format!("{p}: duplicate of member {i}'s replacement")
+        } else {
+            self.replacements.push((i, f.path.clone(), u));
+            return;
+        };
+        self.refused.push(why);
+    }
+
     /// Puts member `f` into its slot.
     fn take(&mut self, f: &Found) {
         let i = f.sb.index;
@@ -397,6 +438,8 @@ mod tests {
             states: vec![MemberState::Active; n],
             rebuilt: vec![0; n],
             slot_uuids: (0..n).map(|s| [s as u8 + 1; 16]).collect(),
+            replacement: false,
+            replaces: vec![None; n],
             bitmap_chunk: 0,
             journal: None,
             bad: Default::default(),
@@ -428,5 +471,66 @@ mod tests {
             "{:?}",
             plan.notes
         );
+    }
+
+    /// A replace in progress: its replacement is found among the devices given and kept for
+    /// the array; another device claiming the slot's replacement, or one of an ended
+    /// replace, is refused.
+    #[test]
+    fn replacements_are_found_or_refused() {
+        let record = crate::format::ReplaceRecord {
+            uuid: [0x99; 16],
+            copied: 7,
+        };
+        let with_record = |i: usize| {
+            let mut f = member(i, 5);
+            f.sb.replaces[2] = Some(record);
+            f
+        };
+        let replacement = |uuid: [u8; 16]| {
+            let mut f = member(2, 4);
+            f.sb.replacement = true;
+            f.sb.device_uuid = uuid;
+            f.path = "r".into();
+            f
+        };
+        let mut found: Vec<Found> = (0..4).map(with_record).collect();
+        found.push(replacement([0x99; 16]));
+        let plan = decide(found, Vec::new(), false).unwrap();
+        assert_eq!(plan.replacements, vec![(2, PathBuf::from("r"), [0x99; 16])]);
+        assert!(
+            plan.missing().is_empty() && plan.notes.is_empty(),
+            "{:?}",
+            plan.notes
+        );
+        // Another device claiming to be the replacement: refused.
+        let mut found: Vec<Found> = (0..4).map(with_record).collect();
+        found.push(replacement([0x98; 16]));
+        let plan = decide(found, Vec::new(), false).unwrap();
+        assert!(plan.replacements.is_empty());
+        assert!(plan
+            .refused
+            .iter()
+            .any(|r| r.contains("replace that has ended")));
+        assert_eq!(
+            plan.sb.replaces[2],
+            Some(record),
+            "still recorded: the array drops it"
+        );
+        // A replacement whose copy of the array's superblock is as fresh as the members',
+        // or fresher, is never the array's truth.
+        let mut found: Vec<Found> = (0..4).map(with_record).collect();
+        let mut fresh = replacement([0x99; 16]);
+        fresh.sb.events = 9;
+        found.push(fresh);
+        let plan = decide(found, Vec::new(), false).unwrap();
+        assert!(!plan.sb.replacement && plan.sb.events == 5);
+        assert_eq!(plan.replacements.len(), 1);
+        // No replace recorded (cancelled): the old replacement is refused, nothing noted.
+        let mut found: Vec<Found> = (0..4).map(|i| member(i, 5)).collect();
+        found.push(replacement([0x99; 16]));
+        let plan = decide(found, Vec::new(), false).unwrap();
+        assert!(plan.replacements.is_empty() && plan.notes.is_empty());
+        assert_eq!(plan.refused.len(), 1);
     }
 }

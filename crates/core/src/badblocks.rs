@@ -15,7 +15,7 @@
 use crate::MemberSet;
 
 /// Ranges the superblock holds, over every slot together.
-pub const MAX_BAD_RANGES: usize = 63;
+pub const MAX_BAD_RANGES: usize = 31;
 /// Units one range holds at most (its length is a u32 on disk).
 pub const MAX_RANGE_LEN: u64 = u32::MAX as u64;
 

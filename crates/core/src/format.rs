@@ -20,6 +20,8 @@ pub const VERSION_NO_JOURNAL: u32 = 4;
 pub const VERSION_NO_REBUILD: u32 = 5;
 /// Version 6 (before bad-block lists) is read as version 7 with no bad blocks.
 pub const VERSION_NO_BADBLOCKS: u32 = 6;
+/// Version 6 (before persisted replaces) is read as version 7 with no replace in progress.
+pub const VERSION_NO_REPLACE: u32 = 6;
 /// Superblock slots: rounds alternate between the copy at offset 0 and the one at 4096
 /// (slot = events % 2), so a torn round leaves the previous superblock intact.
 pub const SB_SLOTS: usize = 2;
@@ -58,13 +60,112 @@ pub mod off {
     pub const SLOT_UUIDS: usize = 1024;
     // ---- bad-block list (version 7; crate::badblocks) ----
     /// Number of bad ranges that follow, u32 (at most `MAX_BAD_RANGES`).
-    pub const BAD_COUNT: usize = 3072;
+    pub const BAD_COUNT: usize = 3584;
     /// Bad ranges, 16 bytes each: first unit u64, units u32, member slot u32.
-    pub const BAD_RANGES: usize = 3080;
+    pub const BAD_RANGES: usize = 3592;
     pub const BAD_RANGE_SIZE: usize = 16;
     // ---- end of the bad-block list ----
+    pub use super::replace_off::*;
     pub const CRC: usize = 4092;
 }
+
+// ---- Persisted replace (version 7; docs/format.md, "Replace in progress") -------------------
+// Kept apart from the fields above: a replace under way (`uraid replace`) is recorded per slot
+// as the replacement's device uuid and its copy checkpoint.
+
+pub mod replace_off {
+    //! Byte offsets of the replace fields (version 7).
+    /// Per slot: the device uuid of the replacement being copied for that slot's member
+    /// (all zero: no replace), 16 bytes each.
+    pub const REPLACE_UUIDS: usize = 2048;
+    /// Per slot: units of the slot the replacement holds (copied and flushed), from unit 0,
+    /// u64 each; 0 without a replace.
+    pub const REPLACE_COPIED: usize = 3072;
+}
+
+/// Flag (version 7): this device is the replacement being copied for slot `index` (not a
+/// member, not a spare). Its superblock is otherwise a copy of the array's when the replace
+/// started; assembly uses it only if the array's superblock records a replace of that slot
+/// by this `device_uuid`.
+pub const FLAG_REPLACEMENT: u32 = 4;
+
+/// A replace in progress (`Superblock::replaces`): the replacement's device uuid and the
+/// units of the slot it holds (copied, then flushed, before this was written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplaceRecord {
+    pub uuid: [u8; 16],
+    pub copied: u64,
+}
+
+/// Encodes the replace fields of `sb` into `b`.
+fn encode_replaces(sb: &Superblock, b: &mut [u8; SB_SIZE]) {
+    use replace_off::*;
+    for (i, r) in sb.replaces.iter().enumerate() {
+        let Some(r) = r else { continue };
+        b[REPLACE_UUIDS + 16 * i..REPLACE_UUIDS + 16 * (i + 1)].copy_from_slice(&r.uuid);
+        b[REPLACE_COPIED + 8 * i..REPLACE_COPIED + 8 * (i + 1)]
+            .copy_from_slice(&r.copied.to_le_bytes());
+    }
+}
+
+/// Decodes and checks the replace fields (version 7; earlier versions: none). A record is
+/// valid only on an active slot of a level with redundancy, naming a device that is neither
+/// the slot's member nor `REMOVED_SLOT`, with a checkpoint at most the array's units; a
+/// slot without one has a zero checkpoint.
+fn decode_replaces(
+    b: &[u8],
+    version: u32,
+    geometry: &Geometry,
+    states: &[MemberState],
+    slot_uuids: &[[u8; 16]],
+) -> Result<Vec<Option<ReplaceRecord>>, FormatError> {
+    use replace_off::*;
+    let members = states.len();
+    let mut v = vec![None; members];
+    if version <= VERSION_NO_REPLACE {
+        return Ok(v);
+    }
+    let units = geometry.units();
+    for i in 0..members {
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[REPLACE_UUIDS + 16 * i..REPLACE_UUIDS + 16 * (i + 1)]);
+        let copied = u64_at(b, REPLACE_COPIED + 8 * i);
+        if uuid == [0; 16] {
+            if copied != 0 {
+                return Err(field(
+                    "replace_copied",
+                    format!("slot {i} has copy checkpoint {copied} and no replacement"),
+                ));
+            }
+            continue;
+        }
+        let why = if geometry.fault_tolerance() == 0 {
+            Some(format!("{} has no redundancy", geometry.level))
+        } else if states[i] != MemberState::Active {
+            Some(format!("slot {i} is {:?}, not active", states[i]))
+        } else if uuid == REMOVED_SLOT || uuid == slot_uuids[i] {
+            Some(format!(
+                "slot {i}'s replacement {} is not a new device",
+                uuid_string(&uuid)
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(field("replace_uuids", why));
+        }
+        if copied > units {
+            return Err(field(
+                "replace_copied",
+                format!("slot {i} has copy checkpoint {copied} (the array has {units} units)"),
+            ));
+        }
+        v[i] = Some(ReplaceRecord { uuid, copied });
+    }
+    Ok(v)
+}
+
+// ---- end of the persisted replace ----------------------------------------------------------
 
 pub const FLAG_CLEAN: u32 = 1;
 /// A hot spare of the array (version 6): no slot; it takes over a failed member's slot
@@ -126,6 +227,10 @@ pub struct Superblock {
     /// written before version 6). Assembly refuses a device with another uuid for the slot
     /// (a replaced member coming back).
     pub slot_uuids: Vec<[u8; 16]>,
+    /// This device is the replacement being copied for slot `index` (FLAG_REPLACEMENT).
+    pub replacement: bool,
+    /// Per slot: the replace in progress (version 7); None for every slot before.
+    pub replaces: Vec<Option<ReplaceRecord>>,
     /// Write-intent bitmap region size in member data-area bytes; 0: no bitmap.
     pub bitmap_chunk: u64,
     /// The journal device (its uuid) and mode; None: no journal.
@@ -201,7 +306,13 @@ impl Superblock {
         put32(
             &mut b,
             off::FLAGS,
-            if self.clean { FLAG_CLEAN } else { 0 } | if self.spare { FLAG_SPARE } else { 0 },
+            if self.clean { FLAG_CLEAN } else { 0 }
+                | if self.spare { FLAG_SPARE } else { 0 }
+                | if self.replacement {
+                    FLAG_REPLACEMENT
+                } else {
+                    0
+                },
         );
         put64(&mut b, off::DATA_OFFSET, self.data_offset);
         put64(&mut b, off::MEMBER_DATA, g.member_data);
@@ -232,6 +343,7 @@ impl Superblock {
             put32(&mut b, o + 8, r.len as u32);
             put32(&mut b, o + 12, r.member as u32);
         }
+        encode_replaces(self, &mut b);
         let crc = crc32c::crc32c(&b[..off::CRC]);
         put32(&mut b, off::CRC, crc);
         b
@@ -315,13 +427,18 @@ impl Superblock {
             ));
         }
         let flags = u32_at(b, off::FLAGS);
-        let known = if version > VERSION_NO_REBUILD {
+        let known = if version > VERSION_NO_REPLACE {
+            FLAG_CLEAN | FLAG_SPARE | FLAG_REPLACEMENT
+        } else if version > VERSION_NO_REBUILD {
             FLAG_CLEAN | FLAG_SPARE
         } else {
             FLAG_CLEAN
         };
         if flags & !known != 0 {
             return Err(field("flags", format!("unknown bits {flags:#x}")));
+        }
+        if flags & FLAG_SPARE != 0 && flags & FLAG_REPLACEMENT != 0 {
+            return Err(field("flags", "both a spare and a replacement"));
         }
         let mut states = Vec::with_capacity(members);
         for i in 0..members {
@@ -359,6 +476,7 @@ impl Superblock {
                     .copy_from_slice(&b[off::SLOT_UUIDS + 16 * i..off::SLOT_UUIDS + 16 * (i + 1)]);
             }
         }
+        let replaces = decode_replaces(b, version, &geometry, &states, &slot_uuids)?;
         let bitmap_chunk = if version == VERSION_NO_BITMAP {
             0
         } else {
@@ -399,6 +517,7 @@ impl Superblock {
             index,
             clean: flags & FLAG_CLEAN != 0,
             spare: flags & FLAG_SPARE != 0,
+            replacement: flags & FLAG_REPLACEMENT != 0,
             data_offset,
             events: u64_at(b, off::EVENTS),
             ctime: u64_at(b, off::CTIME),
@@ -407,6 +526,7 @@ impl Superblock {
             states,
             rebuilt,
             slot_uuids,
+            replaces,
             bitmap_chunk,
             journal,
             bad,
@@ -487,6 +607,16 @@ mod tests {
             states: vec![MemberState::Active; 10],
             rebuilt: vec![0; 10],
             slot_uuids: (0..10).map(|i| [i as u8 + 1; 16]).collect(),
+            replacement: false,
+            // One replace under way, so the mutation tests reach its fields.
+            replaces: (0..10)
+                .map(|i| {
+                    (i == 7).then_some(ReplaceRecord {
+                        uuid: [0x77; 16],
+                        copied: 3,
+                    })
+                })
+                .collect(),
             bitmap_chunk: 64 << 20,
             journal: Some(([5; 16], JournalMode::WriteBack)),
             bad: BadBlocks::from_ranges(vec![BadRange {
@@ -507,6 +637,97 @@ mod tests {
         assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
         s.spare = true;
         assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
+        // Version 7: replaces in progress, and a replacement's own superblock.
+        s.spare = false;
+        s.replaces[2] = Some(ReplaceRecord {
+            uuid: [0x42; 16],
+            copied: 777,
+        });
+        s.replaces[9] = Some(ReplaceRecord {
+            uuid: [0x43; 16],
+            copied: 0,
+        });
+        assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
+        s.replacement = true;
+        assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
+    }
+
+    /// The replace fields (version 7) of a malformed superblock are refused, naming the
+    /// field; version 6 reads as "no replace in progress".
+    #[test]
+    fn rejects_malformed_replace_fields() {
+        use replace_off::*;
+        let mut s = sample();
+        s.replaces[2] = Some(ReplaceRecord {
+            uuid: [0x42; 16],
+            copied: 5,
+        });
+        let good = s.encode();
+        let reseal = |mut b: [u8; SB_SIZE]| {
+            let c = crc32c::crc32c(&b[..off::CRC]);
+            b[off::CRC..].copy_from_slice(&c.to_le_bytes());
+            b
+        };
+        let refused = |b: [u8; SB_SIZE], name: &str| match Superblock::decode(&reseal(b)) {
+            Err(FormatError::Field { field, .. }) => assert_eq!(field, name),
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(Superblock::decode(&good).unwrap(), s);
+        // A checkpoint without a replacement.
+        let mut b = good;
+        b[REPLACE_COPIED + 8 * 3] = 1;
+        refused(b, "replace_copied");
+        // A checkpoint past the array's units.
+        let mut b = good;
+        b[REPLACE_COPIED + 8 * 2 + 7] = 1;
+        refused(b, "replace_copied");
+        // A replace of a failed or rebuilding slot.
+        for state in [1u8, 2] {
+            let mut b = good;
+            b[off::STATES + 2] = state;
+            refused(b, "replace_uuids");
+        }
+        // The replacement is the slot's own member, or the removed-slot mark.
+        let mut b = good;
+        b[REPLACE_UUIDS + 32..REPLACE_UUIDS + 48].copy_from_slice(&[3; 16]);
+        refused(b, "replace_uuids");
+        let mut b = good;
+        b[REPLACE_UUIDS + 32..REPLACE_UUIDS + 48].copy_from_slice(&REMOVED_SLOT);
+        refused(b, "replace_uuids");
+        // A level without redundancy.
+        let mut b = good;
+        b[off::LEVEL..off::LEVEL + 4].copy_from_slice(&0u32.to_le_bytes());
+        b[off::PARITY..off::PARITY + 4].copy_from_slice(&0u32.to_le_bytes());
+        b[off::JOURNAL_MODE] = 0;
+        b[off::JOURNAL_UUID..off::JOURNAL_UUID + 16].fill(0);
+        b[off::BITMAP_CHUNK..off::BITMAP_CHUNK + 8].fill(0);
+        b[off::VOLUME_SIZE..off::VOLUME_SIZE + 8].copy_from_slice(&(10u64 << 30).to_le_bytes());
+        let v = Superblock::decode(&reseal(b));
+        assert!(
+            matches!(
+                v,
+                Err(FormatError::Field {
+                    field: "replace_uuids",
+                    ..
+                })
+            ),
+            "{v:?}"
+        );
+        // Spare and replacement at once.
+        let mut b = good;
+        b[off::FLAGS] = (FLAG_SPARE | FLAG_REPLACEMENT) as u8;
+        refused(b, "flags");
+        // Version 6: the replace bytes are ignored, the replacement flag is unknown.
+        let mut b = good;
+        b[off::VERSION] = 6;
+        b[REPLACE_COPIED + 8 * 3] = 1;
+        let v6 = Superblock::decode(&reseal(b)).unwrap();
+        assert_eq!(v6.replaces, vec![None; 10]);
+        assert!(!v6.replacement);
+        let mut b = good;
+        b[off::VERSION] = 6;
+        b[off::FLAGS] = FLAG_REPLACEMENT as u8;
+        refused(b, "flags");
     }
 
     #[test]
@@ -537,7 +758,7 @@ mod tests {
             (off::INDEX, 10u32, "index"),
             (off::MEMBERS, 65, "members"),
             (off::LEVEL, 3, "level"),
-            (off::FLAGS, 4, "flags"),
+            (off::FLAGS, 8, "flags"),
         ] {
             let mut b = good;
             b[o..o + 4].copy_from_slice(&v.to_le_bytes());

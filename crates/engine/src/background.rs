@@ -17,10 +17,17 @@ pub(crate) struct Recovery {
     pub(crate) resync_progress: Progress,
     pub(crate) rebuild_progress: Progress,
     pub(crate) scrub_progress: Progress,
-    pub(crate) replace_progress: Progress,
-    /// The replace started last (recovery/replace.rs); current while its slot has that
-    /// replacement generation.
-    pub(crate) replacing: Mutex<Option<Replacing>>,
+    /// Per slot: progress of its running (or last) replace.
+    pub(crate) replace_progress: Vec<Progress>,
+    /// The replaces started (recovery/replace.rs), the latest last; each is current while
+    /// its slot has that replacement generation.
+    pub(crate) replacing: Mutex<Vec<Replacing>>,
+    /// Replaces the superblocks recorded at assembly, waiting for their replacement
+    /// (`Array::resume_replace`) or to be dropped (`Array::drop_unresumed_replaces`).
+    pub(crate) replace_resume: Mutex<Vec<Resumable>>,
+    /// Set when the server stops: a replace walk stopped from then on keeps its replace
+    /// (recorded, resumed at the next start) instead of dropping it.
+    pub(crate) replace_keep: AtomicBool,
     pub(crate) scrub_counts: ScrubCounts,
     /// The throttle of background work, shared with the running walks (`Pacer`).
     pub(crate) throttle: Arc<Mutex<Throttle>>,
@@ -45,8 +52,12 @@ impl Recovery {
             resync_progress: Progress::new("resync", units, unit_bytes),
             rebuild_progress: Progress::new("rebuild", units, unit_bytes),
             scrub_progress: Progress::new("scrub", units, unit_bytes),
-            replace_progress: Progress::new("replace", units, geo.chunk),
-            replacing: Mutex::new(None),
+            replace_progress: (0..geo.members)
+                .map(|_| Progress::new("replace", units, geo.chunk))
+                .collect(),
+            replacing: Mutex::new(Vec::new()),
+            replace_resume: Mutex::new(Vec::new()),
+            replace_keep: AtomicBool::new(false),
             scrub_counts: Default::default(),
             throttle: Default::default(),
             allocation: OnceLock::new(),
@@ -339,12 +350,53 @@ impl ResyncState {
     }
 }
 
-/// The replace under way: slot, the replacement's generation and its device uuid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A replace under way: slot, the replacement's generation and its device uuid, and the
+/// units its copy walks (all of them for a new replace; for a resumed one, those its
+/// checkpoint does not cover, `Resumable::units`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Replacing {
     pub slot: usize,
     pub gen: usize,
     pub uuid: [u8; 16],
+    pub units: Vec<std::ops::Range<u64>>,
+}
+
+/// A replace recorded in the superblocks at assembly (format version 7): slot, the
+/// replacement's device uuid, and the units its copy must still walk when it resumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resumable {
+    pub slot: usize,
+    pub uuid: [u8; 16],
+    /// The recorded checkpoint.
+    pub copied: u64,
+    pub units: Vec<std::ops::Range<u64>>,
+}
+
+impl Resumable {
+    /// What the copy must walk again: everything from the checkpoint `copied`, and below it
+    /// the units resync owes (`due`, after an unclean stop: a write there may have reached
+    /// one of the two devices and not the other), in order.
+    pub(crate) fn units(
+        copied: u64,
+        total: u64,
+        due: Option<&[std::ops::Range<u64>]>,
+    ) -> Vec<std::ops::Range<u64>> {
+        let mut v: Vec<std::ops::Range<u64>> = due
+            .unwrap_or(&[])
+            .iter()
+            .map(|r| r.start..r.end.min(copied))
+            .filter(|r| !r.is_empty())
+            .collect();
+        v.push(copied..total);
+        v.retain(|r| !r.is_empty());
+        v
+    }
+
+    /// The checkpoint the resumed replace records at once: the first unit it walks (every
+    /// unit below it is trusted on the replacement).
+    pub(crate) fn first(&self) -> u64 {
+        self.units.first().map_or(self.copied, |r| r.start)
+    }
 }
 
 /// Check only, or also repair.

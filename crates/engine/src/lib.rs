@@ -52,6 +52,7 @@ pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
 pub use recovery::{
     Priority, RebuildReport, ReplaceOutcome, ResyncReport, ScrubMode, ScrubReport, Throttle,
+    REPLACE_PERSIST_EVERY,
 };
 pub use supervisor::{Refusal, RefusalKind, Supervisor};
 pub use volume::{Run, Volume};

@@ -101,6 +101,10 @@ pub(crate) struct Metadata {
     persisted: AtomicU64,
     /// Slots whose member was removed (`REMOVED_SLOT`), for status without the lock.
     removed: AtomicU64,
+    /// Slots whose replace the superblocks on disk record (format version 7): a write that
+    /// skipped such a slot's replacement (dropped since) waits for a round that clears the
+    /// record (`failure_barrier`), so a restart never resumes a replacement that missed it.
+    replace_on_disk: AtomicU64,
     dirty: AtomicBool,
     /// The superblocks on disk say "not clean" although this session wrote nothing (a
     /// journal replay made the array consistent): the clean stop writes "clean" anyway.
@@ -132,6 +136,16 @@ impl Metadata {
         let removed: MemberSet = (0..sb.geometry.members)
             .filter(|&i| sb.is_removed(i))
             .collect();
+        // The array's superblock is a member's (a spare's or a replacement's copy is never
+        // the truth, `uraid_core::assemble::decide`); its rounds never carry their flags.
+        let mut sb = sb;
+        sb.spare = false;
+        sb.replacement = false;
+        let replace_on_disk = if frozen {
+            MemberSet::EMPTY
+        } else {
+            replace_set(&sb)
+        };
         Metadata {
             events: AtomicU64::new(sb.events),
             name: sb.name.clone(),
@@ -149,6 +163,7 @@ impl Metadata {
             epoch: std::time::Instant::now(),
             persisted: AtomicU64::new(persisted.bits()),
             removed: AtomicU64::new(removed.bits()),
+            replace_on_disk: AtomicU64::new(replace_on_disk.bits()),
             dirty: AtomicBool::new(false),
             clean_round_due: AtomicBool::new(false),
             frozen,
@@ -215,6 +230,8 @@ fn swap_begin<D: BlockDev>(
         sb_slot: 1,
         events: meta.sb.events,
     };
+    // The replace ends in this round: its record goes.
+    meta.sb.replaces[s] = None;
     Some((s, gen, old))
 }
 
@@ -239,8 +256,14 @@ fn record_states<D: BlockDev>(members: &Members<D>, meta: &mut Meta, failed: Mem
         if meta.ids[i].uuid != [0; 16] {
             meta.sb.slot_uuids[i] = meta.ids[i].uuid;
         }
-    } // Bad-block lists: the live ones (`Members::mark_bad` before the round that a rebuild
-      // checkpoint past the unit rides on; `clear_bad` only after the chunk was flushed).
+        // A replace record lasts while its replacement is attached to a live slot (it is
+        // set and moved only by `record_replace` and `persist_copied`).
+        if failed.contains(i) || members.replacement(i).is_none() {
+            meta.sb.replaces[i] = None;
+        }
+    }
+    // Bad-block lists: the live ones (`Members::mark_bad` before the round that a rebuild
+    // checkpoint past the unit rides on; `clear_bad` only after the chunk was flushed).
     meta.sb.bad = members.bad_blocks();
 }
 
@@ -347,6 +370,17 @@ impl Metadata {
     pub(crate) async fn failure_barrier<D: BlockDev>(&self, members: &Members<D>) {
         let f = members.failed();
         if f.minus(self.persisted()).is_empty() {
+            if self.replace_record_stale(members) {
+                // A replace recorded on disk lost its replacement: the record goes before
+                // a write the replacement missed is acknowledged.
+                return Box::pin(async {
+                    let mut meta = self.state.lock().await;
+                    if self.replace_record_stale(members) {
+                        self.persist(members, &mut meta, true).await;
+                    }
+                })
+                .await;
+            }
             if members.replacement_failures().is_empty() {
                 return;
             }
@@ -407,6 +441,8 @@ impl Metadata {
             // Exactly what this round wrote (a slot given a new device is no longer failed
             // on disk; its next failure must be written again).
             self.persisted.store(failed.bits(), Ordering::Release);
+            self.replace_on_disk
+                .store(replace_set(&meta.sb).bits(), Ordering::Release);
             self.events.store(meta.sb.events, Ordering::Release);
             if again {
                 force = true;
@@ -740,6 +776,108 @@ impl Metadata {
         members.unjournaled_covered(seen);
     }
 }
+
+// ---- Persisted replace (format version 7; recovery/replace.rs) ----------------------------
+
+/// The slots whose replace `sb` records.
+fn replace_set(sb: &Superblock) -> MemberSet {
+    (0..sb.replaces.len())
+        .filter(|&i| sb.replaces[i].is_some())
+        .collect()
+}
+
+impl Meta {
+    /// The replace of slot `slot` the current superblock records.
+    pub(crate) fn replace_record(&self, slot: usize) -> Option<uraid_core::format::ReplaceRecord> {
+        self.sb.replaces[slot]
+    }
+}
+
+impl Metadata {
+    /// Whether a replace the superblocks on disk record has lost its replacement (cheap:
+    /// one atomic load when none is recorded).
+    fn replace_record_stale<D: BlockDev>(&self, members: &Members<D>) -> bool {
+        let on = MemberSet::from_bits(self.replace_on_disk.load(Ordering::Acquire));
+        on.iter().any(|i| members.replacement(i).is_none())
+    }
+
+    /// Before slot `slot` is given a replacement: a replace record of an earlier
+    /// replacement of it (dropped, the round that clears it not yet written) is cleared
+    /// first, so the new replacement never inherits its checkpoint.
+    pub(crate) async fn clear_stale_replace<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &mut Meta,
+        slot: usize,
+    ) {
+        if meta.sb.replaces[slot].is_some() && members.replacement(slot).is_none() && !self.frozen {
+            self.persist(members, meta, true).await;
+        }
+    }
+
+    /// Records in one round that slot `slot` is being replaced by device `uuid` (attached as
+    /// its replacement generation `gen`), which holds the units below `copied` (0 for a new
+    /// replace; a resumed one's first unit to walk). False if the replacement is no longer
+    /// attached afterwards (failed during the round: nothing recorded).
+    pub(crate) async fn record_replace<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        slot: usize,
+        gen: usize,
+        uuid: [u8; 16],
+        copied: u64,
+    ) -> bool {
+        if self.frozen {
+            return members.replacement(slot).map(|r| r.0) == Some(gen);
+        }
+        let mut meta = self.state.lock().await;
+        if members.replacement(slot).map(|r| r.0) != Some(gen) {
+            return false;
+        }
+        meta.sb.replaces[slot] = Some(uraid_core::format::ReplaceRecord { uuid, copied });
+        self.persist(members, &mut meta, true).await;
+        meta.sb.replaces[slot].is_some_and(|r| r.uuid == uuid)
+    }
+
+    /// Moves the copy checkpoint of slot `slot`'s replace (device `uuid`, generation `gen`)
+    /// to `copied` in a round. The caller flushed the replacement after every copy and
+    /// write below `copied`. Nothing if that replace is no longer the slot's.
+    pub(crate) async fn persist_copied<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        slot: usize,
+        gen: usize,
+        uuid: [u8; 16],
+        copied: u64,
+    ) {
+        if self.frozen {
+            return;
+        }
+        let mut meta = self.state.lock().await;
+        let ours = meta.sb.replaces[slot].is_some_and(|r| r.uuid == uuid && r.copied < copied);
+        if ours && members.replacement(slot).map(|r| r.0) == Some(gen) {
+            meta.sb.replaces[slot] = Some(uraid_core::format::ReplaceRecord { uuid, copied });
+            self.persist(members, &mut meta, true).await;
+        }
+    }
+
+    /// Drops every recorded replace whose replacement is not attached (after assembly:
+    /// replacements that were not given), in a round, so none resumes later with writes it
+    /// missed.
+    pub(crate) async fn drop_unattached_replaces<D: BlockDev>(&self, members: &Members<D>) {
+        if self.frozen {
+            return;
+        }
+        let mut meta = self.state.lock().await;
+        let stale = (0..meta.sb.replaces.len())
+            .any(|i| meta.sb.replaces[i].is_some() && members.replacement(i).is_none());
+        if stale {
+            self.persist(members, &mut meta, true).await;
+        }
+    }
+}
+
+// ---- end of the persisted replace ---------------------------------------------------------
 
 fn now() -> u64 {
     std::time::SystemTime::now()

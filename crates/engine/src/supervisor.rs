@@ -152,6 +152,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Joins the finished jobs of `jobs` and forgets them.
+fn reap(jobs: &mut Vec<(usize, Job)>) {
+    let (done, running): (Vec<_>, Vec<_>) = std::mem::take(jobs)
+        .into_iter()
+        .partition(|(_, j)| !j.running());
+    *jobs = running;
+    for (_, j) in done {
+        let _ = j.thread.join();
+    }
+}
+
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name(name.into()).spawn(f)
 }
@@ -162,8 +173,8 @@ pub struct Supervisor<D: BlockDev> {
     read_only: bool,
     scrub: Mutex<Option<Job>>,
     rebuild: Mutex<Option<JoinHandle<()>>>,
-    /// The running replace's thread and its stop flag.
-    replace: Mutex<Option<Job>>,
+    /// Each replace's thread and stop flag, by slot (several run at once).
+    replace: Mutex<Vec<(usize, Job)>>,
     resync: Mutex<Option<JoinHandle<()>>>,
     bitmap_daemon: Mutex<Option<JoinHandle<()>>>,
     /// Stops the rebuild (`stop`, first).
@@ -188,7 +199,7 @@ impl<D: BlockDev> Supervisor<D> {
             read_only,
             scrub: Mutex::new(None),
             rebuild: Mutex::new(None),
-            replace: Mutex::new(None),
+            replace: Mutex::new(Vec::new()),
             resync: Mutex::new(None),
             bitmap_daemon: Mutex::new(None),
             rebuild_stop: Arc::new(AtomicBool::new(false)),
@@ -464,57 +475,131 @@ impl<D: BlockDev> Supervisor<D> {
 
     /// Starts replacing member `i` by `dev` while it serves (md's want_replacement): copied
     /// on its own thread; if the member fails meanwhile the device takes its slot and the
-    /// rebuild starts. `open` (checks and opens the device) runs once no other replace runs
-    /// (caller holds the add lock).
+    /// rebuild starts. `open` (checks and opens the device) runs once no other replace of
+    /// the slot runs (caller holds the add lock). Replaces of different slots run at once.
     fn start_replace(
         self: &Arc<Self>,
         i: usize,
         open: impl FnOnce() -> Result<D, Refusal>,
     ) -> Result<(), Refusal> {
-        let mut slot = lock(&self.replace);
+        let mut jobs = lock(&self.replace);
         if self.stopped.load(Ordering::Acquire) {
             return Err(Refusal::stopping());
         }
-        if slot.as_ref().is_some_and(Job::running) {
-            return Err(Refusal::conflict(
-                "a replace is running: one at a time (cancel it, or wait for it)",
-            ));
+        if jobs.iter().any(|(s, j)| *s == i && j.running()) {
+            return Err(Refusal::conflict(format!(
+                "member {i} is being replaced already: cancel that replace first (uraid \
+                 replace {i} --cancel), or wait for it"
+            )));
         }
-        if let Some(j) = slot.take() {
-            let _ = j.thread.join();
-        }
+        reap(&mut jobs);
         let dev = open()?;
         let uuid = assemble::new_device_uuid();
-        let vol = self.volume.clone();
-        futures::executor::block_on(vol.replace_member(i, dev, uuid)).map_err(Refusal::conflict)?;
+        futures::executor::block_on(self.volume.replace_member(i, dev, uuid))
+            .map_err(Refusal::conflict)?;
+        let job = self.replace_job(i)?;
+        jobs.push((i, job));
+        Ok(())
+    }
+
+    /// The thread that runs slot `i`'s replace (started or resumed) to its end.
+    fn replace_job(self: &Arc<Self>, i: usize) -> Result<Job, Refusal> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (st, me, v2) = (stop.clone(), self.clone(), vol.clone());
-        let thread = spawn("uraid-replace", move || {
-            let r = futures::executor::block_on(vol.replace_run(&st));
+        let (st, me, vol) = (stop.clone(), self.clone(), self.volume.clone());
+        let v2 = vol.clone();
+        let thread = spawn(&format!("uraid-replace{i}"), move || {
+            let r = futures::executor::block_on(vol.replace_run_slot(
+                i,
+                &st,
+                crate::recovery::REPLACE_PERSIST_EVERY,
+            ));
             if let Err(e) = &r {
-                tracing::error!(target: "uraid_engine::recovery", "replace: {e}");
+                tracing::error!(target: "uraid_engine::recovery", "replace of member {i}: {e}");
             }
             // Also after an error: the replacement may have taken a failed slot.
             me.ensure_rebuild();
         })
         .map_err(|e| {
-            v2.array().abandon_replace();
+            v2.array().abandon_replace_of(i);
             Refusal::internal(format!("starting the replace thread: {e}"))
         })?;
-        *slot = Some(Job { stop, thread });
-        Ok(())
+        Ok(Job { stop, thread })
     }
 
-    /// Cancels the running replace (the member stays; the new device is left unused).
-    pub fn replace_cancel(&self) -> Result<String, Refusal> {
-        let slot = lock(&self.replace);
-        match slot.as_ref().filter(|j| j.running()) {
-            Some(j) => {
-                j.stop.store(true, Ordering::Release);
-                Ok("replace cancelled".into())
+    /// At start, right after assembly (before anything is written): resumes each replace
+    /// the superblocks recorded whose replacement was found (`found`: slot, device, its
+    /// uuid), from its checkpoint, each on its own thread; drops the others (the members
+    /// stay). Returns a line per replace for the operator.
+    pub fn resume_replaces(self: &Arc<Self>, found: Vec<(usize, D, [u8; 16])>) -> Vec<String> {
+        let mut said = Vec::new();
+        let a = self.volume.array().clone();
+        if self.read_only {
+            for (i, _, _) in &found {
+                said.push(format!(
+                    "member {i}: its replace waits for a read-write start (read-only server)"
+                ));
             }
-            None => Err(Refusal::conflict("no replace is running")),
+            return said;
         }
+        let _one = lock(&self.adding);
+        let recorded = a.resumable_replaces();
+        for (i, dev, uuid) in found {
+            let name = dev.name().to_string();
+            let at = recorded.iter().find(|r| r.0 == i).map_or(0, |r| r.2);
+            let r = futures::executor::block_on(self.volume.resume_replace(i, dev, uuid));
+            let job = r
+                .map_err(Refusal::conflict)
+                .and_then(|()| self.replace_job(i));
+            match job {
+                Ok(j) => {
+                    lock(&self.replace).push((i, j));
+                    said.push(format!(
+                        "member {i}: its replace by {name} resumes ({at} of {} units were \
+                         copied)",
+                        a.geometry().units()
+                    ));
+                }
+                Err(e) => said.push(format!(
+                    "member {i}: its replace by {name} cannot resume: {e}; the member stays"
+                )),
+            }
+        }
+        for (i, uuid, copied) in a.resumable_replaces() {
+            said.push(format!(
+                "member {i}: its replace by device {} ({copied} units copied) is dropped: the \
+                 replacement was not given; the member stays",
+                uraid_core::format::uuid_string(&uuid)
+            ));
+        }
+        futures::executor::block_on(a.drop_unresumed_replaces());
+        said
+    }
+
+    /// Cancels every running replace (the members stay; the new devices are left unused).
+    pub fn replace_cancel(&self) -> Result<String, Refusal> {
+        self.replace_cancel_of(None)
+    }
+
+    /// Cancels the running replace of member `i` (every running one: None).
+    pub fn replace_cancel_of(&self, i: Option<usize>) -> Result<String, Refusal> {
+        let jobs = lock(&self.replace);
+        let running: Vec<&(usize, Job)> = jobs
+            .iter()
+            .filter(|(s, j)| j.running() && i.is_none_or(|i| i == *s))
+            .collect();
+        if running.is_empty() {
+            return Err(Refusal::conflict(match i {
+                Some(i) => format!("no replace of member {i} is running"),
+                None => "no replace is running".into(),
+            }));
+        }
+        for (_, j) in &running {
+            j.stop.store(true, Ordering::Release);
+        }
+        Ok(match i {
+            Some(i) => format!("replace of member {i} cancelled"),
+            None => "replace cancelled".into(),
+        })
     }
 
     /// Fails member `i` (mdadm --fail).
@@ -544,8 +629,13 @@ impl<D: BlockDev> Supervisor<D> {
         if let Some(t) = watcher {
             let _ = t.join();
         }
-        let replace = lock(&self.replace).take();
-        if let Some(j) = replace {
+        // Replaces stopped now are kept for the next start (recorded with their checkpoint).
+        self.volume.array().keep_replaces_on_stop();
+        let replaces = std::mem::take(&mut *lock(&self.replace));
+        for (_, j) in &replaces {
+            j.stop.store(true, Ordering::Release);
+        }
+        for (_, j) in replaces {
             j.end();
         }
         let rebuild = lock(&self.rebuild).take();

@@ -100,7 +100,7 @@ impl<D: BlockDev> Volume<D> {
     }
 
     /// Starts replacing active member `i` by `dev` while it serves (`uraid replace`,
-    /// recovery/replace.rs): the replacement gets every map page; then `replace_run`.
+    /// recovery/replace.rs): the replacement gets every map page; then `replace_run_slot`.
     pub async fn replace_member(
         self: &Arc<Self>,
         i: usize,
@@ -108,13 +108,30 @@ impl<D: BlockDev> Volume<D> {
         uuid: [u8; 16],
     ) -> Result<(), String> {
         self.array.start_replace(i, dev, uuid).await?;
+        self.replacement_map_pages(i).await
+    }
+
+    /// Resumes the replace of member `i` the superblocks recorded, with its replacement
+    /// `dev` found at assembly (`Array::resume_replace`); then `replace_run_slot`.
+    pub async fn resume_replace(
+        self: &Arc<Self>,
+        i: usize,
+        dev: D,
+        uuid: [u8; 16],
+    ) -> Result<(), String> {
+        self.array.resume_replace(i, dev, uuid).await?;
+        self.replacement_map_pages(i).await
+    }
+
+    /// Slot `i`'s new replacement gets every allocation-map page.
+    async fn replacement_map_pages(self: &Arc<Self>, i: usize) -> Result<(), String> {
         if let Err(e) = self.rewrite_map_pages().await {
-            self.array.abandon_replace();
+            self.array.abandon_replace_of(i);
             return Err(format!(
                 "replacing member {i}: writing the allocation map failed: {e}"
             ));
         }
-        if self.array.replace_state().is_none() {
+        if !self.array.replace_states().iter().any(|r| r.0 == i) {
             return Err(format!(
                 "replacing member {i}: the replacement failed while its metadata was written"
             ));
@@ -122,14 +139,32 @@ impl<D: BlockDev> Volume<D> {
         Ok(())
     }
 
-    /// Runs the replace started by `replace_member` to its end (`Array::replace_run`); when
-    /// the old member failed meanwhile and the replacement took its slot, its map pages are
-    /// rewritten (it is rebuilt like an added member: the caller starts the rebuild).
+    /// Runs the replace started last by `replace_member` to its end (`Array::replace_run`).
     pub async fn replace_run(
         self: &Arc<Self>,
         stop: &std::sync::atomic::AtomicBool,
     ) -> Result<crate::ReplaceOutcome, ArrayError> {
         let o = self.array.replace_run(stop).await?;
+        self.after_replace(o).await
+    }
+
+    /// Runs the replace of member `i` to its end (`Array::replace_run_slot`); when the old
+    /// member failed meanwhile and the replacement took its slot, its map pages are
+    /// rewritten (it is rebuilt like an added member: the caller starts the rebuild).
+    pub async fn replace_run_slot(
+        self: &Arc<Self>,
+        i: usize,
+        stop: &std::sync::atomic::AtomicBool,
+        persist_every: std::time::Duration,
+    ) -> Result<crate::ReplaceOutcome, ArrayError> {
+        let o = self.array.replace_run_slot(i, stop, persist_every).await?;
+        self.after_replace(o).await
+    }
+
+    async fn after_replace(
+        self: &Arc<Self>,
+        o: crate::ReplaceOutcome,
+    ) -> Result<crate::ReplaceOutcome, ArrayError> {
         if let crate::ReplaceOutcome::Rebuilding { .. } = o {
             self.rewrite_map_pages().await?;
         }

@@ -8,10 +8,14 @@
 //! * the old member failing mid-replace makes the new device its slot's member, rebuilt;
 //!   the new one failing ends the replace with the member kept; cancel drops it;
 //! * power cuts anywhere in a replace under writes and flushes: the members left on the
-//!   media assemble (old or new device in the slot) and hold every flushed write.
+//!   media assemble (old or new device in the slot) and hold every flushed write;
+//! * a replace cut by a power cut resumes at its persisted checkpoint once reassembled with
+//!   its replacement and completes with the right data; without its replacement it is
+//!   dropped (the member stays); several replaces of different slots run at once.
 
 use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use uraid_core::Level;
 use uraid_engine::{BlockDev, ReplaceOutcome};
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock};
@@ -219,10 +223,11 @@ fn a_failing_or_cancelled_replacement_leaves_the_member() {
     assert!(a.replace_state().is_none());
     assert!(a.failed().is_empty());
     assert!(read_all(&vol) == model.bytes);
-    // Refusals while one runs, and cancel.
+    // A second replace of the slot is refused while one runs (replaces of other slots may
+    // run at once: `several_replaces_run_at_once`), and cancel.
     block_on(vol.replace_member(0, new_dev(&images), new_device_uuid(2))).unwrap();
-    let e = block_on(vol.replace_member(1, new_dev(&images), new_device_uuid(4))).unwrap_err();
-    assert!(e.contains("one replace at a time"), "{e}");
+    let e = block_on(vol.replace_member(0, new_dev(&images), new_device_uuid(4))).unwrap_err();
+    assert!(e.contains("member 0 is being replaced already"), "{e}");
     stop.store(true, Ordering::Release);
     assert_eq!(
         block_on(vol.replace_run(&stop)).unwrap(),
@@ -254,6 +259,18 @@ struct CutRun {
 /// media afterwards (members, then the replacement), the model of every write whose FLUSH
 /// returned, the range of the write in flight at the cut, and the operations counted.
 fn replace_until_cut(images: &[Vec<u8>], model: &Model, slot: usize, cut: u64) -> CutRun {
+    replace_until_cut_with(images, model, slot, cut, None)
+}
+
+/// `replace_until_cut`, the copy checkpoint persisted every `persist_every` (None: the
+/// default, through `replace_run`).
+fn replace_until_cut_with(
+    images: &[Vec<u8>],
+    model: &Model,
+    slot: usize,
+    cut: u64,
+    persist_every: Option<Duration>,
+) -> CutRun {
     let clock = Clock::new(cut, cut);
     let n = images.len();
     // Every operation yields (and writes a varying number of extra times), so the client's
@@ -284,7 +301,10 @@ fn replace_until_cut(images: &[Vec<u8>], model: &Model, slot: usize, cut: u64) -
         let done = AtomicBool::new(false);
         let (r, _) = block_on(async {
             let run = async {
-                let r = vol.replace_run(&stop).await;
+                let r = match persist_every {
+                    None => vol.replace_run(&stop).await,
+                    Some(every) => vol.replace_run_slot(slot, &stop, every).await,
+                };
                 done.store(true, Ordering::Release);
                 r
             };
@@ -483,4 +503,296 @@ fn a_device_dying_during_the_swap_leaves_the_right_member_named() {
             check("after a later write", &want);
         }
     }
+}
+
+/// A reassembled volume, the model it must read back, and the media it came from.
+type Reassembled = (
+    std::sync::Arc<uraid_engine::Volume<MemDev>>,
+    Model,
+    Vec<Vec<u8>>,
+);
+
+/// The media of a replace of `slot` cut by a power cut at member operation `cut`, the copy
+/// checkpoint persisted after every batch, reassembled with every device (members, then the
+/// replacement: `present` says which are given). Returns the volume, the model of what must
+/// read back (flushed writes; the torn write's range as it reads now) and the media.
+fn cut_and_reassemble(
+    images: &[Vec<u8>],
+    model: &Model,
+    slot: usize,
+    cut: u64,
+    present: &[bool],
+) -> Option<Reassembled> {
+    let run = replace_until_cut_with(images, model, slot, cut, Some(Duration::ZERO));
+    let media = run.media?;
+    let given: Vec<Vec<u8>> = media
+        .iter()
+        .zip(present)
+        .filter(|(_, &p)| p)
+        .map(|(m, _)| m.clone())
+        .collect();
+    let vol = reassemble(&given, &vec![true; given.len()])
+        .unwrap_or_else(|e| panic!("cut at {cut}: does not assemble: {e}"));
+    let mut want = run.model;
+    if let Some((o, l)) = run.torn {
+        // Either version of a write in flight at the cut may read back.
+        let got = block_on(vol.read(o, l))
+            .expect("the torn range reads")
+            .to_vec();
+        want.write(o, &got);
+    }
+    Some((vol, want, media))
+}
+
+/// A replace cut by a power cut (the array dropped mid-copy, no clean stop) resumes at its
+/// persisted checkpoint when the devices are reassembled with the replacement: it walks
+/// only what the checkpoint does not cover (plus the units the write-intent bitmap marks
+/// dirty below it), completes, and the new member holds exactly the right data (read
+/// with other members taken away).
+#[test]
+fn a_replace_cut_by_a_crash_resumes_at_its_checkpoint() {
+    let (level, members, slot) = (Level::Raid6, 6, 2);
+    let (images, model) = written(level, members, 43);
+    let full = replace_until_cut_with(&images, &model, slot, 0, Some(Duration::ZERO));
+    assert!(full.replaced, "the uncut run replaces");
+    let units = reassemble(&images, &[true; 6]).unwrap().geometry().units();
+    let mut partway = 0;
+    for k in 3..9 {
+        let cut = full.ops * k / 10;
+        let Some((vol, want, media)) = cut_and_reassemble(&images, &model, slot, cut, &[true; 7])
+        else {
+            continue;
+        };
+        let a = vol.array().clone();
+        let Some(&(s, uuid, copied)) = a.resumable_replaces().first() else {
+            // Cut before the replace was recorded, or after its swap.
+            continue;
+        };
+        assert_eq!(s, slot);
+        assert!(a.failed().is_empty(), "cut at {cut}: {:?}", a.failed());
+        let dev = MemDev::from_image(format!("mem{members}"), media[members].clone());
+        let handle = dev.share();
+        block_on(vol.resume_replace(slot, dev, uuid)).expect("the replace resumes");
+        assert_eq!(a.replace_state().map(|r| r.0), Some(slot));
+        let stop = AtomicBool::new(false);
+        // The cut left the array unclean: resync, as a server starts it (after the resume;
+        // its writes reach the replacement too).
+        if a.needs_resync() {
+            block_on(a.resync(&stop)).expect("resync");
+        }
+        assert_eq!(
+            block_on(vol.replace_run_slot(slot, &stop, Duration::ZERO)).unwrap(),
+            ReplaceOutcome::Replaced { slot },
+            "cut at {cut}"
+        );
+        let walked = a.replace_progress_of(slot).total;
+        if copied > 0 {
+            partway += 1;
+            assert!(
+                walked < units,
+                "cut at {cut}: checkpoint {copied}, but the resumed copy walked {walked} of \
+                 {units} units"
+            );
+        }
+        assert!(read_all(&vol) == want.bytes, "cut at {cut}: wrong data");
+        block_on(vol.close()).unwrap();
+        let after = member_images(&vol);
+        assert!(after[slot] == handle.snapshot());
+        check_without_others(&after, slot, &want, 2);
+    }
+    assert!(partway >= 2, "only {partway} cuts resumed past unit 0");
+}
+
+/// A replace recorded in the superblocks whose replacement is not given at the next start
+/// is dropped: the member stays, the record is cleared, and the replacement given later is
+/// refused (its copy missed what was written meanwhile).
+#[test]
+fn a_replace_whose_replacement_is_missing_at_restart_is_dropped() {
+    let (level, members, slot) = (Level::Raid6, 6, 4);
+    let (images, model) = written(level, members, 47);
+    let full = replace_until_cut_with(&images, &model, slot, 0, Some(Duration::ZERO));
+    let mut present = vec![true; members + 1];
+    present[members] = false;
+    let mut tried = 0;
+    for k in [4, 5, 6] {
+        let cut = full.ops * k / 10;
+        let Some((vol, mut want, media)) = cut_and_reassemble(&images, &model, slot, cut, &present)
+        else {
+            continue;
+        };
+        let a = vol.array().clone();
+        if a.resumable_replaces().is_empty() {
+            continue;
+        }
+        tried += 1;
+        block_on(a.drop_unresumed_replaces());
+        assert!(a.resumable_replaces().is_empty());
+        assert!(a.replace_state().is_none() && a.failed().is_empty());
+        assert!(read_all(&vol) == want.bytes, "cut at {cut}: wrong data");
+        // A write the replacement never saw.
+        let late = payload(700 + k, 32 << 10);
+        block_on(vol.write(4096, late.clone())).unwrap();
+        want.write(4096, &late);
+        block_on(vol.close()).unwrap();
+        let mut after = member_images(&vol);
+        after.push(media[members].clone());
+        let vol = reassemble(&after, &[true; 7]).expect("reassembles");
+        let a = vol.array();
+        assert!(
+            a.resumable_replaces().is_empty(),
+            "cut at {cut}: the dropped replace came back"
+        );
+        assert_eq!(a.member_dev(slot).unwrap().name(), format!("mem{slot}"));
+        assert!(a.failed().is_empty());
+        assert!(
+            read_all(&vol) == want.bytes,
+            "cut at {cut}: wrong data after"
+        );
+    }
+    assert!(tried >= 1, "no cut left a replace recorded");
+}
+
+/// Replaces of two slots run at once under client reads and writes, each with its own
+/// progress in status; a second replace of a slot being replaced is refused. Both end
+/// replaced and each new member holds exactly its data.
+#[test]
+fn several_replaces_run_at_once() {
+    let (level, members) = (Level::Raid6, 6);
+    let (images, mut model) = written(level, members, 17);
+    let vol = reassemble(&images, &[true; 6]).expect("reassembles");
+    let a = vol.array().clone();
+    let one = MemDev::from_image("mem6", vec![0xEE; images[0].len()]);
+    let two = MemDev::from_image("mem7", vec![0xEE; images[0].len()]);
+    let (h1, h2) = (one.share(), two.share());
+    block_on(vol.replace_member(1, one, new_device_uuid(21))).unwrap();
+    block_on(vol.replace_member(4, two, new_device_uuid(22))).unwrap();
+    let e = block_on(vol.replace_member(4, new_dev(&images), new_device_uuid(23))).unwrap_err();
+    assert!(e.contains("member 4 is being replaced already"), "{e}");
+    assert_eq!(
+        a.replace_states(),
+        vec![(1, "mem6".to_string()), (4, "mem7".to_string())]
+    );
+    for m in 0..members {
+        a.member_dev(m)
+            .unwrap()
+            .faults
+            .jitter
+            .store(true, Ordering::Relaxed);
+    }
+    let stop = AtomicBool::new(false);
+    let size = vol.size();
+    let mut rng = Rng::new(0x2a2a);
+    let (r1, r2, model) = block_on(async {
+        let client = async {
+            let st = a.status();
+            let shown: Vec<usize> = st.replaces().iter().map(|r| r.0).collect();
+            assert_eq!(shown, vec![1, 4], "status shows both replaces");
+            for i in 0..80 {
+                let (off, len) = random_range(&mut rng, size, 24);
+                if rng.below(2) == 0 {
+                    let data = payload(4242 + i, len as usize);
+                    vol.write(off, data.clone()).await.unwrap();
+                    model.write(off, &data);
+                } else {
+                    let got = vol.read(off, len).await.unwrap().to_vec();
+                    assert!(got == model.read(off, len), "read {off}+{len} differs");
+                }
+            }
+            model
+        };
+        futures::join!(
+            vol.replace_run_slot(1, &stop, Duration::ZERO),
+            vol.replace_run_slot(4, &stop, Duration::ZERO),
+            client
+        )
+    });
+    assert_eq!(r1.unwrap(), ReplaceOutcome::Replaced { slot: 1 });
+    assert_eq!(r2.unwrap(), ReplaceOutcome::Replaced { slot: 4 });
+    assert!(a.replace_states().is_empty());
+    assert_eq!(a.replace_progress_of(1).total, a.geometry().units());
+    assert_eq!(a.member_dev(1).unwrap().name(), "mem6");
+    assert_eq!(a.member_dev(4).unwrap().name(), "mem7");
+    assert!(read_all(&vol) == model.bytes);
+    block_on(vol.close()).unwrap();
+    let after = member_images(&vol);
+    assert!(after[1] == h1.snapshot() && after[4] == h2.snapshot());
+    check_without_others(&after, 1, &model, 2);
+    check_without_others(&after, 4, &model, 2);
+}
+
+/// Yields once to the executor (the client side of a test that waits on a walk).
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// A replace stopped with the server (`keep_replaces_on_stop`, as SIGTERM does) is kept:
+/// its checkpoint is recorded, the replacement stays attached until the clean close, and
+/// the next start given the replacement resumes it from that checkpoint to the end.
+#[test]
+fn a_replace_stopped_with_the_server_resumes_at_the_next_start() {
+    let (images, model) = written(Level::Raid5, 4, 29);
+    let vol = reassemble(&images, &[true; 4]).expect("reassembles");
+    let a = vol.array().clone();
+    let units = a.geometry().units();
+    for m in 0..4 {
+        let f = &a.member_dev(m).unwrap().faults;
+        f.yield_ops.store(true, Ordering::Relaxed);
+    }
+    let new = new_dev(&images);
+    let handle = new.share();
+    let uuid = new_device_uuid(31);
+    block_on(vol.replace_member(1, new, uuid)).unwrap();
+    a.keep_replaces_on_stop();
+    let stop = AtomicBool::new(false);
+    let (o, ()) = block_on(async {
+        futures::join!(vol.replace_run_slot(1, &stop, Duration::ZERO), async {
+            while a.replace_progress_of(1).done < units / 2 {
+                YieldOnce(false).await;
+            }
+            stop.store(true, Ordering::Release);
+        })
+    });
+    assert_eq!(o.unwrap(), ReplaceOutcome::Stopped { slot: 1 });
+    assert_eq!(a.replace_state().map(|r| r.0), Some(1), "still attached");
+    block_on(vol.close()).unwrap();
+    let mut media = member_images(&vol);
+    media.push(handle.snapshot());
+    let vol = reassemble(&media, &[true; 5]).expect("reassembles");
+    let a = vol.array().clone();
+    let recorded = a.resumable_replaces();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let (slot, u, copied) = recorded[0];
+    assert_eq!((slot, u), (1, uuid));
+    assert!(
+        copied >= units / 2 && copied < units,
+        "checkpoint {copied} of {units}"
+    );
+    let dev = MemDev::from_image("mem4", media[4].clone());
+    let h = dev.share();
+    block_on(vol.resume_replace(1, dev, uuid)).expect("resumes");
+    let stop = AtomicBool::new(false);
+    assert_eq!(
+        block_on(vol.replace_run_slot(1, &stop, Duration::ZERO)).unwrap(),
+        ReplaceOutcome::Replaced { slot: 1 }
+    );
+    // Clean stop: exactly what the checkpoint did not cover was walked.
+    assert_eq!(a.replace_progress_of(1).total, units - copied);
+    assert!(read_all(&vol) == model.bytes);
+    block_on(vol.close()).unwrap();
+    let after = member_images(&vol);
+    assert!(after[1] == h.snapshot());
+    check_without_others(&after, 1, &model, 1);
 }

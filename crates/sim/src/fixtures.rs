@@ -40,6 +40,8 @@ pub fn sim_superblock(geometry: Geometry) -> Superblock {
         states: vec![MemberState::Active; geometry.members],
         rebuilt: vec![0; geometry.members],
         slot_uuids: (0..geometry.members).map(device_uuid).collect(),
+        replacement: false,
+        replaces: vec![None; geometry.members],
         bitmap_chunk: sim_bitmap_chunk(&geometry),
         journal: None,
         bad: Default::default(),

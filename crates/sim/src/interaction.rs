@@ -239,6 +239,9 @@ struct Stage {
     new_devs: Mutex<Vec<(usize, MemDev)>>,
     next_index: AtomicUsize,
     error: Mutex<Option<String>>,
+    /// Slots whose replace (recorded by an earlier stage cut or stopped during it) resumed
+    /// at assembly: the walks task runs them.
+    resumed: Mutex<Vec<usize>>,
 }
 
 impl Stage {
@@ -551,6 +554,7 @@ fn run_stage(
         new_devs: Mutex::new(Vec::new()),
         next_index: AtomicUsize::new(media.images.len()),
         error: Mutex::new(None),
+        resumed: Mutex::new(Vec::new()),
     });
     st.log(format!(
         "stage {stage}: cut at {crash_at}, failed {}, rebuilding {:?}, resync {}",
@@ -558,6 +562,10 @@ fn run_stage(
         a.rebuild_state(),
         a.needs_resync()
     ));
+    // A replace the superblocks record (an earlier stage's power cut or stop caught one)
+    // resumes with its replacement, as `uraid serve` does, before anything is written.
+    let resumed = resume_replaces(&st, media, &devs, &rt);
+    *st.resumed.lock().expect("resumed") = resumed;
     // Planted corruption: after a clean stop, on a level whose scrub can locate one bad
     // chunk (two or more parities), a sector of one chunk of an allocated stripe is flipped
     // on its member's medium; a scrub in repair mode must locate and repair it before any
@@ -995,6 +1003,60 @@ async fn pause(n: u64) {
     }
 }
 
+/// Resumes every replace the superblocks record whose replacement is among the media (a
+/// device with a replacement superblock of that uuid), on the stage's clock, and drops the
+/// others (`Supervisor::resume_replaces`). Returns the slots resumed.
+fn resume_replaces(
+    st: &Stage,
+    media: &Media,
+    devs: &[(usize, MemDev)],
+    rt: &Runtime,
+) -> Vec<usize> {
+    use uraid_core::format::{pick_superblock, SB_SIZE};
+    let a = st.vol.array().clone();
+    let mut slots = Vec::new();
+    for (slot, uuid, copied) in a.resumable_replaces() {
+        let found = (0..media.images.len()).find(|&k| {
+            let img = &media.images[k];
+            media.present.get(k) == Some(&true)
+                && Some(k) != media.journal
+                && !devs.iter().any(|d| d.0 == k)
+                && img.len() >= 2 * SB_SIZE
+                && pick_superblock(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
+                    .is_ok_and(|sb| sb.replacement && sb.device_uuid == uuid)
+        });
+        let Some(k) = found else {
+            st.log(format!(
+                "replace of {slot} ({copied} copied): replacement not found"
+            ));
+            continue;
+        };
+        let d = cached_dev(format!("mem{k}"), media.images[k].clone(), &st.clock);
+        d.faults.yield_ops.store(true, Ordering::Relaxed);
+        d.faults.jitter.store(true, Ordering::Relaxed);
+        st.new_devs.lock().expect("new devs").push((k, d.share()));
+        st.faults
+            .lock()
+            .expect("faults")
+            .push((d.name().to_string(), d.faults.clone()));
+        let v = st.vol.clone();
+        let r = rt.handle().block_on(
+            0,
+            move || async move { v.resume_replace(slot, d, uuid).await },
+        );
+        st.log(format!(
+            "replace of {slot} by mem{k} resumes ({copied} copied): {r:?}"
+        ));
+        if r.is_ok() {
+            slots.push(slot);
+        }
+    }
+    let a2 = a.clone();
+    rt.handle()
+        .block_on(0, move || async move { a2.drop_unresumed_replaces().await });
+    slots
+}
+
 /// A new member device on the stage's power clock.
 fn new_device(st: &Stage) -> (usize, MemDev) {
     let i = st.next_index.fetch_add(1, Ordering::SeqCst);
@@ -1186,6 +1248,15 @@ async fn chaos(st: &Stage, seed: u64) {
 async fn walks(st: &Stage, seed: u64) {
     let mut r = Rng::new(seed);
     let a = st.vol.array().clone();
+    // Replaces resumed at assembly, each to its end (or the stage's).
+    let resumed = std::mem::take(&mut *st.resumed.lock().expect("resumed"));
+    for slot in resumed {
+        let res = st
+            .vol
+            .replace_run_slot(slot, &st.stop, Duration::ZERO)
+            .await;
+        st.log(format!("resumed replace of {slot}: {res:?}"));
+    }
     loop {
         if st.over() || st.clients_done.load(Ordering::SeqCst) == st.cfg.conns {
             st.stop.store(true, Ordering::SeqCst);

@@ -123,6 +123,11 @@ fn print_examine(path: &Path, sb: &Superblock) {
     println!("    Device UUID : {}", uuid_string(&sb.device_uuid));
     if sb.spare {
         println!("    Device Role : hot spare");
+    } else if sb.replacement {
+        println!(
+            "    Device Role : replacement of member {} (replace in progress)",
+            sb.index
+        );
     } else {
         println!("   Device Index : {}", sb.index);
     }
@@ -169,6 +174,16 @@ fn print_examine(path: &Path, sb: &Superblock) {
             list.join(" ")
         );
     }
+    for (i, r) in sb.replaces.iter().enumerate() {
+        if let Some(r) = r {
+            println!(
+                "    Replace [{i:>2}] : by {}, {} of {} units copied",
+                uuid_string(&r.uuid),
+                r.copied,
+                g.units()
+            );
+        }
+    }
 }
 
 fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
@@ -199,6 +214,10 @@ fn sb_json(path: &Path, sb: &Superblock) -> serde_json::Value {
         "bad_blocks": sb.bad.ranges().iter()
             .map(|r| json!({"member": r.member, "first_unit": r.start, "units": r.len}))
             .collect::<Vec<_>>(),
+        "replacement": sb.replacement,
+        "replaces": sb.replaces.iter().enumerate().filter_map(|(i, r)| {
+            r.map(|r| json!({"member": i, "device_uuid": uuid_string(&r.uuid), "copied_units": r.copied}))
+        }).collect::<Vec<_>>(),
     })
 }
 

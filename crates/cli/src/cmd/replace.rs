@@ -66,7 +66,7 @@ fn replace_cmd(
         if st["slots"][i]["state"] != "replacing" {
             bail!("member {i} is not being replaced");
         }
-        let msg = client::post(&sock, "/replace/cancel")?;
+        let msg = client::post(&sock, &format!("/replace/cancel?member={i}"))?;
         println!("uraid: {msg} (server at {})", sock.display());
         return Ok(());
     }
@@ -135,6 +135,13 @@ fn replace_offline(plan: &Plan, i: usize, dev: &Path, force: bool) -> Result<()>
              when the array is served",
             dev.display()
         ),
+        uraid_engine::ReplaceOutcome::Stopped { slot } => {
+            bail!(
+                "replace of member {slot} was stopped; it resumes when the array is served with \
+                 {} among its devices",
+                dev.display()
+            )
+        }
         uraid_engine::ReplaceOutcome::Cancelled { slot } => {
             bail!("replace of member {slot} was stopped")
         }

@@ -386,6 +386,12 @@ const FAMILIES: &[Family] = &[
             if let (Some(mode), true) = (a.scrub.mode, a.scrub.progress.running) {
                 s.value(&m.arr_and("op", mode.name()), a.scrub.progress.fraction);
             }
+            // One per member being replaced (several may be).
+            for (i, v) in a.replaces() {
+                let mut l = m.member(i);
+                l.push(("op", v.op.into()));
+                s.value(&l, v.fraction);
+            }
         },
     },
     Family {

@@ -157,8 +157,12 @@ fn run_command(state: &State, h: &Head) -> Outcome {
             jobs.replace(member, &path, force_param(&q)?)
         }
         "/replace/cancel" => {
-            no_params(h)?;
-            jobs.replace_cancel()
+            let q = query(&h.query, &["member"])?;
+            let member = match q.iter().find(|x| x.0 == "member") {
+                Some(_) => Some(member_param(&q)?),
+                None => None,
+            };
+            jobs.replace_cancel(member)
         }
         "/remove" => {
             let q = query(&h.query, &["member", "path", "force"])?;
@@ -265,7 +269,7 @@ pub(super) fn route(state: &State, h: &Head, metrics_only: bool) -> Response {
                     "POST /scrub/cancel", "POST /fail?member=N&force=0|1",
                     "POST /add?path=DEVICE&force=0|1",
                     "POST /remove?member=N&force=0|1", "POST /remove?path=SPARE",
-                    "POST /replace?member=N&path=DEVICE&force=0|1", "POST /replace/cancel",
+                    "POST /replace?member=N&path=DEVICE&force=0|1", "POST /replace/cancel[?member=N]",
                     "POST /throttle?budget=STRIPES&min=MB/S&max=MB/S&priority=low|normal|high"
                 ],
             }),

@@ -164,6 +164,7 @@ fn slots(state: &State, a: &ArrayStatus) -> Vec<Value> {
                 },
                 "replacement": m.replacement,
                 "slow": m.slow,
+                "replace_progress": m.replace.as_ref().map(|v| v.fraction),
                 "read": op_json(&m.io.read),
                 "write": op_json(&m.io.write),
                 "flush": op_json(&m.io.flush),
@@ -232,8 +233,10 @@ fn background(a: &ArrayStatus) -> Vec<Value> {
     if !a.rebuilding().is_empty() {
         out.push(one(&a.rebuild));
     }
-    if a.replacing().is_some() {
-        out.push(one(&a.replace));
+    for (i, v) in a.replaces() {
+        let mut e = one(&v);
+        e["member"] = json!(i);
+        out.push(e);
     }
     let sc = &a.scrub;
     if let (Some(mode), true) = (sc.mode, sc.progress.running) {

@@ -229,6 +229,19 @@ impl<D: BlockDev> Array<D> {
         });
         let intent = crate::bitmap::WriteIntent::new(&geo, bc, bitmap, opts.frozen_metadata);
         let bad = sb.bad.clone();
+        // Replaces the superblocks record, for `resume_replace` (recovery/replace.rs).
+        let resumable: Vec<crate::background::Resumable> = (0..geo.members)
+            .filter_map(|i| {
+                let r = sb.replaces[i]?;
+                let units = crate::background::Resumable::units(r.copied, units, due.as_deref());
+                Some(crate::background::Resumable {
+                    slot: i,
+                    uuid: r.uuid,
+                    copied: r.copied,
+                    units,
+                })
+            })
+            .collect();
         let a = Arc::new_cyclic(|me| Array {
             geo,
             codec,
@@ -252,6 +265,10 @@ impl<D: BlockDev> Array<D> {
             me: me.clone(),
         });
         a.members.set_bad(bad);
+        *a.recovery
+            .replace_resume
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = resumable;
         spawn_watchdog(&a);
         a
     }
@@ -516,14 +533,10 @@ impl<D: BlockDev> Array<D> {
         let pass = move |a: Arc<Self>| async move {
             let r = &a.recovery;
             let walking = || {
-                [
-                    &r.resync_progress,
-                    &r.rebuild_progress,
-                    &r.scrub_progress,
-                    &r.replace_progress,
-                ]
-                .iter()
-                .any(|p| p.running.load(std::sync::atomic::Ordering::Acquire))
+                [&r.resync_progress, &r.rebuild_progress, &r.scrub_progress]
+                    .into_iter()
+                    .chain(r.replace_progress.iter())
+                    .any(|p| p.running.load(std::sync::atomic::Ordering::Acquire))
             };
             if walking()
                 || a.meta.idle_ms() < idle.as_millis() as u64

@@ -44,6 +44,8 @@ pub struct MemberStatus {
     pub replacement: Option<String>,
     /// Flagged fail-slow (slow.rs): reads plan around it while redundancy allows.
     pub slow: bool,
+    /// Progress of that replace's copy (None while not being replaced).
+    pub replace: Option<ProgressView>,
     /// I/O totals of the current device (data and metadata I/O).
     pub io: MemberIoSnapshot,
     pub errors: MemberErrors,
@@ -138,26 +140,27 @@ impl ArrayStatus {
         !self.failed.is_empty() || !self.rebuilding().is_empty()
     }
 
-    /// The slot being replaced, while a replace runs.
+    /// The slot being replaced, while a replace runs (the lowest, if several do).
     pub fn replacing(&self) -> Option<usize> {
         self.members.iter().position(|m| m.replacement.is_some())
+    }
+
+    /// Every slot being replaced, with its copy's progress.
+    pub fn replaces(&self) -> Vec<(usize, ProgressView)> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| Some((i, m.replace.clone()?)))
+            .collect()
     }
 }
 
 impl<D: BlockDev> Array<D> {
     /// The array's state for the control plane (module docs).
     pub fn status(&self) -> ArrayStatus {
-        // The replace under way, while its replacement is still the slot's (recovery/replace.rs).
-        let replacing = self
-            .recovery
-            .replacing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(|r| {
-                let (gen, name) = self.members.replacement(r.slot)?;
-                (gen == r.gen).then(|| (r.slot, name.to_string()))
-            });
+        // The replaces under way, while their replacement is still the slot's
+        // (recovery/replace.rs).
+        let replacing = self.replace_states();
         let removed = self.meta.removed();
         let bad = self.members.bad_blocks();
         let members: Vec<MemberStatus> = (0..self.geo.members)
@@ -167,8 +170,12 @@ impl<D: BlockDev> Array<D> {
                     name: self.members.name(i).map(str::to_string),
                     state: self.members.state(i),
                     removed: removed.contains(i),
-                    replacement: replacing.as_ref().filter(|r| r.0 == i).map(|r| r.1.clone()),
+                    replacement: replacing.iter().find(|r| r.0 == i).map(|r| r.1.clone()),
                     slow: self.slow.set().contains(i),
+                    replace: replacing
+                        .iter()
+                        .any(|r| r.0 == i)
+                        .then(|| self.recovery.replace_progress[i].view()),
                     io: self.members.io(i),
                     errors: MemberErrors {
                         corrected: self.members.corrected_reads(i),
@@ -218,7 +225,7 @@ impl<D: BlockDev> Array<D> {
             unsynced_stripes_refused: self.recovery.resync.unreadable_reported(),
             unsynced_stripes_verified: self.recovery.resync.verified(),
             rebuild: self.recovery.rebuild_progress.view(),
-            replace: self.recovery.replace_progress.view(),
+            replace: self.replace_progress(),
             scrub: ScrubStatus {
                 mode,
                 report,

@@ -131,6 +131,8 @@ fn new_superblock(
         states: vec![MemberState::Active; n],
         rebuilt: vec![0; n],
         slot_uuids: (0..n).map(|_| *uuid::Uuid::new_v4().as_bytes()).collect(),
+        replacement: false,
+        replaces: vec![None; n],
         bitmap_chunk,
         journal,
         bad: Default::default(),

@@ -148,6 +148,14 @@ pub fn replay<D: BlockDev>(
     let absent: MemberSet = (0..g.members).filter(|&i| members[i].is_none()).collect();
     let mut clean = sb.clone();
     clean.clean = true;
+    if walk.records > 0 || !sb.clean {
+        // Replayed records went to the members only, and a replay may have happened in an
+        // earlier start that crashed before recording it: a replacement being copied
+        // (format version 7) may lack them, so after an unclean stop its copy starts over.
+        for r in clean.replaces.iter_mut().flatten() {
+            r.copied = 0;
+        }
+    }
     let array = build(clean, members);
     if walk.records > 0 && !absent.is_empty() {
         // Marks the absent members failed (a forced round; also "not clean" until the

@@ -19,7 +19,7 @@ mod walk;
 
 pub use crate::background::{Priority, Progress, ProgressView, ScrubMode, ScrubReport, Throttle};
 pub use rebuild::RebuildReport;
-pub use replace::ReplaceOutcome;
+pub use replace::{ReplaceOutcome, PERSIST_EVERY as REPLACE_PERSIST_EVERY};
 pub use resync::ResyncReport;
 
 use crate::array::Array;

@@ -2,13 +2,16 @@
 //! (`uraid replace`, md's want_replacement). The data is copied from the member itself, so
 //! the array never loses redundancy on the way, unlike fail + add.
 //!
-//! Rules (docs/invariants.md, "A replacement holds no superblock before its swap"):
+//! Rules (docs/invariants.md, "A replacement holds no member superblock before
+//! its swap", "A resumed replace trusts its replacement only below a durable checkpoint"):
 //! * From the start every write and flush of the slot goes to both devices (`Members`:
 //!   the slot's (current, replacement) generations are one word, so an I/O sees a
 //!   consistent pair); reads use the old device only. Superblocks go to the old device
 //!   only: the replacement claims nothing until the swap.
-//! * At the start the replacement's metadata area is zeroed and flushed, then every bitmap
-//!   and allocation-map page is rewritten (to every member, so to the replacement too).
+//! * At the start the replacement's metadata area is zeroed, its replacement superblock
+//!   (FLAG_REPLACEMENT: never taken for a member) written and flushed; a round records the
+//!   replace (slot, its uuid, copy checkpoint 0); then every bitmap and allocation-map page
+//!   is rewritten (to every member, so to the replacement too).
 //! * The walk copies each unit's chunk of the slot under the unit's stripe lock: read from
 //!   the old device; a chunk it cannot read is reconstructed from the rest of the stripe
 //!   (the old device's read-error budget applies as for any read).
@@ -19,8 +22,16 @@
 //!   with the old member or with the new one, which holds everything. The old device is
 //!   refused afterwards (its uuid is no longer the slot's).
 //! * Units with nothing allocated are skipped, as the rebuild does.
-//! * Progress is not persisted: after a restart the old member is simply still the member
-//!   (the replacement has no superblock); the replace is started again.
+//! * The copy checkpoint is persisted every `PERSIST_EVERY` (replacement flushed, then a
+//!   round), and when the server stops (`keep_replaces_on_stop`). At the next start the
+//!   replace resumes with its replacement (`resume_replace`): the walk covers the units
+//!   from the checkpoint and, after an unclean stop, those below it resync owes (everything
+//!   with a journal), never trusting the replacement beyond that. A recorded replace whose
+//!   replacement is not given is dropped in a round (`drop_unresumed_replaces`); a record
+//!   whose replacement was dropped is cleared before a write it missed is acknowledged
+//!   (`Metadata::failure_barrier`).
+//! * Replaces of different slots run at once (each its own walk and progress); a second
+//!   replace of a slot is refused while one runs.
 //! * The old member failing during the replace (an error, `uraid fail`) makes the
 //!   replacement the slot's new device, rebuilt from unit 0 like an added member (writes
 //!   while the slot was failed did not reach it). The replacement failing ends the replace;
@@ -28,7 +39,7 @@
 
 use super::walk::{self, After, At, Units, Walk, Worker};
 use crate::array::{Array, ArrayError};
-use crate::background::{Progress, Replacing};
+use crate::background::{Progress, Replacing, Resumable};
 use crate::buf::{self, IoBuf};
 use crate::dev::BlockDev;
 use crate::metadata::Swap;
@@ -36,8 +47,12 @@ use crate::stripe::Attempt;
 use futures::future::join_all;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use uraid_core::format::{SB_SIZE, SB_SLOTS};
 use uraid_core::geometry::Role;
+
+/// How often a running replace persists its copy checkpoint.
+pub const PERSIST_EVERY: Duration = Duration::from_secs(2);
 
 /// How a replace ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,53 +61,184 @@ pub enum ReplaceOutcome {
     Replaced { slot: usize },
     /// Stopped (`stop`): the replacement was dropped, the member stays.
     Cancelled { slot: usize },
+    /// Stopped with the server (`Array::keep_replaces_on_stop`): the copy checkpoint is
+    /// recorded and the replacement stays attached until the array closes; the replace
+    /// resumes at the next start if the replacement is given.
+    Stopped { slot: usize },
     /// The old member failed meanwhile: the new device is the slot's member now, being
     /// rebuilt (the caller starts the rebuild and rewrites the map pages).
     Rebuilding { slot: usize },
 }
 
 impl<D: BlockDev> Array<D> {
-    /// The member being replaced, with its replacement's name and the units copied.
-    pub fn replace_state(&self) -> Option<(usize, String)> {
-        let r = (*self
-            .recovery()
+    /// The replaces under way (their replacement still attached): the latest last.
+    fn current_replaces(&self) -> Vec<Replacing> {
+        self.recovery()
             .replacing
             .lock()
-            .unwrap_or_else(|e| e.into_inner()))?;
-        let (gen, name) = self.members().replacement(r.slot)?;
-        (gen == r.gen).then(|| (r.slot, name.to_string()))
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|r| self.replacement_is(r))
+            .cloned()
+            .collect()
+    }
+
+    /// The member being replaced last started, with its replacement's name.
+    pub fn replace_state(&self) -> Option<(usize, String)> {
+        self.replace_states().pop()
+    }
+
+    /// Every member being replaced, with its replacement's name (the latest last).
+    pub fn replace_states(&self) -> Vec<(usize, String)> {
+        self.current_replaces()
+            .into_iter()
+            .filter_map(|r| {
+                let (_, name) = self.members().replacement(r.slot)?;
+                Some((r.slot, name.to_string()))
+            })
+            .collect()
     }
 
     /// Drops the replace started last if its replacement is still attached (an error
     /// before its walk could run): the member stays.
     pub fn abandon_replace(&self) {
-        if let Some(r) = *self
-            .recovery()
-            .replacing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        {
-            if self.members().drop_replacement(r.slot, r.gen) {
-                tracing::warn!("member {}: replace abandoned; the member stays", r.slot);
+        if let Some(r) = self.current_replaces().pop() {
+            self.abandon_replace_of(r.slot);
+        }
+    }
+
+    /// Drops the replace of slot `i` if its replacement is still attached: the member stays.
+    pub fn abandon_replace_of(&self, i: usize) {
+        let gen = self.replacing_of(i).map(|r| r.gen);
+        if let Some(gen) = gen {
+            if self.members().drop_replacement(i, gen) {
+                tracing::warn!("member {i}: replace abandoned; the member stays");
             }
         }
     }
 
-    /// Progress of the running (or last) replace.
+    /// The replace of slot `i`, if one was started and its replacement is attached.
+    fn replacing_of(&self, i: usize) -> Option<Replacing> {
+        self.current_replaces().into_iter().find(|r| r.slot == i)
+    }
+
+    /// The server is stopping: replace walks stopped from now on keep their replace for the
+    /// next start (`ReplaceOutcome::Stopped`) instead of dropping it.
+    pub fn keep_replaces_on_stop(&self) {
+        self.recovery()
+            .replace_keep
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Progress of the replace started last (running or ended).
     pub fn replace_progress(&self) -> crate::recovery::ProgressView {
-        self.recovery().replace_progress.view()
+        let last = self
+            .recovery()
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last()
+            .map_or(0, |r| r.slot);
+        self.replace_progress_of(last)
+    }
+
+    /// Progress of slot `i`'s running (or last) replace.
+    pub fn replace_progress_of(&self, i: usize) -> crate::recovery::ProgressView {
+        self.recovery().replace_progress[i].view()
     }
 
     /// Starts replacing active member `i` by `dev` (module docs): checks, zeroes `dev`'s
-    /// metadata area, attaches it as the slot's replacement and rewrites the bitmap pages.
+    /// metadata area, gives it its replacement superblock, attaches it as the slot's
+    /// replacement, records the replace in the superblocks and rewrites the bitmap pages.
     /// The caller rewrites the allocation-map pages (`Volume::replace_member`) and then
-    /// runs `replace_run`.
+    /// runs `replace_run_slot`.
     pub async fn start_replace(
         self: &Arc<Self>,
         i: usize,
         dev: D,
         uuid: [u8; 16],
     ) -> Result<(), String> {
+        self.check_replace(i, &dev)?;
+        self.on_reactor(move |a| async move { a.start_replace_here(i, dev, uuid, None).await })
+            .await
+            .unwrap_or_else(|| Err("the server is stopping".into()))
+    }
+
+    /// The replaces the superblocks recorded at assembly, waiting for their replacement:
+    /// (slot, the replacement's device uuid, its checkpoint).
+    pub fn resumable_replaces(&self) -> Vec<(usize, [u8; 16], u64)> {
+        self.recovery()
+            .replace_resume
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|r| (r.slot, r.uuid, r.copied))
+            .collect()
+    }
+
+    /// Resumes the replace of slot `i` the superblocks recorded (after a restart), with its
+    /// replacement `dev` (device `uuid`, found at assembly): as `start_replace`, except that
+    /// the copy walks only the units its checkpoint does not cover (and, after an unclean
+    /// stop, those below it resync owes), and that checkpoint is recorded again at once.
+    /// Right after assembly, before anything is written. The caller rewrites the map pages
+    /// and runs `replace_run_slot`.
+    pub async fn resume_replace(
+        self: &Arc<Self>,
+        i: usize,
+        dev: D,
+        uuid: [u8; 16],
+    ) -> Result<(), String> {
+        let r = {
+            let mut v = self
+                .recovery()
+                .replace_resume
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let k = v
+                .iter()
+                .position(|r| r.slot == i && r.uuid == uuid)
+                .ok_or_else(|| format!("member {i}: no replace by this device is recorded"))?;
+            v.remove(k)
+        };
+        if self.members().is_failed(i) || self.members().device(i).is_none() {
+            return Err(format!(
+                "member {i} is failed or missing: its replace by {} is dropped (add the device \
+                 to rebuild the slot)",
+                dev.name()
+            ));
+        }
+        self.check_replace(i, &dev)?;
+        self.on_reactor(move |a| async move { a.start_replace_here(i, dev, uuid, Some(r)).await })
+            .await
+            .unwrap_or_else(|| Err("the server is stopping".into()))
+    }
+
+    /// Drops every recorded replace not resumed (its replacement was not given, or could not
+    /// be opened): logged, and cleared from the superblocks in a round; the members stay.
+    pub async fn drop_unresumed_replaces(self: &Arc<Self>) {
+        let left: Vec<_> = std::mem::take(
+            &mut *self
+                .recovery()
+                .replace_resume
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for r in &left {
+            tracing::warn!(
+                "member {}: its replace by device {} ({} of {} units copied) is dropped: the \
+                 replacement was not given; the member stays",
+                r.slot,
+                uraid_core::format::uuid_string(&r.uuid),
+                r.copied,
+                self.geo().units()
+            );
+        }
+        self.on_reactor(|a| async move { a.meta().drop_unattached_replaces(a.members()).await })
+            .await;
+    }
+
+    /// The checks of a replace that need no lock.
+    fn check_replace(&self, i: usize, dev: &D) -> Result<(), String> {
         let g = self.geo();
         if i >= g.members {
             return Err(format!("no member {i}: the array has {}", g.members));
@@ -104,13 +250,11 @@ impl<D: BlockDev> Array<D> {
                 g.level
             ));
         }
-        self.check_new_size(&dev)?;
+        self.check_new_size(dev)?;
         if self.meta_frozen() {
             return Err("the array's metadata is read-only".into());
         }
-        self.on_reactor(move |a| async move { a.start_replace_here(i, dev, uuid).await })
-            .await
-            .unwrap_or_else(|| Err("the server is stopping".into()))
+        Ok(())
     }
 
     /// Why member `i` cannot be replaced now, if it cannot.
@@ -125,22 +269,11 @@ impl<D: BlockDev> Array<D> {
                 "member {i} is being rebuilt: it does not hold all of its data yet"
             ));
         }
-        if let Some(r) = *self
-            .recovery()
-            .replacing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        {
-            if self
-                .members()
-                .replacement(r.slot)
-                .is_some_and(|x| x.0 == r.gen)
-            {
-                return Some(format!(
-                    "member {} is being replaced already: one replace at a time",
-                    r.slot
-                ));
-            }
+        if let Some((_, name)) = self.members().replacement(i) {
+            return Some(format!(
+                "member {i} is being replaced already (by {name}): cancel that replace first \
+                 (uraid replace {i} --cancel), or wait for it"
+            ));
         }
         if !self.members().can_install(i) {
             return Some(format!(
@@ -151,32 +284,94 @@ impl<D: BlockDev> Array<D> {
         None
     }
 
-    async fn start_replace_here(&self, i: usize, dev: D, uuid: [u8; 16]) -> Result<(), String> {
+    /// The replacement superblock of device `uuid` for slot `i` (FLAG_REPLACEMENT, a copy of
+    /// the array's), in both superblock slots.
+    async fn replacement_superblocks(&self, i: usize, uuid: [u8; 16]) -> IoBuf {
+        let mut sb = self.superblock().await;
+        sb.index = i;
+        sb.device_uuid = uuid;
+        sb.spare = false;
+        sb.replacement = true;
+        let block = sb.encode();
+        let mut b = buf::alloc(SB_SIZE * SB_SLOTS);
+        for s in 0..SB_SLOTS {
+            b[s * SB_SIZE..(s + 1) * SB_SIZE].copy_from_slice(&block);
+        }
+        b
+    }
+
+    async fn start_replace_here(
+        &self,
+        i: usize,
+        dev: D,
+        uuid: [u8; 16],
+        resume: Option<Resumable>,
+    ) -> Result<(), String> {
         let name = dev.name().to_string();
         // Checked first (a refused replace writes nothing to the device), then the device's
-        // metadata area cleared before the superblock lock (a hanging new device must not
-        // hold it), then checked again under the lock: no add, fail round or other replace
-        // interleaves.
+        // metadata area cleared and its replacement superblock written before the
+        // superblock lock (a hanging new device must not hold it), then checked again
+        // under the lock: no add, fail round or other replace of the slot interleaves.
         self.replace_refusal(i).map_or(Ok(()), Err)?;
         self.clear_metadata_area(&dev).await?;
-        let meta = self.meta().lock().await;
+        let sbs = self.replacement_superblocks(i, uuid).await;
+        let (r, _) = dev.write(0, sbs).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{name}: writing its replacement superblock: {e}"))?;
+        let mut meta = self.meta().lock().await;
         self.replace_refusal(i).map_or(Ok(()), Err)?;
+        let units = self.geo().units();
+        // A resumed replace trusts its checkpoint only while the superblocks still record
+        // it (a round that ran meanwhile without the replacement attached cleared it: a
+        // write may have reached the member alone), else it copies everything again.
+        let (walk, from) = match &resume {
+            Some(r) if meta.replace_record(i).is_some_and(|x| x.uuid == uuid) => {
+                (r.units.clone(), r.first())
+            }
+            _ => {
+                self.meta()
+                    .clear_stale_replace(self.members(), &mut meta, i)
+                    .await;
+                (std::iter::once(0..units).collect(), 0)
+            }
+        };
         if self.members().set_replacement(i, dev).is_err() {
             return Err(format!("slot {i}: no room for another device"));
         }
         let gen = self.members().generation_top(i);
-        *self
-            .recovery()
-            .replacing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Replacing { slot: i, gen, uuid });
+        {
+            let mut v = self
+                .recovery()
+                .replacing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            v.retain(|r| r.slot != i);
+            v.push(Replacing {
+                slot: i,
+                gen,
+                uuid,
+                units: walk,
+            });
+        }
         drop(meta);
-        tracing::warn!(
-            "member {i} ({}): being replaced by {name} (copied while it serves)",
-            self.members().name(i).unwrap_or("?")
-        );
+        match resume {
+            Some(r) => tracing::warn!(
+                "member {i} ({}): its replace by {name} resumes at unit {from} of {units} (the \
+                 superblocks recorded {} copied)",
+                self.members().name(i).unwrap_or("?"),
+                r.copied
+            ),
+            None => tracing::warn!(
+                "member {i} ({}): being replaced by {name} (copied while it serves)",
+                self.members().name(i).unwrap_or("?")
+            ),
+        }
         self.intent().sync_all(self.meta(), self.members()).await;
-        if self.members().replacement(i).map(|r| r.0) != Some(gen) {
+        if !self
+            .meta()
+            .record_replace(self.members(), i, gen, uuid, from)
+            .await
+        {
             return Err(format!(
                 "{name}: writing its metadata failed; replace abandoned"
             ));
@@ -184,28 +379,76 @@ impl<D: BlockDev> Array<D> {
         Ok(())
     }
 
-    /// Copies the member being replaced onto its replacement and swaps it in (module docs);
-    /// `stop` cancels. Runs on any thread (the server gives it its own).
+    /// Copies the member being replaced (the replace started last) onto its replacement
+    /// and swaps it in (`replace_run_slot`).
     pub async fn replace_run(
         self: &Arc<Self>,
         stop: &AtomicBool,
     ) -> Result<ReplaceOutcome, ArrayError> {
-        let Some(r) = *self
+        let Some(r) = self
             .recovery()
             .replacing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .last()
+            .cloned()
         else {
             return Err(ArrayError::Refused("no replace was started".into()));
         };
+        self.replace_run_slot(r.slot, stop, PERSIST_EVERY).await
+    }
+
+    /// Copies member `i` onto its replacement (from the start, or for a resumed replace the
+    /// units its checkpoint does not cover) and swaps it in (module docs), persisting the
+    /// copy checkpoint every `persist_every` (tests: after every batch); `stop` cancels.
+    /// Runs on any thread (the server gives each replace its own).
+    pub async fn replace_run_slot(
+        self: &Arc<Self>,
+        i: usize,
+        stop: &AtomicBool,
+        persist_every: Duration,
+    ) -> Result<ReplaceOutcome, ArrayError> {
+        let Some(r) = self
+            .recovery()
+            .replacing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rfind(|r| r.slot == i)
+            .cloned()
+        else {
+            return Err(ArrayError::Refused(format!(
+                "no replace of member {i} was started"
+            )));
+        };
         let units = self.geo().units();
+        let walk_units = Units::new(r.units.clone());
         let mut w = CopyWalk {
             name: self.identity().0.to_string(),
             r,
             units,
             t0: Instant::now(),
+            persist_every,
+            last_persist: Instant::now(),
+            covered: 0,
         };
-        walk::run(self, &mut w, Units::range(0..units), stop).await
+        walk::run(self, &mut w, walk_units, stop).await
+    }
+
+    /// Persists slot `r.slot`'s copy checkpoint `covered`: the replacement flushed first
+    /// (everything copied or written below it is durable), then a round.
+    async fn persist_copy_checkpoint(self: &Arc<Self>, r: &Replacing, covered: u64) {
+        let (i, gen, uuid) = (r.slot, r.gen, r.uuid);
+        self.on_reactor(move |a| async move {
+            if let Err(e) = a.members().flush_gen(i, gen).await {
+                a.members().replacement_failed(i, gen, &e);
+                return;
+            }
+            a.meta()
+                .persist_copied(a.members(), i, gen, uuid, covered)
+                .await;
+        })
+        .await;
     }
 
     /// Copies unit by unit, each under its stripe lock.
@@ -314,7 +557,7 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Whether the replace `r` still has its replacement attached.
-    fn replacement_is(&self, r: Replacing) -> bool {
+    fn replacement_is(&self, r: &Replacing) -> bool {
         self.members().replacement(r.slot).map(|x| x.0) == Some(r.gen)
     }
 
@@ -452,6 +695,12 @@ struct CopyWalk {
     r: Replacing,
     units: u64,
     t0: Instant,
+    /// How often the copy checkpoint is persisted, and when it last was.
+    persist_every: Duration,
+    last_persist: Instant,
+    /// The copy checkpoint in memory: every unit below it is on the replacement (copied by
+    /// this walk, or trusted from the recorded checkpoint and not owed to resync).
+    covered: u64,
 }
 
 impl<D: BlockDev> Walk<D> for CopyWalk {
@@ -459,15 +708,15 @@ impl<D: BlockDev> Walk<D> for CopyWalk {
     type Output = Result<ReplaceOutcome, ArrayError>;
 
     fn progress<'a>(&self, a: &'a Array<D>) -> &'a Progress {
-        &a.recovery().replace_progress
+        &a.recovery().replace_progress[self.r.slot]
     }
 
     async fn check(&mut self, a: &Arc<Array<D>>, _at: At) -> Option<Self::Output> {
         let i = self.r.slot;
         if a.members().is_failed(i) {
-            return Some(a.replacement_takes_over(self.r).await);
+            return Some(a.replacement_takes_over(self.r.clone()).await);
         }
-        if !a.replacement_is(self.r) {
+        if !a.replacement_is(&self.r) {
             return Some(Err(ArrayError::Refused(format!(
                 "member {i}'s replacement failed; the member stays"
             ))));
@@ -477,6 +726,21 @@ impl<D: BlockDev> Walk<D> for CopyWalk {
 
     async fn stopped(&mut self, a: &Arc<Array<D>>, at: At) -> Self::Output {
         let i = self.r.slot;
+        if a.recovery()
+            .replace_keep
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            a.persist_copy_checkpoint(&self.r, self.covered).await;
+            tracing::warn!(
+                target: "uraid_engine::recovery",
+                "array '{}': replace of member {i} stopped with the server at unit {} of {}; \
+                 it resumes at the next start if its replacement is given",
+                self.name,
+                self.covered,
+                self.units
+            );
+            return Ok(ReplaceOutcome::Stopped { slot: i });
+        }
         a.members().drop_replacement(i, self.r.gen);
         tracing::warn!(
             target: "uraid_engine::recovery",
@@ -501,14 +765,17 @@ impl<D: BlockDev> Walk<D> for CopyWalk {
         &mut self,
         a: &Arc<Array<D>>,
         _at: At,
-        _batch: &[u64],
+        batch: &[u64],
         outcomes: Vec<Self::Outcome>,
     ) -> After<Self::Output> {
         let Some(e) = outcomes.into_iter().find_map(Result::err) else {
+            if let Some(&last) = batch.last() {
+                self.covered = last + 1;
+            }
             return After::Next;
         };
         let i = self.r.slot;
-        if a.members().is_failed(i) || !a.replacement_is(self.r) {
+        if a.members().is_failed(i) || !a.replacement_is(&self.r) {
             return After::Again; // `check` ends it
         }
         a.members().drop_replacement(i, self.r.gen);
@@ -520,8 +787,16 @@ impl<D: BlockDev> Walk<D> for CopyWalk {
         After::End(Err(e))
     }
 
+    async fn checkpoint(&mut self, a: &Arc<Array<D>>) {
+        if self.last_persist.elapsed() >= self.persist_every {
+            self.last_persist = Instant::now();
+            a.persist_copy_checkpoint(&self.r, self.covered).await;
+        }
+    }
+
     async fn finish(&mut self, a: &Arc<Array<D>>, _at: At) -> Self::Output {
-        let r = self.r;
+        let r = self.r.clone();
+        let slot = r.slot;
         let swapped = a
             .on_reactor(move |a| async move { a.swap_in(r).await })
             .await
@@ -531,7 +806,7 @@ impl<D: BlockDev> Walk<D> for CopyWalk {
                 target: "uraid_engine::recovery",
                 "array '{}': member {} replaced in {:.1} s",
                 self.name,
-                r.slot,
+                slot,
                 self.t0.elapsed().as_secs_f64()
             );
         }
