@@ -1128,6 +1128,10 @@ fn host_stall_fails_no_member_and_a_stop_during_one_is_bounded() {
         std::fs::read(&out).unwrap() == image,
         "read-back after a stall"
     );
+    // The watchdog says the stall is over at its next round after the I/O answered.
+    wait_for(Duration::from_secs(10), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("host stall over"))
+    });
     let server_log = std::fs::read_to_string(&log).unwrap();
     assert!(
         !server_log.contains("marking it faulty") && server_log.contains("host stall over"),

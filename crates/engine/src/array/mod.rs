@@ -168,6 +168,9 @@ pub struct Array<D: BlockDev> {
     recovery: Recovery,
     /// Members flagged fail-slow (slow.rs): reads plan around them while redundancy allows.
     slow: crate::slow::SlowMembers,
+    /// Per slot: the rebuild checkpoint the superblock had at assembly (0 unless rebuilding
+    /// then): units below it may have been read from that member this session.
+    rebuilt_at_start: Vec<u64>,
     intent: WriteIntent,
     /// The journal device, once attached (`attach_journal`, after replay).
     journal: std::sync::OnceLock<crate::journal::Journal<D>>,
@@ -242,6 +245,15 @@ impl<D: BlockDev> Array<D> {
                 })
             })
             .collect();
+        let rebuilt_at_start: Vec<u64> = (0..geo.members)
+            .map(|i| {
+                if sb.is_rebuilding(i) {
+                    sb.rebuilt[i]
+                } else {
+                    0
+                }
+            })
+            .collect();
         let a = Arc::new_cyclic(|me| Array {
             geo,
             codec,
@@ -259,6 +271,7 @@ impl<D: BlockDev> Array<D> {
             stats: Stats::default(),
             recovery: Recovery::new(&geo, due),
             slow: crate::slow::SlowMembers::new(geo.members),
+            rebuilt_at_start,
             intent,
             journal: std::sync::OnceLock::new(),
             rt: rt_handle,
@@ -789,6 +802,11 @@ impl<D: BlockDev> Array<D> {
         } else {
             self.stats.add(|c| &c.slow_reads_around, 1);
         }
+    }
+
+    /// Slot `i`'s rebuild checkpoint at assembly (0 unless it was rebuilding then).
+    pub(crate) fn rebuilt_at_start(&self, i: usize) -> u64 {
+        self.rebuilt_at_start.get(i).copied().unwrap_or(0)
     }
 
     /// Members flagged slow now (slow.rs).

@@ -69,8 +69,12 @@ impl<D: BlockDev> Array<D> {
             return false;
         };
         // Only for members out since assembly: one that served reads may have served a torn
-        // write's new bytes, and a decode (however the parities agree) would change them.
-        if out.iter().any(|m| !self.members().unseen_since_start(m)) {
+        // write's new bytes, and a decode (however the parities agree) would change them. A
+        // member rebuilding at assembly served the units below its checkpoint then.
+        if out
+            .iter()
+            .any(|m| !self.members().unseen_since_start(m) || unit < self.rebuilt_at_start(m))
+        {
             return false;
         }
         let (k, p) = (g.data_chunks(), g.parity());
