@@ -5,8 +5,16 @@
 
 use uraid_sim::interaction::{run, run_seed, SimConfig};
 
-/// Seeds of the CI range left out because they fail on a known, open bug. Empty today.
-const OPEN_FINDINGS: &[u64] = &[];
+/// Seeds of the CI range left out because they fail on a known, open bug.
+///
+/// 29 (RAID6, no journal; found when the bad-block and persisted-replace branches were
+/// merged): a replace whose old member dies becomes a rebuild of slot 4; after a cut with
+/// resync due the operator fails member 0; resync defers 19 units, the rebuild of slot 4
+/// finishes (recording ten unsynced units bad), a clean stop follows, and after reassembly
+/// with member 0 missing stripe 8 decodes to bytes no write left there. Not yet understood:
+/// `URAID_SIM_SEED=29 URAID_SIM_LOG=1 cargo test -p uraid-engine --test interaction
+/// one_seed -- --nocapture` reproduces it.
+const OPEN_FINDINGS: &[u64] = &[29];
 
 /// Closed finding (the durability issue's "rebuild decodes unsynced units"): with no journal
 /// in service, a member lost while stripes wait for resync and a device added into its slot,
@@ -28,6 +36,18 @@ fn open_findings() {
             };
             run(&cfg).err()
         })
+        .collect();
+    assert!(failing.is_empty(), "{}", failing.join("\n\n"));
+}
+
+/// The seeds in `OPEN_FINDINGS`, which fail today: ignored until fixed (run with
+/// `--ignored`).
+#[test]
+#[ignore]
+fn open_findings_still_failing() {
+    let failing: Vec<String> = OPEN_FINDINGS
+        .iter()
+        .filter_map(|&seed| run_seed(seed).err())
         .collect();
     assert!(failing.is_empty(), "{}", failing.join("\n\n"));
 }

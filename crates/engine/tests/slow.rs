@@ -94,12 +94,19 @@ fn a_slow_member_is_read_around_and_still_written_then_read_again_once_fast() {
         let w = reads_of(&faults[slow]);
         block_on(vol.write(0, want[..(CHUNK * members as u64) as usize].to_vec())).unwrap();
         assert!(reads_of(&faults[slow]) > w, "{level:?}: still written");
-        // Fast again: unflagged after three judgements (its writes and probes measure it).
+        // Fast again: unflagged after three judgements at the fast latency (its writes and
+        // probes measure it; samples left from the slow time may make the first one slow).
         faults[slow].delay_us.store(0, Ordering::Relaxed);
-        for _ in 0..3 {
+        let mut rounds = 0;
+        while !a.slow_members().is_empty() && rounds < 6 {
             round(&vol, &want);
+            rounds += 1;
         }
         assert!(a.slow_members().is_empty(), "{level:?}: unflagged");
+        assert!(
+            rounds >= 3,
+            "{level:?}: unflagged after {rounds} judgements"
+        );
     }
 }
 
