@@ -24,16 +24,8 @@ fn array(level: Level, members: usize) -> (Arc<Volume<MemDev>>, Vec<Arc<Faults>>
 /// Reads every chunk once (checking it) and writes one chunk per stripe back, then one
 /// judgement.
 fn round(vol: &Arc<Volume<MemDev>>, want: &[u8]) {
+    read_every_chunk(vol, want);
     let size = vol.size();
-    let mut off = 0;
-    while off < size {
-        let got = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
-        assert!(
-            got[..] == want[off as usize..(off + CHUNK) as usize],
-            "read at {off}"
-        );
-        off += CHUNK;
-    }
     let sdb = vol.geometry().stripe_data_bytes();
     let mut off = 0;
     while off < size {
@@ -42,6 +34,34 @@ fn round(vol: &Arc<Volume<MemDev>>, want: &[u8]) {
         off += sdb;
     }
     vol.array().slow_tick();
+}
+
+/// Reads every chunk of the volume once, checking it; returns how many.
+fn read_every_chunk(vol: &Arc<Volume<MemDev>>, want: &[u8]) -> u64 {
+    let (size, mut off, mut reads) = (vol.size(), 0, 0);
+    while off < size {
+        let got = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+        assert!(
+            got[..] == want[off as usize..(off + CHUNK) as usize],
+            "read at {off}"
+        );
+        off += CHUNK;
+        reads += 1;
+    }
+    reads
+}
+
+/// Three judgements with equal members, then member `SLOW` made slow until it is flagged
+/// (three more).
+fn flag_slow(vol: &Arc<Volume<MemDev>>, faults: &[Arc<Faults>], want: &[u8]) {
+    for _ in 0..3 {
+        round(vol, want);
+    }
+    faults[SLOW].delay_us.store(1500, Ordering::Relaxed);
+    for _ in 0..3 {
+        round(vol, want);
+    }
+    assert_eq!(vol.array().slow_members(), MemberSet::one(SLOW));
 }
 
 fn reads_of(faults: &Faults) -> u64 {
@@ -70,15 +90,7 @@ fn a_slow_member_is_read_around_and_still_written_then_read_again_once_fast() {
         // Flagged: reads go around it (probes aside), data exact; writes still reach it.
         let before_ops = reads_of(&faults[slow]);
         let before = a.stats.snapshot();
-        let size = vol.size();
-        let mut off = 0;
-        let mut reads = 0u64;
-        while off < size {
-            let got = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
-            assert!(got[..] == want[off as usize..(off + CHUNK) as usize]);
-            off += CHUNK;
-            reads += 1;
-        }
+        let reads = read_every_chunk(&vol, &want);
         let d = a.stats.snapshot().since(&before);
         let touched = reads_of(&faults[slow]) - before_ops;
         let on_slow = reads / members as u64;
@@ -114,14 +126,7 @@ fn a_slow_member_is_read_around_and_still_written_then_read_again_once_fast() {
 fn a_degraded_array_reads_a_slow_member_rather_than_spend_its_last_redundancy() {
     let (vol, faults, want) = array(Level::Raid6, 6);
     let a = vol.array().clone();
-    for _ in 0..3 {
-        round(&vol, &want);
-    }
-    faults[SLOW].delay_us.store(1500, Ordering::Relaxed);
-    for _ in 0..3 {
-        round(&vol, &want);
-    }
-    assert_eq!(a.slow_members(), MemberSet::one(SLOW));
+    flag_slow(&vol, &faults, &want);
     // One member lost: reading around the slow one would leave no redundancy. (The read
     // that first meets the dead member finds it out and does not read around either.)
     faults[0].kill();
@@ -129,13 +134,7 @@ fn a_degraded_array_reads_a_slow_member_rather_than_spend_its_last_redundancy() 
     assert!(a.failed().contains(0));
     let before = a.stats.snapshot();
     let before_ops = reads_of(&faults[SLOW]);
-    let size = vol.size();
-    let mut off = 0;
-    while off < size {
-        let got = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
-        assert!(got[..] == want[off as usize..(off + CHUNK) as usize]);
-        off += CHUNK;
-    }
+    read_every_chunk(&vol, &want);
     assert!(a.failed().contains(0));
     assert_eq!(a.stats.snapshot().since(&before).slow_reads_around, 0);
     assert!(
@@ -148,14 +147,7 @@ fn a_degraded_array_reads_a_slow_member_rather_than_spend_its_last_redundancy() 
 fn a_read_that_cannot_be_reconstructed_around_a_slow_member_reads_it() {
     let (vol, faults, want) = array(Level::Raid5, 4);
     let a = vol.array().clone();
-    for _ in 0..3 {
-        round(&vol, &want);
-    }
-    faults[SLOW].delay_us.store(1500, Ordering::Relaxed);
-    for _ in 0..3 {
-        round(&vol, &want);
-    }
-    assert_eq!(a.slow_members(), MemberSet::one(SLOW));
+    flag_slow(&vol, &faults, &want);
     // In three stripes every other member has a bad sector: no reconstruction around the
     // slow member is possible there, so reads of its chunks there must read it.
     let g = *vol.geometry();
