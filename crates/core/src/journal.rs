@@ -262,6 +262,11 @@ impl RecordHeader {
     pub fn size(&self) -> u64 {
         HEADER as u64 + align_up(self.payload_len)
     }
+
+    /// Whether `payload` (exactly `payload_len` bytes) is the one the header describes.
+    pub fn payload_matches(&self, payload: &[u8]) -> bool {
+        payload.len() as u64 == self.payload_len && crc32c::crc32c(payload) == self.payload_crc
+    }
 }
 
 /// Encodes a record (header + payload, padded) for `entries`, whose bytes are `payload`
@@ -425,7 +430,7 @@ pub fn walk<E>(
             align_up(h.payload_len) as usize,
         )?;
         let payload = &payload[..h.payload_len as usize];
-        if crc32c::crc32c(payload) != h.payload_crc {
+        if !h.payload_matches(payload) {
             break;
         }
         apply(&h, payload);

@@ -28,7 +28,11 @@
 //!   pass it, the log would fill and every writer wait): a record dropped before it is
 //!   durable poisons the journal (`Abandon`), one dropped after it (`Applied`, a deferred
 //!   finish: `Journal::release`) too unless its member writes all completed; each releases
-//!   its sequence number on drop.
+//!   its sequence number on drop. A durable record dropped before its member writes all
+//!   completed is an orphan (its stripe may be torn): the switch to bitmap mode writes it
+//!   to the members again from the log before "no journal" is durable, and until then every
+//!   stripe lock and every read settles the orphans first (`Array::lock_stripe`), so no
+//!   operation computes parity from, or decodes, a torn stripe.
 //! * Write-back's deferred member writes are bounded in bytes (`deferred_limit`, default
 //!   `DEFAULT_DEFERRED_LIMIT`): a record is deferred only if its bytes fit under the bound
 //!   (`reserve_deferred`, counted until its finish releases them); otherwise its writer
@@ -75,6 +79,8 @@ pub struct Journal<D: BlockDev> {
     /// Serialises the switch to bitmap mode; true once it is durable (and `fallback_done`).
     fallback: tokio::sync::Mutex<bool>,
     fallback_done: AtomicBool,
+    /// `LogState::orphans` is not empty (one load on the read and lock paths).
+    orphaned: AtomicBool,
     /// The failure was logged.
     reported: AtomicBool,
     checkpoint_running: AtomicBool,
@@ -113,6 +119,9 @@ struct LogState {
     unwritten: BTreeMap<u64, ()>,
     /// Every record up to this sequence number is durable.
     durable: u64,
+    /// Durable records dropped before their member writes all completed (seq, position):
+    /// their stripes may be torn until `reapply_orphans` writes them again.
+    orphans: Vec<(u64, u64)>,
 }
 
 /// A snapshot for status and metrics.
@@ -348,6 +357,7 @@ impl<D: BlockDev> Journal<D> {
             inflight: BTreeMap::new(),
             last_with: Vec::new(),
             unwritten: BTreeMap::new(),
+            orphans: Vec::new(),
             durable: sb.tail_seq - 1,
         };
         let j = Journal {
@@ -362,6 +372,7 @@ impl<D: BlockDev> Journal<D> {
             failed: AtomicBool::new(false),
             fallback: tokio::sync::Mutex::new(false),
             fallback_done: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             reported: AtomicBool::new(false),
             health: Default::default(),
             watched: AtomicBool::new(false),
@@ -550,11 +561,13 @@ pub(crate) struct Deferred {
 
 impl<D: BlockDev> Drop for Applied<'_, D> {
     fn drop(&mut self) {
-        if !self.done {
-            self.j.failed.store(true, Ordering::SeqCst);
+        if self.seq == u64::MAX {
+            return;
         }
-        if self.seq != u64::MAX {
+        if self.done {
             self.j.lock().inflight.remove(&self.seq);
+        } else {
+            self.j.orphan(self.seq);
         }
     }
 }
@@ -587,11 +600,96 @@ impl<D: BlockDev> Journal<D> {
     /// completed (`done`) or were dropped (not done: the journal is poisoned, the record is
     /// replayed).
     pub(crate) fn release(&self, seq: u64, bytes: u64, done: bool) {
-        if !done {
-            self.failed.store(true, Ordering::SeqCst);
+        if done {
+            self.lock().inflight.remove(&seq);
+        } else {
+            self.orphan(seq);
         }
-        self.lock().inflight.remove(&seq);
         self.deferred_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Durable record `seq` was dropped before its member writes all completed: its stripe
+    /// may be torn. The journal is poisoned (no record is written after it), the record
+    /// leaves the in-flight set (nothing waits for it) and is kept as an orphan, which the
+    /// switch to bitmap mode writes to the members again before anything else touches the
+    /// stripe (`reapply_orphans`; until then every stripe lock and read settles it first:
+    /// `Array::lock_stripe`, `Array::read`). A cut before that replays it at assembly (the
+    /// journal is still named in the superblocks).
+    fn orphan(&self, seq: u64) {
+        self.failed.store(true, Ordering::SeqCst);
+        let mut st = self.lock();
+        if let Some(pos) = st.inflight.remove(&seq) {
+            st.orphans.push((seq, pos));
+            self.orphaned.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether durable records dropped unfinished wait to be written again (`orphan`).
+    pub(crate) fn has_orphans(&self) -> bool {
+        self.orphaned.load(Ordering::Acquire)
+    }
+
+    /// Writes the orphans' entries to the members again, read back from the log (where
+    /// they are durable), skipping members failed since. A record that cannot be read back
+    /// whole is reported: its stripe may stay torn (the write was never acknowledged in
+    /// write-through mode; in write-back mode an acknowledged write may be torn).
+    async fn reapply_orphans(&self, geo: &Geometry, meta: &Metadata, members: &Members<D>) {
+        let orphans = std::mem::take(&mut self.lock().orphans);
+        for (seq, pos) in orphans {
+            match self.read_record(geo, seq, pos).await {
+                Ok((h, payload)) => {
+                    let mut p = 0usize;
+                    for e in &h.entries {
+                        let bytes = &payload[p..p + e.len as usize];
+                        p += e.len as usize;
+                        let m = e.member as usize;
+                        if members.failed().contains(m) {
+                            continue;
+                        }
+                        if let Err(err) = members.write(m, e.off, buf::copy_of(bytes)).await {
+                            meta.fail_member(members, m, &err).await;
+                        }
+                    }
+                    self.stats.replayed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => tracing::error!(
+                    "journal {}: record {seq}, dropped before its member writes completed,                      cannot be read back to complete them ({e}): its stripe may be torn; run                      `uraid scrub --repair`",
+                    self.dev.name()
+                ),
+            }
+        }
+        self.orphaned.store(false, Ordering::Release);
+    }
+
+    /// Reads record `seq` at logical position `pos` back from the log and checks it.
+    async fn read_record(
+        &self,
+        geo: &Geometry,
+        seq: u64,
+        pos: u64,
+    ) -> io::Result<(fmt::RecordHeader, Vec<u8>)> {
+        let at = fmt::LOG_START + pos % self.log_len;
+        let (r, hb) = self.dev.read(at, buf::alloc(fmt::HEADER)).await;
+        r?;
+        let max_payload = geo.members as u64 * geo.chunk;
+        let h = fmt::decode_header(&hb, geo.members, max_payload)
+            .filter(|h| h.epoch == self.epoch && h.seq == seq && h.pos == pos)
+            .ok_or_else(|| io::Error::other("the record's header does not match"))?;
+        let (r, pb) = self
+            .dev
+            .read(
+                at + fmt::HEADER as u64,
+                buf::alloc(fmt::align_up(h.payload_len) as usize),
+            )
+            .await;
+        r?;
+        let payload = pb[..h.payload_len as usize].to_vec();
+        if !h.payload_matches(&payload) {
+            return Err(io::Error::other(
+                "the record's payload checksum does not match",
+            ));
+        }
+        Ok((h, payload))
     }
 
     /// Sets the bound of deferred member writes in bytes (module docs).
@@ -894,6 +992,10 @@ impl<D: BlockDev> Journal<D> {
             while !j.lock().inflight.is_empty() {
                 crate::reactor::yield_now().await;
             }
+            // Records dropped before their member writes completed are written again
+            // (their stripes may be torn, and no replay will follow once "no journal" is
+            // durable).
+            self.reapply_orphans(geo, meta, members).await;
             // Members next: until the round below is durable, assembly still trusts the
             // journal's records over the members; after it, only the members count, so
             // they must already hold everything acknowledged (write-back: what only the

@@ -672,9 +672,12 @@ fn journal_read_error_fails_the_assembly() {
 /// until it completes), both journal modes: later writes and the journal's checkpoints go
 /// on (or the abandoned record poisoned the journal and the array switched to bitmap mode),
 /// and after a power cut every byte reads back, whole and with each member out
-/// (`uraid_sim::crash::dropped_write_every_poll`). Before the fix, a future dropped during
-/// its record's commit left the sequence number in flight: the log filled and the later
-/// writes spun.
+/// (`uraid_sim::crash::dropped_write_every_poll`), or with the member holding the dropped
+/// write's chunk failed in the running array. Before the fix, a future dropped during its
+/// record's commit left the sequence number in flight: the log filled and the later writes
+/// spun; and one dropped between its durable record and the end of its member writes left
+/// the stripe torn once the journal was dropped, so a later read-modify-write there computed
+/// parity from the torn stripe and a degraded read decoded wrong bytes.
 #[test]
 fn dropped_write_future_never_blocks_the_journal() {
     for (level, members) in [(Level::Raid5, 4), (Level::Raid6, 6)] {
@@ -690,6 +693,11 @@ fn dropped_write_future_never_blocks_the_journal() {
             assert!(
                 r.poisoned > 0,
                 "{level} {mode:?}: no drop inside the record: {r:?}"
+            );
+            assert!(
+                r.reapplied > 0,
+                "{level} {mode:?}: no drop between a durable record and its member writes: \
+                 {r:?}"
             );
         }
     }

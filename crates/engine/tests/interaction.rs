@@ -5,16 +5,8 @@
 
 use uraid_sim::interaction::{run, run_seed, SimConfig};
 
-/// Seeds of the CI range left out because they fail on a known, open bug.
-///
-/// 29 (RAID6, no journal; found when the bad-block and persisted-replace branches were
-/// merged): a replace whose old member dies becomes a rebuild of slot 4; after a cut with
-/// resync due the operator fails member 0; resync defers 19 units, the rebuild of slot 4
-/// finishes (recording ten unsynced units bad), a clean stop follows, and after reassembly
-/// with member 0 missing stripe 8 decodes to bytes no write left there. Not yet understood:
-/// `URAID_SIM_SEED=29 URAID_SIM_LOG=1 cargo test -p uraid-engine --test interaction
-/// one_seed -- --nocapture` reproduces it.
-const OPEN_FINDINGS: &[u64] = &[29];
+/// Seeds of the CI range left out because they fail on a known, open bug (none today).
+const OPEN_FINDINGS: &[u64] = &[];
 
 /// Closed finding (the durability issue's "rebuild decodes unsynced units"): with no journal
 /// in service, a member lost while stripes wait for resync and a device added into its slot,
@@ -23,7 +15,14 @@ const OPEN_FINDINGS: &[u64] = &[29];
 /// 290 (RAID5, journal failed earlier). Fixed by the bad-block lists: the rebuild records
 /// such a chunk bad unless a spare parity confirms its decode (recovery/rebuild.rs), and
 /// `rebuild_unsynced` is now on in every seeded run. Kept under its old name.
-const REBUILD_UNSYNCED: &[u64] = &[159, 196, 290];
+///
+/// 29 (RAID6, no journal): a replace whose old member died became a rebuild of slot 4;
+/// after a cut with resync due the operator failed member 0. Stripe 8 was torn (P stale)
+/// and slot 4 holds its Q: the rebuild decoded member 0's chunk from the stale P, encoded Q
+/// from it and wrote it, and rewrote P to match, so the torn stripe looked consistent and
+/// served the wrong decode. Fixed: every data chunk decoded on an unsynced unit needs the
+/// spare-parity confirmation, whether it is written or only feeds parity.
+const REBUILD_UNSYNCED: &[u64] = &[159, 196, 290, 29];
 
 #[test]
 fn open_findings() {

@@ -695,3 +695,59 @@ fn a_rebuild_over_unsynced_stripes_never_serves_an_unverified_decode() {
         assert!(sectors_or_eio(&vol, &model, t * sdb, (t + 1) * sdb).contains(&chunk_at));
     }
 }
+
+/// Simulator seed 29's seam, fixed: a rebuilt member that holds parity in a torn stripe
+/// whose data member is missing. RAID6 with data member `d` missing since assembly, a new
+/// device in the slot of Q, P torn at the cut: Q could only be encoded from `d`'s chunk
+/// decoded from the torn P, and writing it (with P rewritten to match) would make the torn
+/// stripe look consistent and serve the wrong decode. The chunk on the new member goes on
+/// its bad-block list instead, P is left alone, and the stripe reads EIO (never wrong bytes),
+/// before and after a restart.
+#[test]
+fn a_rebuilt_parity_chunk_is_never_encoded_from_an_unverified_decode() {
+    use uraid_core::format::DATA_OFFSET;
+    use uraid_core::Role;
+    let n = 6;
+    let (mut images, model) = written(Level::Raid6, n, 29);
+    let g = *reassemble(&images, &vec![true; n]).unwrap().geometry();
+    let sdb = g.stripe_data_bytes();
+    let t = 3;
+    let (p, q) = (g.parity_member(t, 0), g.parity_member(t, 1));
+    let d = (0..n)
+        .find(|&m| matches!(g.role(t, m), Role::Data(_)))
+        .unwrap();
+    let at = (DATA_OFFSET + g.member_offset(t, 0)) as usize;
+    let p_before = images[p][at..at + CHUNK as usize].to_vec();
+    for b in &mut images[p][at..at + CHUNK as usize] {
+        *b ^= 0x5a;
+    }
+    let p_torn = images[p][at..at + CHUNK as usize].to_vec();
+    assert_ne!(p_before, p_torn);
+    add_member_images(&mut images, q, 0xEE);
+    uraid_sim::make_dirty(&mut images);
+    let present: Vec<bool> = (0..n).map(|m| m != d).collect();
+    let vol = reassemble(&images, &present).expect("starts dirty and degraded");
+    let a = vol.array().clone();
+    assert!(a.needs_resync());
+    let stop = AtomicBool::new(false);
+    let r = block_on(a.rebuild_with(&stop, Duration::ZERO)).expect("the rebuild completes");
+    assert_eq!(r.finished, MemberSet::EMPTY.with(q));
+    assert!(
+        a.bad_blocks().contains(q, t),
+        "Q of the torn stripe is a bad block on the new member"
+    );
+    let held = member_bytes(&vol, p);
+    assert!(
+        held[at..at + CHUNK as usize] == p_torn[..],
+        "P of the torn stripe was rewritten"
+    );
+    let torn = sectors_or_eio(&vol, &model, t * sdb, (t + 1) * sdb);
+    assert!(
+        !torn.is_empty(),
+        "the torn stripe reads EIO where it needs the decode"
+    );
+    block_on(vol.close()).unwrap();
+    let images = member_images(&vol);
+    let vol = reassemble(&images, &present).unwrap();
+    assert!(!sectors_or_eio(&vol, &model, t * sdb, (t + 1) * sdb).is_empty());
+}

@@ -1227,6 +1227,9 @@ pub struct DroppedWrites {
     pub active: u64,
     /// ...or was poisoned by the abandoned record (the array switched to bitmap mode).
     pub poisoned: u64,
+    /// Drop points where the record was durable and its member writes unfinished: written
+    /// again by the switch to bitmap mode (`Journal::orphan`).
+    pub reapplied: u64,
 }
 
 /// A write future dropped at every await point: for N = 1, 2, ... a read-modify-write into a
@@ -1262,9 +1265,20 @@ pub fn dropped_write_every_poll(
     use std::future::Future as _;
     let mut seen = DroppedWrites::default();
     const POLLS: u64 = 1_000_000;
-    for n in 1.. {
-        let ctx = |e: String| format!("{level} {mode:?}, dropped after {n} polls: {e}");
-        let (vol, _faults, clock) = build(&cfg, 0);
+    // Each drop point twice: then a power cut (the next assembly must read back right,
+    // with each member out), or the member holding the dropped write's chunk failed in the
+    // running array (its degraded reads decode from the parity the later writes left).
+    for (n, lose) in (1..).flat_map(|n| [(n, false), (n, true)]) {
+        let ctx = |e: String| {
+            format!("{level} {mode:?}, dropped after {n} polls (member lost: {lose}): {e}")
+        };
+        let (vol, faults, clock) = build(&cfg, 0);
+        // Member writes complete in different orders and over several polls, so a drop
+        // can fall between the first and the last of a record's member writes.
+        for f in &faults {
+            f.yield_ops.store(true, Ordering::Relaxed);
+            f.jitter.store(true, Ordering::Relaxed);
+        }
         let size = vol.size();
         let sdb = vol.geometry().stripe_data_bytes();
         let mut model = crate::Model::new(size);
@@ -1291,10 +1305,15 @@ pub fn dropped_write_every_poll(
         }
         drop(w);
         // Later writes: the dropped write's range first (so its bytes are known), then
-        // small writes over every stripe, round and round.
+        // small writes over every stripe, round and round. With a member to lose, none
+        // (a write to the stripe may heal or hide a tear): the bytes of the dropped write's
+        // range are whatever the running array read before the loss.
         let mut later = vec![(woff, wlen)];
         for i in 0..48u64 {
             later.push(((i % 8) * sdb + (i % 3) * 4096, 4096));
+        }
+        if lose {
+            later.clear();
         }
         for (i, &(off, len)) in later.iter().enumerate() {
             let data = crate::payload(300 + i as u64, len as usize);
@@ -1307,25 +1326,57 @@ pub fn dropped_write_every_poll(
             .map_err(ctx)?
             .map_err(|e| ctx(e.to_string()))?;
         let j = vol.array().journal_status().expect("journal");
-        seen.drops += u64::from(!finished);
+        let counted = !finished && !lose;
+        seen.drops += u64::from(counted);
         if j.state == "active" {
-            seen.active += u64::from(!finished);
-            if j.checkpoints <= cps0 {
+            seen.active += u64::from(counted);
+            if j.checkpoints <= cps0 && !lose {
                 return Err(ctx(format!(
                     "the journal's checkpoints never moved on: {j:?}"
                 )));
             }
         } else {
-            seen.poisoned += 1;
+            seen.poisoned += u64::from(counted);
             if finished {
                 return Err(ctx("a write that completed poisoned the journal".into()));
             }
+        }
+        seen.reapplied += u64::from(lose && j.replayed > 0);
+        if lose {
+            let before = poll_bounded(vol.read(0, size), POLLS)
+                .map_err(ctx)?
+                .map_err(|e| ctx(e.to_string()))?
+                .to_vec();
+            let dropped = crate::payload(200, wlen as usize);
+            for (k, sector) in before[woff as usize..(woff + wlen) as usize]
+                .chunks(512)
+                .enumerate()
+            {
+                let o = k * 512;
+                let old = &model.bytes[woff as usize + o..woff as usize + o + 512];
+                if sector != old && sector != &dropped[o..o + 512] {
+                    return Err(ctx(format!(
+                        "sector {k} of the dropped write holds neither value"
+                    )));
+                }
+            }
+            model.write(woff, &before[woff as usize..(woff + wlen) as usize]);
+            let m = vol.geometry().data_member(1, 1);
+            poll_bounded(vol.array().fail_by_operator(m, true), POLLS)
+                .map_err(ctx)?
+                .map_err(|e| ctx(format!("failing member {m}: {e}")))?;
         }
         let live = poll_bounded(vol.read(0, size), POLLS)
             .map_err(ctx)?
             .map_err(|e| ctx(e.to_string()))?;
         if live.to_vec() != model.bytes {
             return Err(ctx("the running array reads back wrong".into()));
+        }
+        if lose {
+            if finished {
+                return Ok(seen);
+            }
+            continue;
         }
         clock.power_cut();
         drop(vol);
@@ -1352,9 +1403,6 @@ pub fn dropped_write_every_poll(
                     )));
                 }
             }
-        }
-        if finished {
-            return Ok(seen);
         }
     }
     unreachable!("the loop returns once the write completes")

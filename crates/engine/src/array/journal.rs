@@ -5,7 +5,7 @@ use super::Array;
 use crate::buf::IoBuf;
 use crate::dev::BlockDev;
 use crate::journal::{Applied, Deferred, Journal, JournalStatus};
-use crate::stripe::HeldStripe;
+use crate::stripe::{HeldStripe, StripeGuard};
 use crate::ArrayError;
 use std::sync::Arc;
 use uraid_core::format::JournalMode;
@@ -119,6 +119,24 @@ impl<D: BlockDev> Array<D> {
         if let Some(j) = self.journal.get() {
             j.retire_slot(slot, &self.geo, &self.meta, &self.members)
                 .await;
+        }
+    }
+
+    /// Locks `stripe` for a stripe operation (every one but the journal-less full-stripe
+    /// run); once it holds the lock, a durable record dropped before its member writes
+    /// completed (`Journal::orphan`: its stripe may be torn) is written again first, so no
+    /// operation reads a torn stripe's parity.
+    pub(crate) async fn lock_stripe(&self, stripe: u64) -> StripeGuard<'_> {
+        let held = self.locks.lock(stripe).await;
+        self.settle_orphans().await;
+        held
+    }
+
+    /// Completes the records dropped unfinished (`Journal::orphan`), if any: one atomic
+    /// load otherwise.
+    pub(crate) async fn settle_orphans(&self) {
+        if self.journal.get().is_some_and(|j| j.has_orphans()) {
+            self.journal_failed_wait().await;
         }
     }
 

@@ -322,10 +322,6 @@ impl<D: BlockDev> Array<D> {
         &self.meta
     }
 
-    pub(crate) fn locks(&self) -> &StripeLocks {
-        &self.locks
-    }
-
     pub(crate) fn recovery(&self) -> &Recovery {
         &self.recovery
     }
@@ -638,6 +634,7 @@ impl<D: BlockDev> Array<D> {
     pub async fn read(self: &Arc<Self>, off: u64, len: u64) -> Result<Segments, ArrayError> {
         self.validate(off, len)?;
         self.check_serving()?;
+        self.settle_orphans().await;
         self.stats.add(|c| &c.reads, 1);
         let extents: Vec<Extent> = self.geo.map(off, len).collect();
         if self.journal.get().is_some() {
@@ -904,7 +901,7 @@ impl<D: BlockDev> Array<D> {
         let lo = exts.iter().map(|e| e.chunk_off).min().unwrap_or(0);
         let hi = exts.iter().map(|e| e.chunk_off + e.len).max().unwrap_or(0);
         let want: Vec<usize> = exts.iter().map(|e| e.index).collect();
-        let held = self.locks.lock(stripe).await;
+        let held = self.lock_stripe(stripe).await;
         // Members being rebuilt that do not hold the stripe yet are not read, nor slow ones
         // the plan reads around.
         let at = self.members.at(stripe);
@@ -990,7 +987,7 @@ impl<D: BlockDev> Array<D> {
         errors: MemberSet,
         around: MemberSet,
     ) -> Result<IoBuf, ArrayError> {
-        let held = self.locks.lock(e.stripe).await;
+        let held = self.lock_stripe(e.stripe).await;
         let at = self.members.at(e.stripe);
         let mut around = around.minus(at.stale());
         let mut excl = errors.union(at.behind).union(around);
@@ -1140,7 +1137,7 @@ impl<D: BlockDev> Array<D> {
     /// Copies a mirror extent from a readable copy over the copies in `bad`, under the row's
     /// lock (so no write to the row runs in between).
     async fn repair_mirror(&self, e: Extent, bad: MemberSet) {
-        let _held = self.locks.lock(e.stripe).await;
+        let _held = self.lock_stripe(e.stripe).await;
         let at = self.members.at(e.stripe);
         let copies = self.geo.mirror_copies(e.stripe);
         let good = copies
@@ -1211,7 +1208,7 @@ impl<D: BlockDev> Array<D> {
             )]
         };
         let held = if mirror {
-            Some(self.locks.lock(e.stripe).await)
+            Some(self.lock_stripe(e.stripe).await)
         } else {
             None
         };

@@ -174,6 +174,8 @@ impl<D: BlockDev> Array<D> {
         match turn {
             Turn::Done(r) => r,
             Turn::Lead(held) => {
+                // The stripe may be torn by a record dropped unfinished (`lock_stripe`).
+                self.settle_orphans().await;
                 // Let writes that are already runnable join this stripe operation.
                 reactor::yield_now().await;
                 let batch = self.locks.take_batch(stripe);

@@ -158,7 +158,7 @@ impl<D: BlockDev> Array<D> {
             if self.skippable(unit) {
                 return Ok(());
             }
-            let _held = self.locks().lock(unit).await;
+            let _held = self.lock_stripe(unit).await;
             match self.regenerate(unit, MemberSet::EMPTY).await {
                 // Not reconstructable (read errors past the tolerance, or not in sync): the
                 // targets' chunks there go on their bad-block lists and the walk goes on;
@@ -268,21 +268,25 @@ impl<D: BlockDev> Array<D> {
             codec.encode(&srcs, &mut out);
         }
         let at = g.member_offset(unit, 0);
-        if unsynced
-            && !self.recovery().holds_no_data(unit)
-            && targets
-                .iter()
-                .any(|t| matches!(g.role(unit, t), Role::Data(_)))
-        {
+        // Data chunks this attempt decoded rather than read: those of targets, of failed
+        // members and of survivors whose read failed.
+        let gone = failed.union(*excl);
+        let decoded_data: MemberSet = (0..k)
+            .map(|i| g.data_member(unit, i))
+            .filter(|&m| gone.contains(m))
+            .collect();
+        if unsynced && !self.recovery().holds_no_data(unit) && !decoded_data.is_empty() {
             // Not in sync (started dirty and degraded): a data chunk decoded from parity is
             // trusted only if a parity the decode did not need agrees with it, and only for
             // a slot whose device served no reads since assembly (one that did may have
             // served a torn write's new bytes that no parity holds: the parities agreeing
-            // on the old ones would change what was read). Where no data was ever written,
-            // reads return zeros whatever the chunks hold.
-            let unseen = targets
+            // on the old ones would change what was read). That holds whether the decoded
+            // chunk is written to a target or only feeds the parity encoded for one: parity
+            // encoded from a wrong decode and written would make the torn stripe look
+            // consistent (simulator seed 29). Where no data was ever written, reads return
+            // zeros whatever the chunks hold.
+            let unseen = decoded_data
                 .iter()
-                .filter(|&t| matches!(g.role(unit, t), Role::Data(_)))
                 .all(|t| self.members().unseen_since_start(t));
             let verified = if unseen {
                 self.unsynced_decode_verified(unit, &parity, failed, excl)

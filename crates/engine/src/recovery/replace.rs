@@ -457,7 +457,7 @@ impl<D: BlockDev> Array<D> {
             if self.skippable(unit) {
                 return Ok(());
             }
-            let _held = self.locks().lock(unit).await;
+            let _held = self.lock_stripe(unit).await;
             match self.copy_unit(unit, i, gen).await {
                 // Neither read nor reconstructable: the slot's chunk there goes on its
                 // bad-block list (the replacement inherits it at the swap) and the copy goes

@@ -71,7 +71,7 @@ impl<D: BlockDev> Array<D> {
             if !self.recovery().resync.unsynced(unit) {
                 return None;
             }
-            let _held = self.locks().lock(unit).await;
+            let _held = self.lock_stripe(unit).await;
             if self.recovery().resync.unsynced(unit) {
                 let r = self.resync_unit(unit).await;
                 if let Ok(Some(_)) = r {
@@ -107,7 +107,7 @@ impl<D: BlockDev> Array<D> {
     #[doc(hidden)]
     pub async fn resync_unit_for_test(&self, unit: u64) {
         self.ensure_dirty().await;
-        let _held = self.locks().lock(unit).await;
+        let _held = self.lock_stripe(unit).await;
         if let Ok(Some(_)) = self.resync_unit(unit).await {
             self.recovery().resync.mark(unit);
         }

@@ -111,7 +111,7 @@ impl<D: BlockDev> Array<D> {
                     ..Default::default()
                 });
             }
-            let _held = self.locks().lock(unit).await;
+            let _held = self.lock_stripe(unit).await;
             // Checked again under the lock: a first write may have begun filling the unit's
             // granule since (it is not verified until the fill is complete and recorded).
             if self.empty_under_lock(unit) {
