@@ -467,3 +467,67 @@ fn dirty_degraded_refuses_exactly_the_torn_stripes_where_a_parity_is_spare() {
         );
     }
 }
+
+/// Units on a bad-block list in dirty regions: resync reads around the listed chunks. A
+/// listed parity chunk is recomputed from the data, written, and comes off the list; a
+/// listed data chunk leaves its stripe unsynced and reported unreadable. Neither is left
+/// "to the rebuild" (no rebuild will pass them): before, resync deferred both and stayed
+/// pending for ever.
+#[test]
+fn resync_rewrites_listed_parity_and_reports_listed_data() {
+    use uraid_core::badblocks::{BadBlocks, BadRange};
+    let (mut images, want) = written(Level::Raid5, 4);
+    let g = *reassemble(&images, &[true; 4]).unwrap().geometry();
+    let (p, d) = (g.parity_member(5, 0), g.data_member(9, 0));
+    let bad = BadBlocks::from_ranges(vec![
+        BadRange {
+            member: p,
+            start: 5,
+            len: 1,
+        },
+        BadRange {
+            member: d,
+            start: 9,
+            len: 1,
+        },
+    ]);
+    for img in images.iter_mut() {
+        let (mut sb, _) =
+            pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]).unwrap();
+        sb.bad = bad.clone();
+        for slot in 0..2 {
+            img[slot * SB_SIZE..(slot + 1) * SB_SIZE].copy_from_slice(&sb.encode());
+        }
+    }
+    // The listed parity chunk holds garbage (what a rebuild that could not produce it
+    // left there).
+    corrupt(&mut images, p, g.member_offset(5, 0), CHUNK);
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &[true; 4]).unwrap();
+    let a = vol.array().clone();
+    let stop = AtomicBool::new(false);
+    let r = block_on(a.resync(&stop)).unwrap();
+    assert_eq!((r.unreadable, r.deferred), (1, 0), "{r:?}");
+    assert!(!a.stripe_unsynced(5), "the listed parity was rewritten");
+    assert!(
+        a.stripe_unsynced(9),
+        "the listed data chunk leaves its stripe unsynced"
+    );
+    let left = a.bad_blocks();
+    assert!(!left.contains(p, 5) && left.contains(d, 9), "{left:?}");
+    // Stripe 5 survives the loss of any member now (its parity is right).
+    block_on(vol.close()).unwrap();
+    let images = member_images(&vol);
+    let sdb = g.stripe_data_bytes() as usize;
+    for lost in 0..4 {
+        let present: Vec<bool> = (0..4).map(|m| m != lost).collect();
+        let v = reassemble(&images, &present).unwrap();
+        let got = block_on(v.read(5 * sdb as u64, sdb as u64))
+            .unwrap()
+            .to_vec();
+        assert!(
+            got == want[5 * sdb..6 * sdb],
+            "stripe 5 with member {lost} lost"
+        );
+    }
+}

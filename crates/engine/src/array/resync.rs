@@ -27,7 +27,7 @@ impl<D: BlockDev> Array<D> {
         if !self.recovery().resync.unsynced(unit) || self.recovery().resync.given_up(unit) {
             return Ok(());
         }
-        let stale = self.members().stale_at(unit);
+        let (stale, _) = self.stale_split(unit);
         if !stale.is_empty() {
             // Degraded: resync cannot run, but with a parity to spare the members present
             // may show that the stripe is not torn (then the write plans as on a synced one).
@@ -138,9 +138,26 @@ impl<D: BlockDev> Array<D> {
         agree
     }
 
+    /// The members that may not serve `unit` (`Members::stale_at`), split: those behind a
+    /// rebuild that has not reached it, and those only on a bad-block list there (which a
+    /// resync reads around and rewrites where they hold parity or a mirror copy).
+    fn stale_split(&self, unit: u64) -> (MemberSet, MemberSet) {
+        let stale = self.members().stale_at(unit);
+        let listed = self.bad_at(unit, stale);
+        let degraded = self.members().degraded();
+        let behind = stale
+            .iter()
+            .filter(|&m| {
+                !listed.contains(m) || (degraded.contains(m) && unit >= self.members().rebuilt(m))
+            })
+            .collect();
+        (behind, listed)
+    }
+
     /// Makes one stripe consistent: parity computed from the data, or every mirror copy
-    /// equal to the first readable one. A parity chunk or mirror copy with a media error is
-    /// simply rewritten (which repairs the sector). `Some(true)` if anything was rewritten;
+    /// equal to the first readable one. A parity chunk or mirror copy with a media error or
+    /// on a bad-block list is simply rewritten (which repairs the sector, and takes it off
+    /// the list). `Some(true)` if anything was rewritten;
     /// `None` if no trustworthy source could be read (a data chunk, or every copy, has a
     /// media error: the stripe stays unsynced). `Err` when the array lost a member (resync
     /// needs all of them). Caller holds the lock.
@@ -151,15 +168,20 @@ impl<D: BlockDev> Array<D> {
         for _ in 0..8 {
             self.check_serving()?;
             // Resync needs every member's chunk of the unit (one being rebuilt holds it
-            // once the rebuild passed it).
-            let stale = self.members().stale_at(unit);
-            if !stale.is_empty() {
-                return Err(ArrayError::Unreadable { members: stale });
+            // once the rebuild passed it): the walk leaves the unit to the rebuild.
+            let (behind, listed) = self.stale_split(unit);
+            if !behind.is_empty() {
+                return Err(ArrayError::Unreadable { members: behind });
             }
+            // A chunk on a bad-block list is unreadable like one with a media error: a
+            // parity chunk or mirror copy there is rewritten (and comes off the list); a
+            // data chunk leaves the stripe unsynced until the range is written. No rebuild
+            // will pass such a unit, so it is never left to one.
+            excl = excl.union(listed);
             let unreadable = |why: &str| {
                 tracing::error!(
                     target: "uraid_engine::recovery",
-                    "resync: stripe {unit}: media error on member(s) {excl} ({why}); left unsynced"
+                    "resync: stripe {unit}: member(s) {excl} cannot be read there ({why}: a                      media error or a bad-block list); left unsynced"
                 );
                 Ok(None)
             };
@@ -224,6 +246,8 @@ impl<D: BlockDev> Array<D> {
             };
             let repaired = !writes.is_empty();
             self.write_members(writes).await;
+            // Whole chunks computed from a readable source: off the lists.
+            self.clear_bad_written(unit, listed).await;
             return Ok(Some(repaired));
         }
         Ok(None)
