@@ -106,6 +106,12 @@ pub(crate) struct Metadata {
     /// record (`failure_barrier`), so a restart never resumes a replacement that missed it.
     replace_on_disk: AtomicU64,
     dirty: AtomicBool,
+    /// Members missing at assembly, and whether no write has marked the array dirty since:
+    /// until then a round (a replace recorded or dropped, a member failing under reads)
+    /// leaves their slots as the superblocks had them (their data is still current), and
+    /// the first write's round records them failed.
+    absent: MemberSet,
+    absent_kept: AtomicBool,
     /// The superblocks on disk say "not clean" although this session wrote nothing (a
     /// journal replay made the array consistent): the clean stop writes "clean" anyway.
     clean_round_due: AtomicBool,
@@ -156,6 +162,8 @@ impl Metadata {
                 ids,
                 swap: None,
             }),
+            absent,
+            absent_kept: AtomicBool::new(!absent.is_empty()),
             first_write: tokio::sync::Mutex::new(()),
             writers: AtomicU64::new(0),
             cleaning: AtomicBool::new(false),
@@ -238,9 +246,20 @@ fn swap_begin<D: BlockDev>(
 /// Every member's state in the round's superblock, against the same snapshot of the failed
 /// set: a rebuilding member that fails meanwhile is written as rebuilding (its next round
 /// records it failed), never as active.
-fn record_states<D: BlockDev>(members: &Members<D>, meta: &mut Meta, failed: MemberSet) {
+fn record_states<D: BlockDev>(
+    members: &Members<D>,
+    meta: &mut Meta,
+    failed: MemberSet,
+    kept: MemberSet,
+) {
     let rebuilding = members.rebuilding_marked().minus(failed);
     for i in 0..members.count() {
+        if kept.contains(i) {
+            // Absent since assembly and nothing written yet (`Metadata::absent`): its
+            // slot stays as the superblocks had it; a replace record goes all the same.
+            meta.sb.replaces[i] = None;
+            continue;
+        }
         meta.sb.states[i] = if failed.contains(i) {
             MemberState::Failed
         } else if rebuilding.contains(i) {
@@ -431,7 +450,15 @@ impl Metadata {
             meta.sb.events += 1;
             meta.sb.utime = now();
             let swap_old = swap_begin(members, meta, failed);
-            record_states(members, meta, failed);
+            let kept = if self.absent_kept.load(Ordering::Acquire) {
+                self.absent
+                    .iter()
+                    .filter(|&i| failed.contains(i) && meta.ids[i].uuid == [0; 16])
+                    .collect()
+            } else {
+                MemberSet::EMPTY
+            };
+            record_states(members, meta, failed, kept);
             let live = MemberSet::all(members.count()).minus(failed);
             let (swapped, again) = match swap_old {
                 Some(old) => write_swapped(members, meta, old).await,
@@ -574,6 +601,8 @@ impl Metadata {
                 {
                     let mut meta = self.state.lock().await;
                     meta.sb.clean = false;
+                    // From this write on, members absent since assembly miss data.
+                    self.absent_kept.store(false, Ordering::Release);
                     self.persist(members, &mut meta, true).await;
                 }
                 sync_bitmap.await;

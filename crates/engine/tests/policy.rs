@@ -384,3 +384,32 @@ fn hung_journal_is_timed_out_and_the_array_falls_back_to_the_bitmap() {
     journal.release();
     drop(faults);
 }
+
+/// A round written before the session's first write (here: the operator fails another
+/// member of a RAID6 while one is absent since assembly) leaves the absent member's slot as
+/// the superblocks had it: it comes back as an ordinary member next time, one event behind,
+/// and only the member that really failed is recorded failed. Before, every such round
+/// (also a recorded replace dropped at start, or a replace begun) recorded it failed, so it
+/// could only come back through a full rebuild.
+#[test]
+fn a_round_before_the_first_write_leaves_absent_members_alone() {
+    let g = uraid_core::Geometry::new(Level::Raid6, 6, CHUNK, 8 * CHUNK).unwrap();
+    let images = uraid_sim::fresh_images(g);
+    let present = [true, false, true, true, true, true];
+    let vol = uraid_sim::crash::reassemble(&images, &present).unwrap();
+    block_on(vol.array().fail_by_operator(3, true)).unwrap();
+    assert_eq!(vol.array().status().events, 2, "the failure's round");
+    block_on(vol.read(0, vol.size())).unwrap();
+    block_on(vol.close()).unwrap();
+    let mut images = uraid_sim::member_images(&vol);
+    images[1] = uraid_sim::fresh_images(g)[1].clone();
+    let again = uraid_sim::crash::reassemble(&images, &[true; 6]).unwrap();
+    let failed = again.array().failed();
+    assert!(failed.contains(3), "the failed member stays failed");
+    assert!(!failed.contains(1), "the absent member is back: {failed}");
+    // The first write's round records an absent member failed, as before.
+    drop(again);
+    let vol = uraid_sim::crash::reassemble(&images, &present).unwrap();
+    block_on(vol.write(0, payload(2, 512))).unwrap();
+    assert!(vol.array().status().durable_failed.contains(1));
+}
