@@ -241,6 +241,17 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             ..Config::default()
         },
     ));
+    array.array().set_slow_factor(args.slow_factor);
+    array.array().set_throttle(Throttle {
+        budget: args.background_budget,
+        min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
+        max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
+        priority: Priority::parse(&args.priority).unwrap_or(Priority::Normal),
+    });
+    let sup = Arc::new(Supervisor::new(array.clone(), args.read_only));
+    // Recorded replaces resume before any client can write (a write's round would clear a
+    // record whose replacement is not attached yet, and the copy would start over).
+    resume_replaces(args, &events, &plan, &sup);
     for l in &listeners {
         match l {
             Listen::Tcp(t, _) => server.listen(t.as_raw_fd(), true),
@@ -259,15 +270,6 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     for l in &listeners {
         println!("uraid: listening on {}", uri(l, &export));
     }
-    array.array().set_slow_factor(args.slow_factor);
-    array.array().set_throttle(Throttle {
-        budget: args.background_budget,
-        min_bytes_per_second: args.resync_min.saturating_mul(1 << 20),
-        max_bytes_per_second: args.resync_max.saturating_mul(1 << 20),
-        priority: Priority::parse(&args.priority).unwrap_or(Priority::Normal),
-    });
-    let sup = Arc::new(Supervisor::new(array.clone(), args.read_only));
-    resume_replaces(args, &events, &plan, &sup);
     let state = Arc::new(control::State {
         jobs: Arc::new(crate::jobs::Jobs::new(sup.clone())),
         volume: array.clone(),
