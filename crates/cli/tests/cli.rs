@@ -73,7 +73,7 @@ fn superblock_matches_docs() {
     let slot3 = &get("slot_uuids")[3 * 16..4 * 16];
     assert_eq!(slot3, get("device_uuid"), "slot 3 names this member");
     assert!(get("slot_uuids")[6 * 16..].iter().all(|&b| b == 0));
-    assert_eq!(le(get("bitmap_chunk")), 64 << 20, "the default region");
+    assert_eq!(le(get("bitmap_chunk")), 4 << 20, "the default region");
     assert_eq!(le(get("bad_count")), 0, "no bad blocks");
     assert!(get("bad_ranges").iter().all(|&b| b == 0));
     assert_eq!(get("journal_uuid"), [0u8; 16], "no journal");

@@ -30,9 +30,12 @@
 //!   finish: `Journal::release`) too unless its member writes all completed; each releases
 //!   its sequence number on drop. A durable record dropped before its member writes all
 //!   completed is an orphan (its stripe may be torn): the switch to bitmap mode writes it
-//!   to the members again from the log before "no journal" is durable, and until then every
-//!   stripe lock and every read settles the orphans first (`Array::lock_stripe`), so no
-//!   operation computes parity from, or decodes, a torn stripe.
+//!   to the members again from the log before "no journal" is durable (checkpoints never
+//!   pass it meanwhile), and until then every stripe lock and every read settles the
+//!   orphans first (`Array::lock_stripe`), so no operation computes parity from, or
+//!   decodes, a torn stripe. If the log cannot be read back (a second fault: the journal
+//!   device failing too), the stripe may stay torn: that is logged with the advice to
+//!   scrub in repair mode.
 //! * Write-back's deferred member writes are bounded in bytes (`deferred_limit`, default
 //!   `DEFAULT_DEFERRED_LIMIT`): a record is deferred only if its bytes fit under the bound
 //!   (`reserve_deferred`, counted until its finish releases them); otherwise its writer
@@ -102,6 +105,7 @@ struct JournalStats {
     commits: AtomicU64,
     checkpoints: AtomicU64,
     replayed: AtomicU64,
+    reapplied: AtomicU64,
 }
 
 struct LogState {
@@ -140,6 +144,9 @@ pub struct JournalStatus {
     pub checkpoints: u64,
     /// Records replayed when the array was assembled.
     pub replayed: u64,
+    /// Durable records dropped before their member writes completed and written to the
+    /// members again at the switch to bitmap mode (`Journal::orphan`).
+    pub reapplied: u64,
     /// Write-back: bytes of acknowledged member writes held in memory until the members
     /// have them, and their bound.
     pub deferred_bytes: u64,
@@ -394,6 +401,22 @@ impl<D: BlockDev> Journal<D> {
             .await
     }
 
+    /// A read of the journal device, timed out by the array's watchdog.
+    async fn dev_read(&self, at: u64, len: usize) -> io::Result<IoBuf> {
+        let w = self.watched.load(Ordering::Relaxed);
+        crate::reactor::coop().await;
+        self.health
+            .timed(
+                w,
+                async {
+                    let (r, b) = self.dev.read(at, buf::alloc(len)).await;
+                    r.map(|()| b)
+                },
+                Err,
+            )
+            .await
+    }
+
     /// A flush of the journal device, timed out by the array's watchdog.
     async fn dev_flush(&self) -> io::Result<()> {
         let w = self.watched.load(Ordering::Relaxed);
@@ -499,8 +522,9 @@ impl<D: BlockDev> Drop for Abandon<'_, D> {
 
 /// A durable record whose member writes are being issued: `done()` once they all completed
 /// (or failed their members), which lets a checkpoint pass it. Dropped without `done` (a
-/// cancelled request: its stripe may be torn) it poisons the journal instead, so the record
-/// is never checkpointed away and the next assembly replays it.
+/// cancelled request: its stripe may be torn) it poisons the journal instead and becomes an
+/// orphan (`Journal::orphan`): never checkpointed away, written to the members again at the
+/// switch to bitmap mode, or replayed by the next assembly if a cut comes first.
 pub(crate) struct Applied<'a, D: BlockDev> {
     j: &'a Journal<D>,
     seq: u64,
@@ -598,7 +622,7 @@ impl<D: BlockDev> Journal<D> {
 
     /// A deferred record (`Applied::defer`) of `bytes` is finished: its member writes
     /// completed (`done`) or were dropped (not done: the journal is poisoned, the record is
-    /// replayed).
+    /// an orphan, `orphan`).
     pub(crate) fn release(&self, seq: u64, bytes: u64, done: bool) {
         if done {
             self.lock().inflight.remove(&seq);
@@ -650,10 +674,12 @@ impl<D: BlockDev> Journal<D> {
                             meta.fail_member(members, m, &err).await;
                         }
                     }
-                    self.stats.replayed.fetch_add(1, Ordering::Relaxed);
+                    self.stats.reapplied.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => tracing::error!(
-                    "journal {}: record {seq}, dropped before its member writes completed,                      cannot be read back to complete them ({e}): its stripe may be torn; run                      `uraid scrub --repair`",
+                    "journal {}: record {seq}, dropped before its member writes completed, \
+                     cannot be read back to complete them ({e}): its stripe may be torn; run \
+                     `uraid scrub --repair`",
                     self.dev.name()
                 ),
             }
@@ -669,20 +695,17 @@ impl<D: BlockDev> Journal<D> {
         pos: u64,
     ) -> io::Result<(fmt::RecordHeader, Vec<u8>)> {
         let at = fmt::LOG_START + pos % self.log_len;
-        let (r, hb) = self.dev.read(at, buf::alloc(fmt::HEADER)).await;
-        r?;
+        let hb = self.dev_read(at, fmt::HEADER).await?;
         let max_payload = geo.members as u64 * geo.chunk;
         let h = fmt::decode_header(&hb, geo.members, max_payload)
             .filter(|h| h.epoch == self.epoch && h.seq == seq && h.pos == pos)
             .ok_or_else(|| io::Error::other("the record's header does not match"))?;
-        let (r, pb) = self
-            .dev
-            .read(
+        let pb = self
+            .dev_read(
                 at + fmt::HEADER as u64,
-                buf::alloc(fmt::align_up(h.payload_len) as usize),
+                fmt::align_up(h.payload_len) as usize,
             )
-            .await;
-        r?;
+            .await?;
         let payload = pb[..h.payload_len as usize].to_vec();
         if !h.payload_matches(&payload) {
             return Err(io::Error::other(
@@ -924,8 +947,16 @@ impl<D: BlockDev> Journal<D> {
         let mut sb = j.sb.lock().await;
         let (tail, tail_seq) = {
             let st = j.lock();
-            match st.inflight.iter().next() {
-                Some((&seq, &pos)) => (pos, seq),
+            // Orphans (dropped unfinished, not yet written again) hold the tail like records
+            // in flight: one may leave the in-flight set while this checkpoint runs.
+            let first = st
+                .inflight
+                .iter()
+                .map(|(&seq, &pos)| (seq, pos))
+                .chain(st.orphans.iter().copied())
+                .min();
+            match first {
+                Some((seq, pos)) => (pos, seq),
                 None => (st.head, st.next_seq),
             }
         };
@@ -1034,6 +1065,7 @@ impl<D: BlockDev> Journal<D> {
             commits: l(&j.stats.commits),
             checkpoints: l(&j.stats.checkpoints),
             replayed: l(&j.stats.replayed),
+            reapplied: l(&j.stats.reapplied),
             deferred_bytes: l(&j.deferred_bytes),
             deferred_limit: l(&j.deferred_limit),
         }

@@ -1341,7 +1341,7 @@ pub fn dropped_write_every_poll(
                 return Err(ctx("a write that completed poisoned the journal".into()));
             }
         }
-        seen.reapplied += u64::from(lose && j.replayed > 0);
+        seen.reapplied += u64::from(lose && j.reapplied > 0);
         if lose {
             let before = poll_bounded(vol.read(0, size), POLLS)
                 .map_err(ctx)?

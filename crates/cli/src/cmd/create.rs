@@ -29,7 +29,7 @@ pub struct CreateArgs {
     #[arg(long, value_parser = size::parse)]
     size: Option<u64>,
     /// Write-intent bitmap region size (bytes of each member), a power of two of at
-    /// least one chunk, or "none". Default 64M (larger when the members are so big that
+    /// least one chunk, or "none". Default 4M (larger when the members are so big that
     /// 455,168 regions do not cover them); none on RAID0.
     #[arg(long, value_parser = parse_bitmap_chunk)]
     bitmap_chunk: Option<u64>,

@@ -181,7 +181,8 @@ impl<D: BlockDev> Array<D> {
             let unreadable = |why: &str| {
                 tracing::error!(
                     target: "uraid_engine::recovery",
-                    "resync: stripe {unit}: member(s) {excl} cannot be read there ({why}: a                      media error or a bad-block list); left unsynced"
+                    "resync: stripe {unit}: member(s) {excl} cannot be read there ({why}: a \
+                     media error or a bad-block list); left unsynced"
                 );
                 Ok(None)
             };

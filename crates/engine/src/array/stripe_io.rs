@@ -27,14 +27,20 @@ impl<D: BlockDev> Array<D> {
 
     /// Applies the error policy to a failed read of member `m`: fail it, or exclude it from
     /// this operation (`excl`) so the data is reconstructed from the rest of the stripe. A
-    /// read that went to a device the slot no longer has (a replacement swapped in, or a
-    /// device taken over the slot, meanwhile) excludes nothing: the caller's retry reads
-    /// the slot's device now, or plans around it if it does not hold the unit. (Excluded,
-    /// it made a resync give a stripe up as unreadable while a replace swapped in.)
+    /// read that went to a device the slot no longer has: if the slot's device now is an
+    /// ordinary member (a replacement swapped in, holding every unit), nothing is excluded
+    /// and the caller's retry reads it (excluded, it made a resync give a stripe up as
+    /// unreadable while a replace swapped in); if it is failed or being rebuilt (a device
+    /// put in the slot after a failure, which may not hold the unit yet), it is excluded,
+    /// since some callers plan which members hold the unit only once.
     pub(crate) async fn read_failed(&self, m: usize, e: &std::io::Error, excl: &mut MemberSet) {
         match self.members.classify(m, true, e) {
             Verdict::Fail => self.fail_member(m, e).await,
-            Verdict::Stale => {}
+            Verdict::Stale => {
+                if self.members.degraded().contains(m) {
+                    *excl = excl.with(m);
+                }
+            }
             Verdict::Correct => {
                 tracing::warn!(
                     "member {m} ({}): read error: {e}; reconstructing from the stripe",
