@@ -406,7 +406,11 @@ fn checked_plan(args: &ServeArgs, members: &[PathBuf], events: &Events) -> Resul
             args.safe_mode_delay
         );
     }
-    let plan = assemble::plan_with(members, args.force)?;
+    let plan = assemble::plan_within(
+        members,
+        args.force,
+        Duration::from_secs_f64(args.io_timeout),
+    )?;
     for r in &plan.refused {
         warn(args, events, r.to_string());
     }

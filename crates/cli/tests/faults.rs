@@ -1280,3 +1280,38 @@ fn rebuild_past_a_survivor_returning_eio_completes_with_bad_blocks_a_write_clear
     drop(faulty);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A member that hangs before the server starts (its nbdkit stopped): assembly does not wait
+/// for it past --io-timeout. The server starts without it (the log says why), serves every
+/// byte from the other members, and stops; the session wrote nothing, so the member is not
+/// recorded failed and is back next time.
+#[test]
+fn serve_starts_without_a_member_that_hangs_at_assembly() {
+    let (dir, faulty, members, image) = raid5_with_faulty_member("hungstart");
+    let sock = dir.join("uraid.sock");
+    let uri = format!("nbd+unix:///f?socket={}", sock.display());
+    let log = dir.join("serve.log");
+    let pid = faulty.nbdkit.id();
+    freeze(pid, true);
+    let t = Instant::now();
+    let s = serve(&dir, &sock, &log, &members, &["--io-timeout", "2"]);
+    let took = t.elapsed();
+    let got = read_volume(&dir, &uri);
+    s.stop();
+    freeze(pid, false);
+    let server_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        took < Duration::from_secs(15),
+        "start took {took:?}: {server_log}"
+    );
+    assert!(got == image, "read-back without the hung member differs");
+    assert!(
+        server_log.contains("did not arrive within 2 s"),
+        "{server_log}"
+    );
+    wait_unclaimed(&members);
+    let st = status_of(&members);
+    assert!(st.contains("[4/4] [UUUU]"), "{st}");
+    drop(faulty);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,6 +2,7 @@
 //! is `uraid_core::assemble`, re-exported here with its types).
 
 use super::*;
+use std::time::Duration;
 pub use uraid_core::assemble::{describe_ranges, Found, Note, Plan, PlanError};
 
 /// Reads and validates the superblock of `path`: the fresher valid one of its two slots.
@@ -27,23 +28,75 @@ pub fn plan(paths: &[PathBuf]) -> Result<Plan, AssembleError> {
     plan_with(paths, false)
 }
 
+/// How long discovery waits for a device's superblock when no I/O timeout is given (the
+/// array's default `--io-timeout`).
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Like `plan`; `force` also takes stale members and members the array marked failed, the
 /// freshest first, as far as needed to start (mdadm --assemble --force). Logged.
 pub fn plan_with(paths: &[PathBuf], force: bool) -> Result<Plan, AssembleError> {
+    plan_within(paths, force, DISCOVERY_TIMEOUT)
+}
+
+/// What one device's metadata says: an array member's superblock, or a journal's.
+type Discovered = Result<(Superblock, usize), (AssembleError, Option<JournalSuper>)>;
+
+/// Like `plan_with`, reading every device's superblock at once, each on its own thread: a
+/// device that has not answered within `timeout` (a hung drive, a stopped FUSE server) is
+/// left out like a missing one, with a reason that says so, instead of hanging the command.
+/// Its thread stays blocked in the read until the device answers or the process exits.
+pub fn plan_within(
+    paths: &[PathBuf],
+    force: bool,
+    timeout: Duration,
+) -> Result<Plan, AssembleError> {
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Discovered)>();
+    for (i, p) in paths.iter().enumerate() {
+        let (tx, p) = (tx.clone(), p.clone());
+        let read = move || {
+            let r = read_superblock_slot(&p).map_err(|e| (e, read_journal_super(&p).ok()));
+            let _ = tx.send((i, r));
+        };
+        if std::thread::Builder::new()
+            .name("uraid-discover".into())
+            .spawn(read.clone())
+            .is_err()
+        {
+            read();
+        }
+    }
+    drop(tx);
+    let deadline = std::time::Instant::now() + timeout;
+    let mut got: Vec<Option<Discovered>> = paths.iter().map(|_| None).collect();
+    while got.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((i, r)) => got[i] = Some(r),
+            Err(_) => break,
+        }
+    }
     let mut found = Vec::new();
     let mut refused = Vec::new();
     let mut journals = Vec::new();
-    for p in paths {
-        match read_superblock_slot(p) {
-            Ok((sb, slot)) => found.push(Found {
+    for (p, r) in paths.iter().zip(got) {
+        match r {
+            Some(Ok((sb, slot))) => found.push(Found {
                 path: p.clone(),
                 sb,
                 slot,
             }),
-            Err(e) => match read_journal_super(p) {
-                Ok(j) => journals.push((p.clone(), j)),
-                Err(_) => refused.push(format!("{e}")),
-            },
+            Some(Err((_, Some(j)))) => journals.push((p.clone(), j)),
+            Some(Err((e, None))) => refused.push(format!("{e}")),
+            None => {
+                let why = format!(
+                    "{}: its superblock did not arrive within {:.0} s (a hung device?): left \
+                     out",
+                    p.display(),
+                    timeout.as_secs_f64()
+                );
+                tracing::error!("{why}");
+                refused.push(why);
+            }
         }
     }
     let mut plan = decide(found, refused, force)?;
