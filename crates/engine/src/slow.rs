@@ -49,6 +49,8 @@ struct Judge {
     last: Vec<(u64, u64)>,
     /// Per member: ticks in a row judged slow (unflagged) or recovered (flagged).
     streak: Vec<u32>,
+    /// Per member: the slot's device generation the judgement is about.
+    gens: Vec<usize>,
 }
 
 impl SlowMembers {
@@ -60,6 +62,7 @@ impl SlowMembers {
                 factor: DEFAULT_FACTOR,
                 last: vec![(0, 0); members],
                 streak: vec![0; members],
+                gens: vec![0; members],
             }),
         }
     }
@@ -86,15 +89,26 @@ impl SlowMembers {
             .is_multiple_of(PROBE)
     }
 
-    /// One tick: `now[i]` is member i's cumulative (sampled operations, latency ns), None
-    /// if it is not serving (failed or missing: its flag is dropped). Returns the members
-    /// whose flag changed.
-    pub(crate) fn tick(&self, now: &[Option<(u64, u64)>]) -> Vec<Change> {
+    /// One tick: `now[i]` is member i's device generation and cumulative (sampled
+    /// operations, latency ns), None if it is not serving (failed or missing: its flag is
+    /// dropped). Another device in a slot (a replacement swapped in) drops the slot's flag
+    /// and is judged from its own samples on. Returns the members whose flag changed.
+    pub(crate) fn tick(&self, now: &[Option<(usize, u64, u64)>]) -> Vec<Change> {
         let mut j = self.judge.lock().unwrap_or_else(|e| e.into_inner());
         let mut flags = self.set();
         let mut means: Vec<Option<f64>> = Vec::with_capacity(now.len());
         for (i, n) in now.iter().enumerate() {
-            let Some((ops, ns)) = *n else {
+            if let Some((gen, ops, ns)) = *n {
+                if j.gens[i] != gen {
+                    j.gens[i] = gen;
+                    j.last[i] = (ops, ns);
+                    j.streak[i] = 0;
+                    flags = flags.without(i);
+                    means.push(None);
+                    continue;
+                }
+            }
+            let Some((_, ops, ns)) = *n else {
                 // Not serving: a device put into the slot later counts from zero.
                 if let Some(l) = j.last.get_mut(i) {
                     *l = (0, 0);
@@ -160,13 +174,13 @@ mod tests {
     fn run(s: &SlowMembers, acc: &mut [(u64, u64)], lat: &[u64], ticks: usize) -> Vec<Change> {
         let mut all = Vec::new();
         for _ in 0..ticks {
-            let now: Vec<Option<(u64, u64)>> = acc
+            let now: Vec<Option<(usize, u64, u64)>> = acc
                 .iter_mut()
                 .zip(lat)
                 .map(|(a, &l)| {
                     a.0 += 100;
                     a.1 += 100 * l * 1000;
-                    Some(*a)
+                    Some((0, a.0, a.1))
                 })
                 .collect();
             all.extend(s.tick(&now));
@@ -203,7 +217,12 @@ mod tests {
         // 10 µs peers, one at 150 µs: 15x but under the 200 µs floor.
         assert!(run(&s, &mut acc, &[10, 10, 10, 150], 10).is_empty());
         // A member with no samples is not judged; two judged members are no median.
-        let now = [Some((1000, 1 << 40)), None, Some((0, 0)), Some((0, 0))];
+        let now = [
+            Some((0, 1000, 1 << 40)),
+            None,
+            Some((0, 0, 0)),
+            Some((0, 0, 0)),
+        ];
         for _ in 0..5 {
             assert!(s.tick(&now).is_empty());
         }
@@ -230,7 +249,8 @@ mod tests {
             }
             acc[3].0 += 1;
             acc[3].1 += 20_000_000;
-            let now: Vec<Option<(u64, u64)>> = acc.iter().map(|&a| Some(a)).collect();
+            let now: Vec<Option<(usize, u64, u64)>> =
+                acc.iter().map(|&a| Some((0, a.0, a.1))).collect();
             if !s.tick(&now).is_empty() {
                 flagged_at = Some(t);
                 break;
@@ -247,7 +267,34 @@ mod tests {
         let mut acc = vec![(0, 0); 4];
         run(&s, &mut acc, &[300, 300, 300, 9000], 3);
         assert_eq!(s.set(), MemberSet::one(3));
-        s.tick(&[Some(acc[0]), Some(acc[1]), Some(acc[2]), None]);
+        let g0 = |a: (u64, u64)| Some((0, a.0, a.1));
+        s.tick(&[g0(acc[0]), g0(acc[1]), g0(acc[2]), None]);
+        assert!(s.set().is_empty());
+    }
+
+    /// A replacement swapped into a flagged slot (the slot's next device generation) is not
+    /// read around for its predecessor's latency: the flag goes with the old device, and the
+    /// new one is judged from its own samples (its counters may continue the slot's).
+    #[test]
+    fn a_new_device_in_a_flagged_slot_starts_unflagged() {
+        let s = SlowMembers::new(4);
+        let mut acc = vec![(0, 0); 4];
+        run(&s, &mut acc, &[300, 300, 300, 9000], 3);
+        assert_eq!(s.set(), MemberSet::one(3));
+        let mut now: Vec<Option<(usize, u64, u64)>> =
+            acc.iter().map(|&a| Some((0, a.0, a.1))).collect();
+        now[3] = Some((1, acc[3].0, acc[3].1));
+        s.tick(&now);
+        assert!(s.set().is_empty(), "the flag went with the old device");
+        // The new device is fast: never flagged.
+        for t in 1..6u64 {
+            let now: Vec<Option<(usize, u64, u64)>> = acc
+                .iter()
+                .enumerate()
+                .map(|(i, a)| Some((usize::from(i == 3), a.0 + 100 * t, a.1 + 100 * t * 300_000)))
+                .collect();
+            assert!(s.tick(&now).is_empty());
+        }
         assert!(s.set().is_empty());
     }
 }

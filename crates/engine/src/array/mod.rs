@@ -819,11 +819,12 @@ impl<D: BlockDev> Array<D> {
     /// One judgement of member latency (slow.rs; the server calls it every second): flags
     /// and unflags slow members, logging each change.
     pub fn slow_tick(&self) {
-        let now: Vec<Option<(u64, u64)>> = (0..self.geo.members)
+        let now: Vec<Option<(usize, u64, u64)>> = (0..self.geo.members)
             .map(|i| {
                 (!self.members.is_failed(i)).then(|| {
                     let io = self.members.io(i);
                     (
+                        self.members.generation(i),
                         io.read.timed + io.write.timed,
                         io.read.latency_ns + io.write.latency_ns,
                     )
