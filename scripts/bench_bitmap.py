@@ -12,9 +12,9 @@ and a C compiler. Usage:
 
     scripts/bench_bitmap.py [--runs 3] [--runtime 5] [--flush-ms 2] [--dir /dev/shm/uraid-bm]
 """
-import argparse, os, shutil, statistics, subprocess, time
+import argparse, os, shutil, statistics
 
-from benchlib import ROOT, URAID, Server, fio_json, run, spread, status
+from benchlib import ROOT, URAID, FuseMember, Server, fio_json, run, spread, status
 
 MEMBERS, SIZE = 10, 128 << 20
 CASES = ["none", "64M", "4M", "1M"]
@@ -22,32 +22,6 @@ LOADS = [
     ("1M seq write QD4", ["--rw=write", "--bs=1m", "--iodepth=4"]),
     ("4k randwrite QD8", ["--rw=randwrite", "--bs=4k", "--iodepth=8", "--norandommap", "--randrepeat=0"]),
 ]
-
-
-class Member:
-    """DIR/backing behind nbdkit (flush delay filter) on DIR/nbdkit.sock, mounted by nbdfuse."""
-
-    def __init__(self, d, so, flush_us):
-        self.d = d
-        os.makedirs(os.path.join(d, "mnt"), exist_ok=True)
-        with open(os.path.join(d, "backing"), "wb") as f:
-            f.truncate(SIZE)
-        self.path = os.path.join(d, "mnt", "member")
-        sock = os.path.join(d, "nbdkit.sock")
-        self.nbdkit = Server(["nbdkit", "-f", "--exit-with-parent", "-U", sock, f"--filter={so}", "file",
-                              os.path.join(d, "backing"), f"flush-delay-us={flush_us}"], sock=sock).start()
-        self.fuse = subprocess.Popen(["nbdfuse", self.path, "--unix", sock], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        t = time.monotonic()
-        while not (os.path.exists(self.path) and os.path.getsize(self.path) == SIZE):
-            if time.monotonic() - t > 30:
-                raise RuntimeError(f"nbdfuse did not mount {self.path}")
-            time.sleep(0.05)
-
-    def stop(self):
-        subprocess.run(["fusermount3", "-u", os.path.dirname(self.path)], capture_output=True)
-        self.fuse.wait()
-        self.nbdkit.stop()
 
 
 def main():
@@ -64,7 +38,8 @@ def main():
     members = []
     try:
         for i in range(MEMBERS):
-            members.append(Member(os.path.join(a.dir, f"m{i}"), so, int(a.flush_ms * 1000)))
+            members.append(FuseMember(os.path.join(a.dir, f"m{i}"), SIZE).start(
+                [f"--filter={so}"], [f"flush-delay-us={int(a.flush_ms * 1000)}"]))
         paths = [m.path for m in members]
         sock, ctl = os.path.join(a.dir, "nbd.sock"), os.path.join(a.dir, "ctl.sock")
         uri = f"nbd+unix:///bm?socket={sock}"

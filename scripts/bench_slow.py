@@ -8,46 +8,16 @@ IOPS and p99 completion latency over the runs, and each slow case against health
 
     scripts/bench_slow.py [--runs 5] [--runtime 10] [--qd 8] [--times 20] [--dir /dev/shm/uraid-slow]
 """
-import argparse, os, shutil, statistics, subprocess, time
+import argparse, os, shutil, statistics
 
-from benchlib import URAID, Server, fio_json, run, spread, status
+from benchlib import URAID, FuseMember, Server, fio_json, run, spread, status
 
 MEMBERS, SLOW, SIZE = 6, 2, 128 << 20
 
 
-class Member:
-    """DIR/backing behind nbdkit (delay filter) on DIR/nbdkit.sock, mounted by nbdfuse at
-    DIR/mnt/member; `start(delay_ms)` (re)starts both with that per-request delay."""
-
-    def __init__(self, d):
-        self.d, self.nbdkit, self.fuse = d, None, None
-        os.makedirs(os.path.join(d, "mnt"), exist_ok=True)
-        with open(os.path.join(d, "backing"), "wb") as f:
-            f.truncate(SIZE)
-        self.path = os.path.join(d, "mnt", "member")
-
-    def start(self, delay_ms):
-        sock = os.path.join(self.d, "nbdkit.sock")
-        delay = f"{delay_ms}ms"
-        self.nbdkit = Server(["nbdkit", "-f", "--exit-with-parent", "-U", sock, "--filter=delay", "file",
-                              os.path.join(self.d, "backing"), f"delay-read={delay}", f"delay-write={delay}"],
-                             sock=sock).start()
-        self.fuse = subprocess.Popen(["nbdfuse", self.path, "--unix", sock], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        t = time.monotonic()
-        while not (os.path.exists(self.path) and os.path.getsize(self.path) == SIZE):
-            if time.monotonic() - t > 30:
-                raise RuntimeError(f"nbdfuse did not mount {self.path}")
-            time.sleep(0.05)
-
-    def stop(self):
-        if self.fuse:
-            subprocess.run(["fusermount3", "-u", os.path.dirname(self.path)], capture_output=True)
-            self.fuse.wait()
-            self.fuse = None
-        if self.nbdkit:
-            self.nbdkit.stop()
-            self.nbdkit = None
+def start(m, delay_ms):
+    """(Re)starts member `m` with a per-request delay of `delay_ms` on reads and writes."""
+    m.start(["--filter=delay"], [f"delay-read={delay_ms}ms", f"delay-write={delay_ms}ms"])
 
 
 def fio(target, runtime, qd, nbd=True, rw="randread"):
@@ -69,10 +39,10 @@ def main():
     ap.add_argument("--dir", default="/dev/shm/uraid-slow")
     a = ap.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
-    members = [Member(os.path.join(a.dir, f"m{i}")) for i in range(MEMBERS)]
+    members = [FuseMember(os.path.join(a.dir, f"m{i}"), SIZE) for i in range(MEMBERS)]
     try:
         for m in members:
-            m.start(0)
+            start(m, 0)
         # The slow member's delay: `times` x one member's own 4k read latency at QD1.
         _, _, base_us = fio(members[SLOW].path, 3, 1, nbd=False)
         delay_ms = max(1, round(a.times * base_us / 1000))
@@ -98,7 +68,7 @@ def main():
         for r in range(a.runs):
             for name, delay, factor in cases:
                 members[SLOW].stop()
-                members[SLOW].start(delay)
+                start(members[SLOW], delay)
                 s = serve(factor)
                 # Long enough for the judgement (3 s) before the measured run.
                 fio(uri, 5, a.qd)

@@ -186,3 +186,39 @@ def write_report(path, text):
 def spread(values):
     """Run-to-run noise: (max - min) / median."""
     return (max(values) - min(values)) / statistics.median(values)
+
+
+class FuseMember:
+    """A member file for benchmarks with nbdkit filters in front: DIR/backing (`size` bytes)
+    served by nbdkit's file plugin on DIR/nbdkit.sock and mounted by nbdfuse at DIR/mnt/member
+    (`path`, which takes O_DIRECT). `start(filters, params)` (again after `stop` to change them),
+    e.g. `start(["--filter=delay"], ["delay-read=2ms"])`."""
+
+    def __init__(self, d, size):
+        self.d, self.size, self.nbdkit, self.fuse = d, size, None, None
+        os.makedirs(os.path.join(d, "mnt"), exist_ok=True)
+        with open(os.path.join(d, "backing"), "wb") as f:
+            f.truncate(size)
+        self.path = os.path.join(d, "mnt", "member")
+
+    def start(self, filters=(), params=()):
+        sock = os.path.join(self.d, "nbdkit.sock")
+        self.nbdkit = Server(["nbdkit", "-f", "--exit-with-parent", "-U", sock, *filters, "file",
+                              os.path.join(self.d, "backing"), *params], sock=sock).start()
+        self.fuse = subprocess.Popen(["nbdfuse", self.path, "--unix", sock], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        t = time.monotonic()
+        while not (os.path.exists(self.path) and os.path.getsize(self.path) == self.size):
+            if time.monotonic() - t > 30:
+                raise RuntimeError(f"nbdfuse did not mount {self.path}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self):
+        if self.fuse:
+            subprocess.run(["fusermount3", "-u", os.path.dirname(self.path)], capture_output=True)
+            self.fuse.wait()
+            self.fuse = None
+        if self.nbdkit:
+            self.nbdkit.stop()
+            self.nbdkit = None
