@@ -100,7 +100,7 @@ fn superblock_matches_docs() {
         sealed.extend_from_slice(&sec[..508]);
         assert_eq!(le(&sec[508..]) as u32, crc32c_of(&sealed), "sector {s}");
     }
-    // The write-intent bitmap: 47 MiB members in 64 MiB regions -> 1 region, 1 page at
+    // The write-intent bitmap: 47 MiB members in 4 MiB regions -> 12 regions, 1 page at
     // 8 KiB, sealed like the map's sectors but with the CRC over the ASCII prefix
     // "uraid-write-intent-bitmap" first.
     let page = &sb[8192..8192 + 4096];

@@ -1306,7 +1306,7 @@ fn serve_starts_without_a_member_that_hangs_at_assembly() {
     );
     assert!(got == image, "read-back without the hung member differs");
     assert!(
-        server_log.contains("did not arrive within 2 s"),
+        server_log.contains("did not arrive within 2s"),
         "{server_log}"
     );
     wait_unclaimed(&members);

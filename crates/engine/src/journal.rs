@@ -947,6 +947,11 @@ impl<D: BlockDev> Journal<D> {
         let mut sb = j.sb.lock().await;
         let (tail, tail_seq) = {
             let st = j.lock();
+            // Failed since the check above: an orphan may have left both sets already (the
+            // switch to bitmap mode took it to write it again); nothing is checkpointed.
+            if !j.active() {
+                return false;
+            }
             // Orphans (dropped unfinished, not yet written again) hold the tail like records
             // in flight: one may leave the in-flight set while this checkpoint runs.
             let first = st

@@ -100,6 +100,12 @@ impl SlowMembers {
         for (i, n) in now.iter().enumerate() {
             if let Some((gen, ops, ns)) = *n {
                 if j.gens[i] != gen {
+                    if flags.contains(i) {
+                        tracing::info!(
+                            "member {i}: a new device in the slot; the old one's slow flag is \
+                             dropped"
+                        );
+                    }
                     j.gens[i] = gen;
                     j.last[i] = (ops, ns);
                     j.streak[i] = 0;

@@ -89,7 +89,11 @@ impl<D: BlockDev> Array<D> {
         want: &[usize],
         excl: &mut MemberSet,
     ) -> Result<Attempt<Vec<Option<IoBuf>>>, ArrayError> {
-        let f = self.readable(*excl)?;
+        // Members that do not hold the unit now, taken again at every attempt: a device put
+        // into a failed slot while this operation waited on another member (an add, a hot
+        // spare) is rebuilt from its start and lacks the unit; a chunk on a bad-block list
+        // is never read.
+        let f = self.readable(excl.union(self.members.stale_at(stripe)))?;
         let g = &self.geo;
         let k = g.data_chunks();
         let at = g.member_offset(stripe, lo);

@@ -89,10 +89,10 @@ pub fn plan_within(
             Some(Err((e, None))) => refused.push(format!("{e}")),
             None => {
                 let why = format!(
-                    "{}: its superblock did not arrive within {:.0} s (a hung device?): left \
-                     out",
+                    "{}: its superblock did not arrive within {:?} (a hung device, or its \
+                     reader failed): left out",
                     p.display(),
-                    timeout.as_secs_f64()
+                    timeout
                 );
                 tracing::error!("{why}");
                 refused.push(why);
