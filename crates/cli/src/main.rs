@@ -98,9 +98,16 @@ fn main() {
     let cli = Cli::parse();
     let events = events::Events::default();
     init_logging(&cli, &events);
-    if let Err(e) = run(cli, events) {
-        eprintln!("uraid: {e:#}");
-        std::process::exit(1);
+    // `status` and `detail` answer with their exit status too (mdadm --detail --test):
+    // their own failure is a code of its own, not the "degraded" of 1.
+    let health = matches!(cli.cmd, Cmd::Status(_) | Cmd::Detail(_));
+    match run(cli, events) {
+        Ok(0) => {}
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("uraid: {e:#}");
+            std::process::exit(if health { cmd::status::EXIT_UNKNOWN } else { 1 });
+        }
     }
 }
 
@@ -124,20 +131,23 @@ fn init_logging(cli: &Cli, events: &events::Events) {
     }
 }
 
-fn run(cli: Cli, events: events::Events) -> Result<()> {
+/// Runs the command; Ok: the exit status (0 unless the command's answer is in it: `status`,
+/// `detail`, `scrub --wait`).
+fn run(cli: Cli, events: events::Events) -> Result<i32> {
+    let ok = |r: Result<()>| r.map(|()| 0);
     match cli.cmd {
-        Cmd::Create(a) => cmd::create::run(a),
-        Cmd::Add(a) => cmd::add::run(a),
-        Cmd::Journal { cmd } => cmd::journal::run(cmd),
-        Cmd::Examine(a) => cmd::examine::run(a),
+        Cmd::Create(a) => ok(cmd::create::run(a)),
+        Cmd::Add(a) => ok(cmd::add::run(a)),
+        Cmd::Journal { cmd } => ok(cmd::journal::run(cmd)),
+        Cmd::Examine(a) => ok(cmd::examine::run(a)),
         Cmd::Status(a) => cmd::status::run(&a, false),
         Cmd::Scrub(a) => cmd::scrub::run(a),
-        Cmd::Fail(a) => cmd::fail::run(a),
-        Cmd::Replace(a) => cmd::replace::run(a),
-        Cmd::Remove(a) => cmd::remove::run(a),
-        Cmd::Throttle(a) => cmd::throttle::run(a),
+        Cmd::Fail(a) => ok(cmd::fail::run(a)),
+        Cmd::Replace(a) => ok(cmd::replace::run(a)),
+        Cmd::Remove(a) => ok(cmd::remove::run(a)),
+        Cmd::Throttle(a) => ok(cmd::throttle::run(a)),
         Cmd::Detail(a) => cmd::status::run(&a, true),
-        Cmd::Watch(a) => cmd::watch::run(a),
+        Cmd::Watch(a) => ok(cmd::watch::run(a)),
         Cmd::Bench(args) => {
             let embedded = args.members.is_empty();
             let members = if embedded {
@@ -145,7 +155,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             } else {
                 args.members.clone()
             };
-            bench::run(&args, &members, embedded)
+            ok(bench::run(&args, &members, embedded))
         }
         Cmd::Serve(args) => {
             let embedded = args.members.is_empty();
@@ -154,7 +164,7 @@ fn run(cli: Cli, events: events::Events) -> Result<()> {
             } else {
                 args.members.clone()
             };
-            serve::run(&args, &members, embedded, events)
+            ok(serve::run(&args, &members, embedded, events))
         }
     }
 }

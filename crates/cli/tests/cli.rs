@@ -198,10 +198,11 @@ fn status_reports_missing_stale_and_foreign_members() {
         healthy.contains("[6/6] [UUUUUU]") && healthy.contains("healthy"),
         "{healthy}"
     );
-    let j: serde_json::Value = serde_json::from_str(&ok(&uraid(
-        &["status", "--json", "m0", "m2", "m3", "m4", "m5"],
-        &dir,
-    )))
+    // Exit status 1: degraded (mdadm --detail --test).
+    let j: serde_json::Value = serde_json::from_str(&exits(
+        &uraid(&["status", "--json", "m0", "m2", "m3", "m4", "m5"], &dir),
+        1,
+    ))
     .unwrap();
     assert_eq!(j["state"], "degraded (1 of 6 members unavailable)");
     assert_eq!(j["slots"][1]["state"], "missing");
@@ -211,10 +212,10 @@ fn status_reports_missing_stale_and_foreign_members() {
         &["create", "--level", "1", "--size", "48M", "x0", "x1"],
         &dir,
     ));
-    let s = ok(&uraid(
-        &["status", "m0", "m1", "m2", "m3", "m4", "x0"],
-        &dir,
-    ));
+    let s = exits(
+        &uraid(&["status", "m0", "m1", "m2", "m3", "m4", "x0"], &dir),
+        1,
+    );
     assert!(s.contains("refused: x0: belongs to array"), "{s}");
     // A read-only run with m1 left out changes nothing on disk: m1 is still current.
     ok(&on_members(
@@ -243,12 +244,15 @@ fn status_reports_missing_stale_and_foreign_members() {
         6,
         &dir,
     ));
-    let s = ok(&on_members(&["status"], 6, &dir));
+    let s = exits(&on_members(&["status"], 6, &dir), 1);
     assert!(s.contains("refused: m1: member 1 is marked failed"), "{s}");
     assert!(s.contains("[5/6] [U_UUUU]"), "{s}");
-    // Three gone from a raid6: cannot start, and bench says so in one line.
-    let s = ok(&uraid(&["status", "m0", "m2", "m3"], &dir));
+    // Three gone from a raid6: cannot start (exit status 2), and bench says so in one line.
+    let s = exits(&uraid(&["status", "m0", "m2", "m3"], &dir), 2);
     assert!(s.contains("FAILED"), "{s}");
+    // Not an array at all: status could not tell (4), not "degraded" (1).
+    let o = uraid(&["status", "nonexistent"], &dir);
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
     let e = one_line_error(&uraid(
         &["bench", "--runtime", "0.2", "m0", "m2", "m3"],
         &dir,
@@ -521,9 +525,19 @@ fn journal_add_examine_missing_and_remove() {
     assert!(ex.contains("(write-back)"), "{ex}");
     let ex = ok(&uraid(&["examine", "jn"], &dir));
     assert!(ex.contains("uraid-jn (journal device)"), "{ex}");
-    // Without the journal: status names it missing, serve refuses and says what to do.
-    let st = ok(&on_members(&["status", "--offline"], 4, &dir));
-    assert!(st.contains("MISSING"), "{st}");
+    // Without the journal: status names it missing and says the array cannot start (exit
+    // status 2, can_start false), serve refuses and says what to do.
+    let st = exits(&on_members(&["status", "--offline"], 4, &dir), 2);
+    assert!(
+        st.contains("MISSING") && st.contains("cannot start"),
+        "{st}"
+    );
+    let j: serde_json::Value = serde_json::from_str(&exits(
+        &on_members(&["status", "--offline", "--json"], 4, &dir),
+        2,
+    ))
+    .unwrap();
+    assert_eq!(j["can_start"], false, "{j}");
     let e = one_line_error(&on_members(
         &["serve", "--listen", "unix:x.sock", "--control", "none"],
         4,

@@ -645,7 +645,10 @@ fn pattern_cmds(mib: u64, base: u64, verb: &str) -> Vec<String> {
 }
 
 fn uraid_json(args: &[&str], dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&ok(&uraid(args, dir))).unwrap()
+    // `status` answers degraded (1) and failed (2) in its exit status too.
+    let o = uraid(args, dir);
+    assert!(matches!(o.status.code(), Some(0..=2)), "{o:?}");
+    serde_json::from_slice(&o.stdout).unwrap()
 }
 
 /// mdadm's replace-a-failed-disk workflow: a member fails (is missing) while the array is
@@ -802,7 +805,8 @@ fn scrub_names_a_planted_corruption_and_repairs_it() {
         let f = std::fs::OpenOptions::new().write(true).open(&m[4]).unwrap();
         f.write_all_at(&[0xA5; 40], at).unwrap();
     }
-    let out = ok(&run_uraid(with(&["scrub", "--wait"], &srv.ctl)));
+    // Exit status 2: the scrub found something.
+    let out = exits(&run_uraid(with(&["scrub", "--wait"], &srv.ctl)), 2);
     assert!(
         out.contains("1 mismatched column(s), 1 located, 0 repaired"),
         "{out}"
@@ -824,7 +828,10 @@ fn scrub_names_a_planted_corruption_and_repairs_it() {
     assert_eq!(j["scrub"]["state"], "finished", "{j}");
     let text = curl(&[srv.metrics_url()]);
     assert_eq!(sample(&text, "uraid_scrub_located{array=\"vol\"}"), 1.0);
-    let out = ok(&run_uraid(with(&["scrub", "--repair", "--wait"], &srv.ctl)));
+    let out = exits(
+        &run_uraid(with(&["scrub", "--repair", "--wait"], &srv.ctl)),
+        2,
+    );
     assert!(out.contains("1 located, 1 repaired"), "{out}");
     let out = ok(&run_uraid(with(&["scrub", "--wait"], &srv.ctl)));
     assert!(out.contains("0 mismatched column(s)"), "{out}");
@@ -843,7 +850,7 @@ fn scrub_names_a_planted_corruption_and_repairs_it() {
         f.write_all_at(&[0x3C; 8], (1u64 << 20) + 5000).unwrap();
     }
     let none = dir.join("none.sock");
-    let out = ok(&run_uraid(with(&["scrub", "--repair"], &none)));
+    let out = exits(&run_uraid(with(&["scrub", "--repair"], &none)), 2);
     assert!(
         out.contains("1 mismatched column(s), 1 located, 1 repaired"),
         "{out}"
@@ -1041,13 +1048,20 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
             .unwrap();
         assert!(b.iter().all(|&x| x == 0), "spare superblocks erased");
     }
-    // An active member: failed, then removed; the last redundancy needs --force.
-    let out = ok(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
+    // An active member is not removed without --force (mdadm removes failed devices only);
+    // with it, failed, then removed.
+    let e = one_line_error(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
+    assert!(
+        e.contains("member 1 is in service") && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(status_json(&srv)["slots"][1]["state"], "active");
+    let out = ok(&run_uraid(with(&["remove", "1", "--force"], &srv.ctl, &ms)));
     assert!(out.contains("member 1") && out.contains("removed"), "{out}");
     let j = status_json(&srv);
     assert_eq!(j["slots"][1]["state"], "removed", "{j}");
     let e = one_line_error(&run_uraid(with(&["remove", "2"], &srv.ctl, &ms)));
-    assert!(e.contains("without redundancy; pass --force"), "{e}");
+    assert!(e.contains("member 2 is in service"), "{e}");
     let e = one_line_error(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
     assert!(e.contains("removed already"), "{e}");
     qemu_io(&srv.uri(), &pattern_cmds(16, 7, "read"));
@@ -1080,12 +1094,14 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
     assert!(out.contains("removed"), "{out}");
     let e = one_line_error(&run_uraid(with(&["remove", &sp], &none, &all)));
     assert!(e.contains("is not a spare of array 'vol'"), "{e}");
-    let out = ok(&run_uraid(with(&["remove", "1"], &none, &ms)));
+    let e = one_line_error(&run_uraid(with(&["remove", "1"], &none, &ms)));
+    assert!(e.contains("member 1 is in service"), "{e}");
+    let out = ok(&run_uraid(with(&["remove", "1", "--force"], &none, &ms)));
     assert!(out.contains("member 1 removed"), "{out}");
     let e = one_line_error(&run_uraid(with(&["remove", "1"], &none, &ms)));
     assert!(e.contains("removed already"), "{e}");
     let e = one_line_error(&run_uraid(with(&["remove", "0"], &none, &ms)));
-    assert!(e.contains("without redundancy; pass --force"), "{e}");
+    assert!(e.contains("member 0 is in service"), "{e}");
     qemu_io_check_offline(&dir, &m);
 }
 

@@ -425,9 +425,11 @@ fn raid5_member_write_errors_mark_it_faulty_and_data_survives() {
         .nbdkit_log()
         .contains("injecting EIO error into pwrite"));
     // The survivors' superblocks record it, while the array still runs.
-    let st = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
-        .arg("status")
-        .args(&members[..3]));
+    let st = run_health(
+        Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .arg("status")
+            .args(&members[..3]),
+    );
     let st = String::from_utf8_lossy(&st.stdout).into_owned();
     assert!(st.contains("[3/4] [UUU_]"), "{st}");
     assert!(
@@ -486,9 +488,11 @@ fn raid5_with_faulty_member(tag: &str) -> (PathBuf, FaultyMember, Vec<PathBuf>, 
 }
 
 fn status_of(members: &[PathBuf]) -> String {
-    let st = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
-        .arg("status")
-        .args(members));
+    let st = run_health(
+        Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .arg("status")
+            .args(members),
+    );
     String::from_utf8_lossy(&st.stdout).into_owned()
 }
 
@@ -828,10 +832,12 @@ fn power_cut_with_a_journal_then_degraded_at_once() {
 
 /// `uraid status --json` of a running server through its control socket in `dir`.
 fn live_status(dir: &Path, members: &[PathBuf]) -> serde_json::Value {
-    let o = run(Command::new(env!("CARGO_BIN_EXE_uraid"))
-        .args(["status", "--json", "--control", "unix:ctl.sock"])
-        .args(members)
-        .current_dir(dir));
+    let o = run_health(
+        Command::new(env!("CARGO_BIN_EXE_uraid"))
+            .args(["status", "--json", "--control", "unix:ctl.sock"])
+            .args(members)
+            .current_dir(dir),
+    );
     serde_json::from_slice(&o.stdout).expect("status JSON")
 }
 

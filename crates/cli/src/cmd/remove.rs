@@ -11,6 +11,8 @@ use uraid_engine::assemble;
 pub struct RemoveArgs {
     /// Member index, or a spare's path.
     what: String,
+    /// Remove a member that is in service (active or rebuilding): fail it first, even if
+    /// that leaves no redundancy. Without it only failed or missing members are removed.
     #[arg(short, long)]
     force: bool,
     #[command(flatten)]

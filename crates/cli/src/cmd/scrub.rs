@@ -24,8 +24,12 @@ pub struct ScrubArgs {
     wait: bool,
 }
 
-/// `uraid scrub`.
-pub fn run(a: ScrubArgs) -> Result<()> {
+/// Exit status of `scrub --wait` (and of a scrub of a stopped array) that found mismatches
+/// or units it could not read (repaired or not); 0 when it found nothing, 1 when it failed.
+pub const EXIT_FOUND: i32 = 2;
+
+/// `uraid scrub`; returns the exit status.
+pub fn run(a: ScrubArgs) -> Result<i32> {
     let ScrubArgs {
         target,
         repair,
@@ -44,7 +48,7 @@ fn scrub_cmd(
     resume: bool,
     cancel: bool,
     wait: bool,
-) -> Result<()> {
+) -> Result<i32> {
     let (members, embedded) = target_members(t)?;
     let plan = assemble::plan(&members)?;
     let mode = if repair {
@@ -69,6 +73,7 @@ fn scrub_cmd(
     };
     let msg = client::post(&sock, &path)?;
     println!("uraid: {msg} (server at {})", sock.display());
+    let mut code = 0;
     if wait {
         loop {
             std::thread::sleep(std::time::Duration::from_millis(200));
@@ -86,15 +91,19 @@ fn scrub_cmd(
                     s["repaired"],
                     s["unreadable"]
                 );
+                let n = |k: &str| s[k].as_u64().unwrap_or(0);
+                if n("mismatches") + n("unreadable") > 0 {
+                    code = EXIT_FOUND;
+                }
                 break;
             }
         }
     }
-    Ok(())
+    Ok(code)
 }
 
 /// Scrub of a stopped array, in this process (messages on stderr as they are found).
-fn scrub_offline(plan: &Plan, mode: uraid_engine::ScrubMode) -> Result<()> {
+fn scrub_offline(plan: &Plan, mode: uraid_engine::ScrubMode) -> Result<i32> {
     plan.can_start()?;
     let missing = plan.missing();
     if !missing.is_empty() {
@@ -124,5 +133,9 @@ fn scrub_offline(plan: &Plan, mode: uraid_engine::ScrubMode) -> Result<()> {
         r.repaired,
         r.unreadable
     );
-    Ok(())
+    Ok(if r.mismatches + r.unreadable > 0 {
+        EXIT_FOUND
+    } else {
+        0
+    })
 }

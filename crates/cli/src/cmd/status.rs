@@ -21,8 +21,19 @@ pub struct StatusArgs {
     offline: bool,
 }
 
+/// Exit status of `status` and `detail` (mdadm --detail --test's codes): every member in
+/// service...
+pub const EXIT_HEALTHY: i32 = 0;
+/// ...the array serves (or can start) with members missing, failed or being rebuilt...
+pub const EXIT_DEGRADED: i32 = 1;
+/// ...it cannot serve or start (past its tolerance, or its journal not given)...
+pub const EXIT_FAILED: i32 = 2;
+/// ...or the command itself failed (no superblock found, a bad argument).
+pub const EXIT_UNKNOWN: i32 = 4;
+
 /// `uraid status`, or with `detail` `uraid detail` (per-member I/O, requests by command).
-pub fn run(a: &StatusArgs, detail: bool) -> Result<()> {
+/// Returns the exit status (`EXIT_HEALTHY` ...).
+pub fn run(a: &StatusArgs, detail: bool) -> Result<i32> {
     let (members, embedded) = target_members(&a.target)?;
     let plan = assemble::plan(&members)?;
     let sock = client::socket_for(&plan, a.target.control.as_deref(), embedded)?;
@@ -30,13 +41,14 @@ pub fn run(a: &StatusArgs, detail: bool) -> Result<()> {
         (Some(p), false) => client::live_status(&plan, p)?.map(|v| (v, p.clone())),
         _ => None,
     };
-    match live {
+    let code = match live {
         Some((v, p)) => {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 client::print_live(&v, &p, detail);
             }
+            live_code(&v)
         }
         None => {
             let why = match (&sock, a.offline) {
@@ -58,7 +70,41 @@ pub fn run(a: &StatusArgs, detail: bool) -> Result<()> {
                 print_status(&plan);
                 println!("      source: superblocks ({why})");
             }
+            offline_code(&plan)
         }
+    };
+    Ok(code)
+}
+
+/// The exit status from a running server's status document.
+fn live_code(v: &serde_json::Value) -> i32 {
+    let failed = v["failed"].as_array().map_or(0, Vec::len) as u64;
+    if failed > v["fault_tolerance"].as_u64().unwrap_or(0) {
+        EXIT_FAILED
+    } else if v["degraded"].as_bool().unwrap_or(false) {
+        EXIT_DEGRADED
+    } else {
+        EXIT_HEALTHY
+    }
+}
+
+/// The exit status from the superblocks.
+fn offline_code(plan: &Plan) -> i32 {
+    if can_start(plan).is_err() {
+        EXIT_FAILED
+    } else if !plan.missing().is_empty() {
+        EXIT_DEGRADED
+    } else {
+        EXIT_HEALTHY
+    }
+}
+
+/// Whether `serve` would start the array from these devices: `Plan::can_start`, and its
+/// journal given if it has one (serve refuses it without).
+fn can_start(plan: &Plan) -> Result<(), String> {
+    plan.can_start().map_err(|e| e.to_string())?;
+    if plan.sb.journal.is_some() && plan.journal.is_none() {
+        return Err("its journal device was not given (give it with the members)".into());
     }
     Ok(())
 }
@@ -85,6 +131,11 @@ fn member_states(plan: &Plan) -> Vec<(usize, String, &'static str)> {
 
 fn health(plan: &Plan) -> String {
     let missing = plan.missing().len();
+    if plan.can_start().is_ok() {
+        if let Err(why) = can_start(plan) {
+            return format!("cannot start: {why}");
+        }
+    }
     match (plan.can_start(), missing) {
         (Err(_), _) => format!(
             "FAILED ({missing} of {} members unavailable)",
@@ -185,7 +236,7 @@ fn status_json(plan: &Plan) -> serde_json::Value {
         "events": sb.events,
         "clean": sb.clean,
         "state": health(plan),
-        "can_start": plan.can_start().is_ok(),
+        "can_start": can_start(plan).is_ok(),
         "fault_tolerance": g.fault_tolerance(),
         "slots": member_states(plan).into_iter().map(|(i, p, s)| json!({"index": i, "path": p, "state": s, "rebuilt_units": (s == "rebuilding").then_some(sb.rebuilt[i])})).collect::<Vec<_>>(),
         "refused": plan.refused,

@@ -28,6 +28,19 @@ pub fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Stdout of a command that must exit with `code` (`status`'s 1 degraded, 2 failed; `scrub
+/// --wait`'s 2 found something).
+pub fn exits(o: &Output, code: i32) -> String {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// A failing or refused command prints one line `uraid: ...` on stderr, no panic, exit 1.
 pub fn one_line_error(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
@@ -61,6 +74,19 @@ pub fn run(cmd: &mut Command) -> Output {
     let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         o.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// `run` for `status` and `detail`, whose exit status is the array's health: 0 healthy, 1
+/// degraded, 2 failed (4, the command failing, still fails the test).
+pub fn run_health(cmd: &mut Command) -> Output {
+    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        matches!(o.status.code(), Some(0..=2)),
         "{cmd:?} failed: {}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)

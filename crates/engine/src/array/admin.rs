@@ -54,7 +54,8 @@ impl<D: BlockDev> Array<D> {
     /// Removes member `i` from the running array (`uraid remove`, mdadm --remove): its slot
     /// is recorded with no device (`REMOVED_SLOT`), so the device is refused from now on and
     /// the slot waits for a new member (`add`, or a spare). An active or rebuilding member is
-    /// failed first, with `fail_by_operator`'s refusals (and `force`). Durable when it
+    /// refused without `force` (mdadm removes only failed devices); with it, failed first,
+    /// with `fail_by_operator`'s refusals (which `force` also passes). Durable when it
     /// returns.
     pub async fn remove_member(
         self: &std::sync::Arc<Self>,
@@ -78,6 +79,8 @@ impl<D: BlockDev> Array<D> {
         }
         let was = if self.members.is_failed(i) {
             "failed"
+        } else if !force {
+            return Err(in_service(i));
         } else {
             self.fail_by_operator(i, force).await?;
             "active"
@@ -255,4 +258,12 @@ impl<D: BlockDev> Array<D> {
     pub async fn superblock(&self) -> Superblock {
         self.meta.superblock().await
     }
+}
+
+/// Why `remove` refuses member `i` while it is in service (online and offline alike).
+pub(crate) fn in_service(i: usize) -> String {
+    format!(
+        "member {i} is in service (active or rebuilding): fail it first (uraid fail {i}), or \
+         pass --force to fail and remove it at once"
+    )
 }

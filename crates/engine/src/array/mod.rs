@@ -30,7 +30,7 @@ use crate::reactor::RuntimeHandle;
 use crate::shard::Sharded;
 use crate::stripe::{Attempt, StripeLocks};
 
-mod admin;
+pub(crate) mod admin;
 mod badblocks;
 mod journal;
 mod resync;

@@ -275,6 +275,9 @@ pub fn remove_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, A
         return Err(refuse(format!("member {i} was removed already")));
     }
     let missing = plan.missing();
+    if !plan.sb.is_failed(i) && plan.slots[i].is_some() && !force {
+        return Err(refuse(crate::array::admin::in_service(i)));
+    }
     if !plan.sb.is_failed(i) {
         // Active, rebuilding, or missing without a failure on disk: it is failed too.
         let lost: uraid_core::MemberSet = missing.into_iter().filter(|&x| x != i).collect();
