@@ -618,3 +618,34 @@ fn create_with_spares() {
     ));
     assert!(e.contains("given twice"), "{e}");
 }
+
+/// A refused `create` leaves nothing behind: member files `--size` made are removed again
+/// (too few members for the level; a member of another array among them), and a file that
+/// was there before is left as it was.
+#[test]
+fn a_refused_create_leaves_no_member_files_behind() {
+    let dir = tmp("create-refused");
+    let e = one_line_error(&uraid(
+        &["create", "--level", "6", "--size", "48M", "n0", "n1", "n2"],
+        &dir,
+    ));
+    assert!(e.contains("raid6 needs at least 4 members, got 3"), "{e}");
+    assert_eq!(e.matches("needs at least").count(), 1, "printed once: {e}");
+    for n in ["n0", "n1", "n2"] {
+        assert!(!dir.join(n).exists(), "{n} left behind: {e}");
+    }
+    // A member of another array among them: refused, the new files go, the old one stays.
+    create(&dir, "1", 2, &[]);
+    let before = std::fs::read(dir.join("m0")).unwrap();
+    let e = one_line_error(&uraid(
+        &["create", "--level", "5", "--size", "48M", "m0", "k1", "k2"],
+        &dir,
+    ));
+    assert!(e.contains("m0"), "{e}");
+    assert!(!dir.join("k1").exists() && !dir.join("k2").exists(), "{e}");
+    assert!(
+        std::fs::read(dir.join("m0")).unwrap() == before,
+        "m0 changed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -75,12 +75,17 @@ pub fn run(a: CreateArgs) -> Result<()> {
             bail!("{}: given twice", s.display());
         }
     }
+    // Files `--size` creates are removed again if the command is refused: a refused create
+    // leaves nothing behind.
+    let mut made = Made(Vec::new());
     if let Some(sz) = size {
         for m in members.iter().chain(&spare) {
             if !m.exists() {
                 let f = std::fs::File::create(m)
                     .with_context(|| format!("{}: cannot create", m.display()))?;
-                f.set_len(sz)?;
+                made.0.push(m.clone());
+                f.set_len(sz)
+                    .with_context(|| format!("{}: cannot make it {sz} bytes", m.display()))?;
             }
         }
     }
@@ -96,6 +101,9 @@ pub fn run(a: CreateArgs) -> Result<()> {
             journal: journal.map(|j| (j, journal_mode)),
         },
     )?;
+    // Members of an array now: kept whatever follows (a spare refused below is reported,
+    // and the array stands).
+    made.0.retain(|p| spare.contains(p));
     let g = sb.geometry;
     println!(
         "uraid: created {} array '{}' ({}) on {} members: chunk {}, volume {} ({} bytes)",
@@ -116,10 +124,23 @@ pub fn run(a: CreateArgs) -> Result<()> {
         let plan = assemble::plan(&given)?;
         for s in &spare {
             assemble::add_spare(&plan, s, force)?;
+            made.0.retain(|p| p != s);
             println!("uraid: hot spare {}", s.display());
         }
     }
     Ok(())
+}
+
+/// Member files this command created, removed on drop (the command was refused before they
+/// became part of an array).
+struct Made(Vec<std::path::PathBuf>);
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// `--bitmap-chunk`: a size, or "none" (0).

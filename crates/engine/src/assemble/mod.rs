@@ -42,7 +42,9 @@ pub enum AssembleError {
         path: String,
         holder: Holder,
     },
-    #[error("{0}")]
+    /// Transparent: with `{0}` and `#[from]` the message printed twice (itself, then as its
+    /// own source).
+    #[error(transparent)]
     Geometry(#[from] uraid_core::geometry::GeometryError),
     #[error("{path} already holds a uraid superblock (array {uuid}, '{name}'); use --force to overwrite")]
     InUse {
