@@ -5,8 +5,22 @@
 
 use uraid_sim::interaction::{run, run_seed, SimConfig};
 
-/// Seeds of the CI range left out because they fail on a known, open bug (none today).
-const OPEN_FINDINGS: &[u64] = &[];
+/// Seeds that fail on a known, open bug: left out of the CI range (`seeds`), run by the
+/// ignored `open_findings_still_failing`.
+///
+/// Found by `scripts/soak.sh 9 5000` (seeds 5000..16550, 30 failures; none in the CI range):
+/// wrong bytes after reassembly on RAID6 (13), ec with 3 parities (15) and RAID5 (2), with and
+/// without a journal. Not analysed. Seed 10018, the first looked at: RAID6 without a journal,
+/// resync due after a cut, member 4's device dies two operations into the stage, resync
+/// defers every unit (degraded), and after the stage's cut stripe 22, not written in the
+/// stage, reads back wrong with member 4 missing (a torn stripe's parity made to look
+/// consistent, as in seed 29?). The same seeds fail at the start of this session's work
+/// (3d482e5), deterministically for 10018, 7259 and 12662; today they fail in some runs only.
+const OPEN_FINDINGS: &[u64] = &[
+    6783, 6824, 6852, 6891, 7259, 7718, 7915, 8426, 8466, 8761, 9374, 10018, 10033, 10148, 10676,
+    10753, 10968, 11063, 11245, 11563, 12070, 12170, 12498, 12662, 12739, 13675, 15466, 15661,
+    16016, 16259,
+];
 
 /// Closed finding (the durability issue's "rebuild decodes unsynced units"): with no journal
 /// in service, a member lost while stripes wait for resync and a device added into its slot,

@@ -232,6 +232,29 @@ pub struct TrialConfig {
     pub journal_fault: bool,
 }
 
+impl TrialConfig {
+    /// A scripted journal trial: one task and no random workload (the caller drives the
+    /// volume), 8 rows of 4 KiB chunks, a journal in `mode`, nothing else in the background.
+    pub fn journal_script(level: Level, members: usize, mode: JournalMode, seed: u64) -> Self {
+        TrialConfig {
+            level,
+            members,
+            chunk: 4096,
+            rows: 8,
+            seed,
+            tasks: 1,
+            ops_per_task: 0,
+            fail_members: false,
+            lose_after: 0,
+            resync: false,
+            bitmap_daemon: false,
+            safe_mode: false,
+            journal: Some(mode),
+            journal_fault: false,
+        }
+    }
+}
+
 /// Size of the trial journal: eight of the array's largest records.
 pub fn trial_journal_size(g: &Geometry) -> usize {
     (uraid_core::journal::LOG_START + 8 * uraid_core::journal::max_record(g.members, g.chunk))
@@ -1073,22 +1096,7 @@ pub fn journal_failure_every_cut(
     mode: JournalMode,
     seeds: u64,
 ) -> Result<u64, String> {
-    let cfg = TrialConfig {
-        level,
-        members,
-        chunk: 4096,
-        rows: 8,
-        seed: 1,
-        tasks: 1,
-        ops_per_task: 0,
-        fail_members: false,
-        lose_after: 0,
-        resync: false,
-        bitmap_daemon: false,
-        safe_mode: false,
-        journal: Some(mode),
-        journal_fault: false,
-    };
+    let cfg = TrialConfig::journal_script(level, members, mode, 1);
     let g = Geometry::new(level, members, cfg.chunk, cfg.rows * cfg.chunk)
         .map_err(|e| e.to_string())?;
     let sdb = g.stripe_data_bytes();
@@ -1246,22 +1254,7 @@ pub fn dropped_write_every_poll(
     members: usize,
     mode: JournalMode,
 ) -> Result<DroppedWrites, String> {
-    let cfg = TrialConfig {
-        level,
-        members,
-        chunk: 4096,
-        rows: 8,
-        seed: 3,
-        tasks: 1,
-        ops_per_task: 0,
-        fail_members: false,
-        lose_after: 0,
-        resync: false,
-        bitmap_daemon: false,
-        safe_mode: false,
-        journal: Some(mode),
-        journal_fault: false,
-    };
+    let cfg = TrialConfig::journal_script(level, members, mode, 3);
     use std::future::Future as _;
     let mut seen = DroppedWrites::default();
     const POLLS: u64 = 1_000_000;

@@ -195,9 +195,6 @@ impl<D: BlockDev> Array<D> {
                 drop(self.locks.lock(st).await);
             }
         }
-        // A deferred finish dropped while this read waited leaves an orphan (its stripe
-        // may be torn): completed before the read goes to the members.
-        self.settle_orphans().await;
     }
 
     /// Waits until every journalled stripe operation finished its member writes (a clean

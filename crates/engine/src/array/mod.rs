@@ -634,11 +634,12 @@ impl<D: BlockDev> Array<D> {
     pub async fn read(self: &Arc<Self>, off: u64, len: u64) -> Result<Segments, ArrayError> {
         self.validate(off, len)?;
         self.check_serving()?;
-        self.settle_orphans().await;
         self.stats.add(|c| &c.reads, 1);
         let extents: Vec<Extent> = self.geo.map(off, len).collect();
         if self.journal.get().is_some() {
             self.wait_deferred(extents.iter().map(|e| e.stripe)).await;
+            // After the wait: a deferred finish dropped meanwhile leaves an orphan.
+            self.settle_orphans().await;
         }
         // Around members flagged slow where redundancy allows (`read_holders`); if that
         // fails (a media error on top), the same read again reading them.
