@@ -681,12 +681,12 @@ impl<D: BlockDev> Members<D> {
         self.rebuilt[i].fetch_max(to, Ordering::AcqRel);
     }
 
-    /// Member `i` holds every unit: it is an ordinary member from now on.
     /// Whether slot `i`'s device has served no reads since assembly (`unseen`).
     pub(crate) fn unseen_since_start(&self, i: usize) -> bool {
         self.unseen.load(Ordering::Acquire) & (1 << i) != 0
     }
 
+    /// Member `i` holds every unit: it is an ordinary member from now on.
     pub(crate) fn rebuild_done(&self, i: usize) {
         self.unseen.fetch_and(!(1 << i), Ordering::AcqRel);
         self.rebuilding.fetch_and(!(1 << i), Ordering::AcqRel);

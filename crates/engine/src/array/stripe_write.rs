@@ -260,7 +260,13 @@ impl<D: BlockDev> Array<D> {
             let data_state: Vec<Shard> = (0..k).map(|i| shard(g.data_member(stripe, i))).collect();
             let parity_state: Vec<Shard> =
                 (0..m).map(|j| shard(g.parity_member(stripe, j))).collect();
-            let plan = plan_write(&mods.covered, &mods.touched, &data_state, &parity_state);
+            let plan = plan_write(
+                &mods.covered,
+                &mods.touched,
+                &data_state,
+                &parity_state,
+                !unsynced,
+            );
 
             let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
             let built = match &plan {
@@ -331,8 +337,8 @@ impl<D: BlockDev> Array<D> {
     /// `fetch` (decoding those on lost members), overlays `mods`, encodes into `parity`
     /// (span-sized, one per parity chunk). Returns the data chunks to write (index, bytes),
     /// or Retry when a member read failed (the plan is made again). On an `unsynced` stripe
-    /// a decoded chunk is never written: Err(members) (the write is refused, like a read of
-    /// it) when a partly written chunk's old bytes had to be decoded.
+    /// no decoded chunk is written or encoded into parity: Err(members) (the write is
+    /// refused, like a read of it) when a fetched chunk had to be decoded.
     async fn reconstruct_write(
         &self,
         stripe: u64,
@@ -351,12 +357,22 @@ impl<D: BlockDev> Array<D> {
             Attempt::Done(v) => v,
             Attempt::Retry => return Ok(Ok(Attempt::Retry)),
         };
-        if unsynced
-            && fetch
+        // On an unsynced stripe no decoded chunk may feed the new parity: encoded around a
+        // wrong decode (the stripe torn), the stripe would become a codeword and later pass
+        // the spare-parity check as intact. The planner picks read-modify-write there
+        // whenever it can run; this is the rest (the members that can be counted on to
+        // have been decoded: failed now, excluded, or behind a rebuild).
+        if unsynced {
+            let gone = self
+                .check_serving()?
+                .union(*excl)
+                .union(self.members.stale_at(stripe));
+            if fetch
                 .iter()
-                .any(|&i| touched[i] && excl.contains(g.data_member(stripe, i)))
-        {
-            return Ok(Err(*excl));
+                .any(|&i| gone.contains(g.data_member(stripe, i)))
+            {
+                return Ok(Err(*excl));
+            }
         }
         let mut old = old.into_iter();
         let mut data: Vec<IoBuf> = (0..k)
