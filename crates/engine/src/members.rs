@@ -226,6 +226,25 @@ pub(crate) struct Health {
     pub(crate) corrected: AtomicU64,
 }
 
+/// One I/O's entry in `Health::waiting`, removed when dropped.
+struct Registration<'a> {
+    h: &'a Health,
+    key: Option<(usize, usize)>,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        if let Some((shard, k)) = self.key.take() {
+            let mut w = lock(self.h.waiting.get(shard));
+            // An abort drains the slab (and no I/O registers after it), so a present key is
+            // still ours.
+            if w.contains(k) {
+                w.remove(k);
+            }
+        }
+    }
+}
+
 impl Health {
     /// Runs one I/O of this device; fails it with ETIMEDOUT (`aborted` builds the output)
     /// once the watchdog aborted the device. `watched`: a watchdog runs (else the I/O just
@@ -250,36 +269,32 @@ impl Health {
         }
         let mut op = std::pin::pin!(op);
         // Registered in the shard of the thread that first waits; removed from that shard
-        // (the future may be polled later on another thread).
-        let mut key: Option<(usize, usize)> = None;
+        // (the future may be polled later on another thread) when it completes or is
+        // dropped unfinished (a hedged read takes the first answers it needs and drops the
+        // rest): a registration left behind would look to the watchdog like an I/O that
+        // never answers, and it would fail the member as hung.
+        let mut reg = Registration { h, key: None };
         let r = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = op.as_mut().poll(cx) {
                 return Poll::Ready(Some(r));
             }
-            let shard = key.map_or_else(shard::index, |(s, _)| s);
+            let shard = reg.key.map_or_else(shard::index, |(s, _)| s);
             let mut w = lock(h.waiting.get(shard));
             if h.aborted.load(Ordering::Acquire) {
                 return Poll::Ready(None);
             }
-            match key {
+            match reg.key {
                 Some((_, k)) => {
                     if let Some(slot) = w.get_mut(k) {
                         slot.0.clone_from(cx.waker());
                     }
                 }
-                None => key = Some((shard, w.insert((cx.waker().clone(), Instant::now())))),
+                None => reg.key = Some((shard, w.insert((cx.waker().clone(), Instant::now())))),
             }
             Poll::Pending
         })
         .await;
-        if let Some((shard, k)) = key {
-            let mut w = lock(h.waiting.get(shard));
-            // An abort drains the slab (and no I/O registers after it), so a present key is
-            // still ours.
-            if w.contains(k) {
-                w.remove(k);
-            }
-        }
+        drop(reg);
         match r {
             Some(r) => r,
             None => aborted(timeout()),

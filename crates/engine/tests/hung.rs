@@ -295,3 +295,37 @@ fn a_host_stall_fails_no_member_and_every_write_completes() {
     assert_eq!(vol.array().failed(), MemberSet::EMPTY.with(0).with(3));
     assert!(read_all(&rt, &vol)[..] == payload(5, size)[..]);
 }
+
+/// A member read dropped before it answered (a hedged read keeps the first answers it needs
+/// and drops the rest) leaves nothing behind for the watchdog: the member, answering again,
+/// is not failed as hung one timeout later. Before, the dropped I/O's registration stayed
+/// and aged, and the watchdog failed the member.
+#[test]
+fn a_dropped_member_read_is_not_taken_for_a_hung_one() {
+    let rt = Runtime::new(1, 64, true).unwrap();
+    let vol = written_raid6(&rt, None);
+    let m = vol.geometry().data_member(0, 0);
+    hang(&vol, m, true);
+    let v = vol.clone();
+    let pending = rt.handle().block_on(0, move || async move {
+        let mut f = Box::pin(v.read(0, CHUNK));
+        let mut pending = true;
+        for _ in 0..64 {
+            if futures::poll!(&mut f).is_ready() {
+                pending = false;
+                break;
+            }
+            uraid_engine::reactor::yield_now().await;
+        }
+        pending
+    });
+    assert!(pending, "the read of a hung member answered");
+    hang(&vol, m, false);
+    std::thread::sleep(4 * TIMEOUT);
+    assert!(
+        !vol.array().is_failed(m),
+        "the member was failed for a read nobody waits for"
+    );
+    let _ = read_all(&rt, &vol);
+    assert!(!vol.array().is_failed(m));
+}

@@ -769,7 +769,7 @@ fn verify(
                 // The power cut a metadata round short and only the member left out holds
                 // its record (a rebuild's end, say): the rest describe the array as it was
                 // before, which may not start without it. Nothing is read then.
-                Err(_) if sole_newest(media, i) => {
+                Err(e) if e.contains("cannot start") && sole_newest(media, i) => {
                     let mut next = next;
                     if clean {
                         next.alts.clear();
@@ -788,24 +788,28 @@ fn verify(
     Ok(next)
 }
 
-/// Whether image `i` holds a superblock newer (by event count) than every other image's.
+/// Whether image `i` alone holds the newest metadata round: every other member its
+/// superblock names holds the round before (one event fewer), as a power cut in the middle of
+/// a round leaves them.
 fn sole_newest(media: &Media, i: usize) -> bool {
-    use uraid_core::format::{pick_superblock, SB_SIZE};
-    let events = |img: &Vec<u8>| {
+    use uraid_core::format::{pick_superblock, Superblock, SB_SIZE};
+    let sb = |img: &Vec<u8>| -> Option<Superblock> {
         (img.len() >= 2 * SB_SIZE)
             .then(|| pick_superblock(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]).ok())
             .flatten()
-            .map(|sb| sb.events)
     };
-    let Some(mine) = media.images.get(i).and_then(events) else {
+    let Some(mine) = media.images.get(i).and_then(sb) else {
         return false;
     };
-    media
+    let others: Vec<Superblock> = media
         .images
         .iter()
         .enumerate()
         .filter(|&(j, _)| j != i && media.present[j])
-        .all(|(_, img)| events(img).is_none_or(|e| e < mine))
+        .filter_map(|(_, img)| sb(img))
+        .filter(|o| mine.slot_uuids.contains(&o.device_uuid))
+        .collect();
+    !others.is_empty() && others.iter().all(|o| o.events + 1 == mine.events)
 }
 
 /// Reads every stripe of `vol` and checks it against `events` on top of `base` (the next

@@ -89,6 +89,22 @@ impl<D: BlockDev> Array<D> {
         want: &[usize],
         excl: &mut MemberSet,
     ) -> Result<Attempt<Vec<Option<IoBuf>>>, ArrayError> {
+        let mut decoded = MemberSet::EMPTY;
+        self.fetch_data_noting(stripe, lo, len, want, excl, &mut decoded)
+            .await
+    }
+
+    /// `fetch_data`, also setting `decoded` to the members whose wanted chunks it decoded
+    /// (not read).
+    pub(crate) async fn fetch_data_noting(
+        &self,
+        stripe: u64,
+        lo: u64,
+        len: u64,
+        want: &[usize],
+        excl: &mut MemberSet,
+        decoded: &mut MemberSet,
+    ) -> Result<Attempt<Vec<Option<IoBuf>>>, ArrayError> {
         // Members that do not hold the unit now, taken again at every attempt: a device put
         // into a failed slot while this operation waited on another member (an add, a hot
         // spare) is rebuilt from its start and lacks the unit; a chunk on a bad-block list
@@ -102,6 +118,7 @@ impl<D: BlockDev> Array<D> {
             .copied()
             .filter(|&i| f.contains(g.data_member(stripe, i)))
             .collect();
+        *decoded = missing.iter().map(|&i| g.data_member(stripe, i)).collect();
         let mut out: Vec<Option<IoBuf>> = (0..want.len()).map(|_| None).collect();
         if missing.is_empty() {
             let reqs: Vec<_> = want

@@ -231,7 +231,7 @@ impl<D: BlockDev> Array<D> {
         // for chunks this batch leaves untouched (each read would spend the member's error
         // budget, and their chunk could only be decoded from untrusted parity), as long as
         // the stripe can do without them.
-        let noted = if unsynced {
+        let mut noted = if unsynced {
             let touched: MemberSet = (0..k)
                 .filter(|&i| mods.touched[i])
                 .map(|i| g.data_member(stripe, i))
@@ -271,9 +271,9 @@ impl<D: BlockDev> Array<D> {
             let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
             let built = match &plan {
                 WritePlan::FullStripe | WritePlan::Reconstruct { .. } => {
-                    let fetch: &[usize] = match &plan {
-                        WritePlan::Reconstruct { fetch, .. } => fetch,
-                        _ => &[],
+                    let fetch: (&[usize], bool) = match &plan {
+                        WritePlan::Reconstruct { fetch, decode } => (fetch, *decode),
+                        _ => (&[], false),
                     };
                     let built = self
                         .reconstruct_write(stripe, &mods, fetch, unsynced, &mut excl, &mut parity)
@@ -284,6 +284,14 @@ impl<D: BlockDev> Array<D> {
                             .note_unreadable(stripe, excl.minus(stale).minus(failed));
                     }
                     match built? {
+                        // Members noted unreadable here earlier, kept out to spare their
+                        // error budget, may be what rules read-modify-write out (a parity
+                        // chunk): planned once more with them read before refusing.
+                        Err(_) if !excl.minus(excl.minus(noted)).is_empty() => {
+                            excl = excl.minus(noted);
+                            noted = MemberSet::EMPTY;
+                            continue;
+                        }
                         Err(members) => {
                             return Err(self.unsynced_unreadable(stripe, members.union(failed)))
                         }
@@ -343,7 +351,7 @@ impl<D: BlockDev> Array<D> {
         &self,
         stripe: u64,
         mods: &StripeMods<'_>,
-        fetch: &[usize],
+        (fetch, planned_decode): (&[usize], bool),
         unsynced: bool,
         excl: &mut MemberSet,
         parity: &mut [IoBuf],
@@ -353,26 +361,25 @@ impl<D: BlockDev> Array<D> {
         let k = g.data_chunks();
         let (lo, span) = (mods.lo, mods.hi - mods.lo);
         let codec = self.codec.as_ref().expect("parity level has a codec");
-        let old = match self.fetch_data(stripe, lo, span, fetch, excl).await? {
+        let mut decoded = MemberSet::EMPTY;
+        let old = match self
+            .fetch_data_noting(stripe, lo, span, fetch, excl, &mut decoded)
+            .await?
+        {
             Attempt::Done(v) => v,
             Attempt::Retry => return Ok(Ok(Attempt::Retry)),
         };
         // On an unsynced stripe no decoded chunk may feed the new parity: encoded around a
         // wrong decode (the stripe torn), the stripe would become a codeword and later pass
         // the spare-parity check as intact. The planner picks read-modify-write there
-        // whenever it can run; this is the rest (the members that can be counted on to
-        // have been decoded: failed now, excluded, or behind a rebuild).
-        if unsynced {
-            let gone = self
-                .check_serving()?
-                .union(*excl)
-                .union(self.members.stale_at(stripe));
-            if fetch
-                .iter()
-                .any(|&i| gone.contains(g.data_member(stripe, i)))
-            {
-                return Ok(Err(*excl));
-            }
+        // whenever it can run; a decode it planned is refused. One it did not plan (a
+        // member failed or went behind since) makes the plan again, which sees that member.
+        if unsynced && !decoded.is_empty() {
+            return Ok(if planned_decode {
+                Err(*excl)
+            } else {
+                Ok(Attempt::Retry)
+            });
         }
         let mut old = old.into_iter();
         let mut data: Vec<IoBuf> = (0..k)
