@@ -180,3 +180,46 @@ fn a_read_that_cannot_be_reconstructed_around_a_slow_member_reads_it() {
     }
     assert!(a.failed().is_empty(), "nothing failed: {:?}", a.failed());
 }
+
+/// A read around a slow member asks every other readable member and decodes from the first
+/// k to answer: another member that does not answer at all does not hold it up (RAID6 of
+/// six: five readable, four needed). Three reads, so that a probe (one in `PROBE` goes to
+/// the slow member) cannot be all of them.
+#[test]
+fn a_read_around_a_slow_member_does_not_wait_for_the_slowest_of_the_rest() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let (vol, faults, want) = array(Level::Raid6, 6);
+    flag_slow(&vol, &faults, &want);
+    let g = *vol.geometry();
+    let k = g.data_chunks();
+    let (s, i) = (0..g.rows())
+        .find_map(|s| {
+            (0..k)
+                .find(|&i| g.data_member(s, i) == SLOW)
+                .map(|i| (s, i))
+        })
+        .unwrap();
+    let other = (0..k)
+        .map(|i| g.data_member(s, i))
+        .find(|&m| m != SLOW)
+        .unwrap();
+    faults[other].hang.store(true, Ordering::SeqCst);
+    let off = s * g.stripe_data_bytes() + i as u64 * CHUNK;
+    for n in 0..3 {
+        let (tx, rx) = mpsc::channel();
+        let v = vol.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(block_on(v.read(off, CHUNK)).map(|b| b.to_vec()));
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("read {n} waited for member {other}, which hangs"))
+            .unwrap();
+        assert!(
+            got[..] == want[off as usize..(off + CHUNK) as usize],
+            "read {n}"
+        );
+    }
+    faults[other].hang.store(false, Ordering::SeqCst);
+}

@@ -1011,8 +1011,16 @@ impl<D: BlockDev> Array<D> {
                 excl = excl.minus(around);
                 around = MemberSet::EMPTY;
             }
+            let mut decoded = MemberSet::EMPTY;
             match self
-                .fetch_data(e.stripe, e.chunk_off, e.len, &[e.index], &mut excl)
+                .fetch_data_noting(
+                    e.stripe,
+                    (e.chunk_off, e.len),
+                    &[e.index],
+                    &mut excl,
+                    &mut decoded,
+                    !around.is_empty(),
+                )
                 .await
             {
                 Ok(Attempt::Done(mut v)) => {
