@@ -215,7 +215,9 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
         failures.join("\n\n")
     );
     let count = |what: &str| total.actions.iter().filter(|a| a.contains(what)).count();
-    // The mix really happened (a configuration change that drops a fault class fails here).
+    // The mix really happened (a configuration change that drops a fault class fails here),
+    // checked on the CI range: a soak batch elsewhere (`URAID_SIM_START`) may lack a class.
+    let ci_range = std::env::var_os("URAID_SIM_START").is_none();
     for what in [
         "added into a failed slot: Ok",
         "takes over: Ok",
@@ -231,9 +233,16 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
         "operator fails",
         "remove",
     ] {
-        assert!(count(what) > 0, "no '{what}' in {} stages", total.stages);
+        assert!(
+            !ci_range || count(what) > 0,
+            "no '{what}' in {} stages",
+            total.stages
+        );
     }
-    assert!(total.power_cuts * 2 > total.stages, "{total:?}");
+    assert!(
+        !ci_range || total.power_cuts * 2 > total.stages,
+        "{total:?}"
+    );
     eprintln!(
         "{} stages, {} power cuts, {} writes acknowledged, {} reads checked; adds {}, \
          replaces {}, rebuilds {}, resyncs {}, scrubs {}, removes {}, planted {}",
