@@ -7,6 +7,10 @@ same slow member with `--slow-factor 0` (every read of its chunks waits for it).
 IOPS and p99 completion latency over the runs, and each slow case against healthy. Usage:
 
     scripts/bench_slow.py [--runs 5] [--runtime 10] [--qd 8] [--times 20] [--dir /dev/shm/uraid-slow]
+                          [--compare OTHER_URAID_BINARY]
+
+--compare adds a fourth case in the same runs: the slow member read around by another build
+(an A/B of a change to the read-around path).
 """
 import argparse, os, shutil, statistics
 
@@ -37,6 +41,7 @@ def main():
     ap.add_argument("--qd", type=int, default=8)
     ap.add_argument("--times", type=float, default=20, help="how many times slower member 2 is made")
     ap.add_argument("--dir", default="/dev/shm/uraid-slow")
+    ap.add_argument("--compare", help="another uraid binary: adds its read-around case")
     a = ap.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
     members = [FuseMember(os.path.join(a.dir, f"m{i}"), SIZE) for i in range(MEMBERS)]
@@ -53,8 +58,8 @@ def main():
         sock, ctl = os.path.join(a.dir, "nbd.sock"), os.path.join(a.dir, "ctl.sock")
         uri = f"nbd+unix:///slow?socket={sock}"
 
-        def serve(factor):
-            return Server([URAID, "serve", f"--listen=unix:{sock}", f"--control=unix:{ctl}",
+        def serve(factor, binary=URAID):
+            return Server([binary, "serve", f"--listen=unix:{sock}", f"--control=unix:{ctl}",
                            f"--slow-factor={factor}", *paths], sock=sock, unlink=[ctl],
                           log=os.path.join(a.dir, "serve.log")).start()
 
@@ -62,14 +67,16 @@ def main():
         run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1m", "--iodepth=4",
              "--size=100%"])
         s.stop(check=True)
-        cases = [("healthy", 0, 5), ("slow, read around (--slow-factor 5)", delay_ms, 5),
-                 ("slow, --slow-factor 0", delay_ms, 0)]
+        cases = [("healthy", 0, 5, URAID), ("slow, read around (--slow-factor 5)", delay_ms, 5, URAID),
+                 ("slow, --slow-factor 0", delay_ms, 0, URAID)]
+        if a.compare:
+            cases.append((f"slow, read around, {a.compare}", delay_ms, 5, a.compare))
         res = {c[0]: [] for c in cases}
         for r in range(a.runs):
-            for name, delay, factor in cases:
+            for name, delay, factor, binary in cases:
                 members[SLOW].stop()
                 start(members[SLOW], delay)
-                s = serve(factor)
+                s = serve(factor, binary)
                 # Long enough for the judgement (3 s) before the measured run.
                 fio(uri, 5, a.qd)
                 st = status(ctl)
@@ -85,7 +92,7 @@ def main():
               f"{a.runs} runs x {a.runtime:.0f} s, medians")
         print("| case | IOPS | vs healthy | p99 (us) | vs healthy | IOPS spread | flagged |")
         print("|---|---|---|---|---|---|---|")
-        for name, _, _ in cases:
+        for name, _, _, _ in cases:
             iops = statistics.median(v[0] for v in res[name])
             p99 = statistics.median(v[1] for v in res[name])
             flagged = sum(v[2] for v in res[name])

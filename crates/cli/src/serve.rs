@@ -66,6 +66,11 @@ pub struct ServeArgs {
     /// needed (mdadm --assemble --force). Their data may be out of date; logged.
     #[arg(long)]
     pub force: bool,
+    /// Start although members the array has in service are not among the devices given
+    /// (or were refused): degraded, and once it writes they are recorded failed and need a
+    /// rebuild. Refused otherwise, naming each one (mdadm --run).
+    #[arg(long)]
+    pub run: bool,
     /// Start a parity array that was not stopped cleanly although members are missing or
     /// failed (refused otherwise: stripes being written at the stop may rebuild wrong data
     /// for the missing members). md's start_dirty_degraded.
@@ -416,6 +421,7 @@ fn checked_plan(args: &ServeArgs, members: &[PathBuf], events: &Events) -> Resul
     }
     plan.can_start()?;
     plan.check_dirty_degraded(args.start_dirty_degraded)?;
+    plan.check_complete(args.run)?;
     let g = plan.sb.geometry;
     if plan.check_dirty_degraded(false).is_err() {
         warn(

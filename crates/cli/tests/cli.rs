@@ -204,7 +204,12 @@ fn status_reports_missing_stale_and_foreign_members() {
         1,
     ))
     .unwrap();
-    assert_eq!(j["state"], "degraded (1 of 6 members unavailable)");
+    // Member 1 is in service on disk: serve would need --run (mdadm's rule).
+    assert_eq!(
+        j["state"],
+        "degraded (1 of 6 members unavailable): member(s) [1] in service were not given: serve \
+         refuses it without --run"
+    );
     assert_eq!(j["slots"][1]["state"], "missing");
     assert_eq!(j["can_start"], true);
     // A foreign member: another array's disk.
@@ -647,5 +652,54 @@ fn a_refused_create_leaves_no_member_files_behind() {
         std::fs::read(dir.join("m0")).unwrap() == before,
         "m0 changed"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// mdadm's --run: a member list with a typo (m0 twice, m3 left out) is refused, naming the
+/// slot and device left out, and nothing is written (the left-out member is not recorded
+/// failed: every member given again, the array is healthy); `--run` starts it degraded.
+/// A member the array recorded failed needs no --run.
+#[test]
+fn a_member_list_that_leaves_a_member_in_service_out_is_refused_without_run() {
+    let dir = tmp("run");
+    create(&dir, "5", 4, &["--name", "r"]);
+    let uuid = {
+        let j: serde_json::Value =
+            serde_json::from_str(&ok(&uraid(&["examine", "--json", "m3"], &dir))).unwrap();
+        j["device_uuid"].as_str().expect("device_uuid").to_string()
+    };
+    let listen = format!("unix:{}", dir.join("nbd.sock").display());
+    let typo = [
+        "serve",
+        "--listen",
+        &listen,
+        "--control",
+        "none",
+        "m0",
+        "m1",
+        "m2",
+        "m0",
+    ];
+    let o = uraid(&typo, &dir);
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("m0: duplicate of member 0"), "{e}");
+    assert!(
+        e.contains("member 3 (device ") && e.contains("--run"),
+        "{e}"
+    );
+    assert!(
+        uuid.is_empty() || e.contains(&uuid),
+        "names the device {uuid}: {e}"
+    );
+    assert_eq!(e.matches("not starting").count(), 1, "printed once: {e}");
+    let status = exits(&uraid(&["status", "m0", "m1", "m2", "m3"], &dir), 0);
+    assert!(status.contains("[4/4] [UUUU]"), "{status}");
+    // --run: starts degraded.
+    let srv = Serve::new(&dir)
+        .args(["--run"])
+        .members(["m0", "m1", "m2"])
+        .start();
+    srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -375,7 +375,7 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
     // members read back; chunks of the missing member are decoded where the members
     // present agree (RAID6 has a parity to spare) and fail with EIO in the torn stripe
     // instead of returning whatever its parity gives.
-    let srv = serve(&dir, &m[..5], &["--start-dirty-degraded"]);
+    let srv = serve(&dir, &m[..5], &["--run", "--start-dirty-degraded"]);
     let (mut served, mut refused) = (0, 0);
     for c in 0..16u64 {
         let o = Command::new("qemu-io")
@@ -488,7 +488,7 @@ fn idle_regions_are_cleared_so_a_later_crash_leaves_nothing_to_resync() {
     ));
     assert!(st.contains("nothing to resync"), "{st}");
     // Degraded and not clean, but no region dirty: it starts unasked and serves every byte.
-    let srv = serve(&dir, &m[..5], &[]);
+    let srv = serve(&dir, &m[..5], &["--run"]);
     qemu_io(&srv.uri(), &["read -P 0x6b 0 1M".into()]);
     srv.stop();
 }
@@ -530,7 +530,7 @@ fn an_idle_server_marks_the_array_clean_and_the_next_write_dirty() {
     }
     // Clean on disk: it starts degraded without --start-dirty-degraded, nothing to resync,
     // and every byte is there.
-    let srv = serve(&dir, &m[..5], &[]);
+    let srv = serve(&dir, &m[..5], &["--run"]);
     qemu_io(
         &srv.uri(),
         &["read -P 0x3c 0 1M".into(), "read -P 0x3d 1M 1M".into()],
@@ -665,7 +665,7 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
     qemu_io(&srv.uri(), &pattern_cmds(mib, 0, "write"));
     srv.stop();
     // Member 5 is gone; the array is written degraded.
-    let srv = serve(&dir, &m[..5], &[]);
+    let srv = serve(&dir, &m[..5], &["--run"]);
     qemu_io(&srv.uri(), &pattern_cmds(8, 100, "write"));
     srv.stop();
     let new = dir.join("new5");
@@ -771,7 +771,7 @@ fn failed_member_is_replaced_and_rebuilt_across_a_kill() {
     assert!(ev.contains("fully redundant again"), "{ev}");
     srv.stop();
     // Members 0 and 1 taken away: the new member is needed for every stripe.
-    let srv = serve(&dir, &members[2..], &[]);
+    let srv = serve(&dir, &members[2..], &["--run"]);
     let mut want = pattern_cmds(8, 100, "read");
     want.extend(pattern_cmds(mib, 0, "read").into_iter().skip(8));
     qemu_io(&srv.uri(), &want);
@@ -966,7 +966,7 @@ fn raid6_loses_two_members_under_fio_verify_and_recovers_on_spares() {
     // Members 0 and 2 away: every stripe needs the spares' rebuilt chunks.
     let mut rest: Vec<PathBuf> = vec![m[1].clone(), m[3].clone(), m[4].clone(), m[5].clone()];
     rest.extend(spares.iter().cloned());
-    let srv = serve(&dir, &rest, &[]);
+    let srv = serve(&dir, &rest, &["--run"]);
     fio_job(&dir, "w", &srv.uri(), "rw=randwrite\nverify_only=1");
     srv.stop();
 }
@@ -1201,7 +1201,7 @@ fn a_member_is_replaced_while_serving_and_offline() {
     assert!(out.contains("member 4 of array 'vol' replaced by"), "{out}");
     members[4] = new4.clone();
     // Members 0 and 1 away: new2 and new4 are needed for every stripe.
-    let srv = serve(&dir, &members[2..], &[]);
+    let srv = serve(&dir, &members[2..], &["--run"]);
     let mut want = pattern_cmds(4, 50, "read");
     want.extend(pattern_cmds(16, 7, "read").into_iter().skip(4));
     qemu_io(&srv.uri(), &want);
@@ -1304,7 +1304,7 @@ fn a_replace_interrupted_by_sigkill_resumes_after_restart() {
     let mut members = m.clone();
     members[2] = new2.clone();
     members[5] = new5.clone();
-    let srv = serve(&dir, &members[2..], &[]);
+    let srv = serve(&dir, &members[2..], &["--run"]);
     qemu_io(&srv.uri(), &pattern_cmds(mib, 3, "read"));
     srv.stop();
 }

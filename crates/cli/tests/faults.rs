@@ -664,7 +664,7 @@ fn power_cut_behind_volatile_caches_then_resync_then_member_lost() {
             .filter(|&i| i != lost)
             .map(|i| paths[i].clone())
             .collect();
-        let srv = serve(&dir, &sock, &log, &some, &["--read-only"]);
+        let srv = serve(&dir, &sock, &log, &some, &["--read-only", "--run"]);
         let got = read_volume(&dir, &uri);
         srv.stop();
         for blk in 0..vol_len / 4096 {
@@ -802,7 +802,7 @@ fn power_cut_with_a_journal_then_degraded_at_once() {
             .filter(|&i| i != lost)
             .map(|i| paths[i].clone())
             .collect();
-        let srv = serve(&run_dir, &sock, &log, &some, &[]);
+        let srv = serve(&run_dir, &sock, &log, &some, &["--run"]);
         let got = read_volume(&run_dir, &uri);
         srv.stop();
         let l = std::fs::read_to_string(&log).unwrap_or_default();
@@ -909,7 +909,7 @@ fn raid6_member_returning_eio_under_fio_verify_is_rebuilt_onto_a_spare() {
     // Members 0 and 1 away (and the failed device): every stripe needs the spare.
     let mut rest: Vec<PathBuf> = members[3..].to_vec();
     rest.push(spare.clone());
-    let s = serve(&dir, &sock, &dir.join("verify.log"), &rest, &[]);
+    let s = serve(&dir, &sock, &dir.join("verify.log"), &rest, &["--run"]);
     fio_job(&dir, "w", &uri, "rw=randwrite\nverify_only=1");
     s.stop();
     drop(faulty);
@@ -1205,7 +1205,13 @@ fn rebuild_past_a_survivor_returning_eio_completes_with_bad_blocks_a_write_clear
     let uri = format!("nbd+unix:///f?socket={}", sock.display());
     const MIB: usize = 1 << 20;
     // Member 0 missing: a write records it failed.
-    let s = serve(&dir, &sock, &dir.join("degraded.log"), &members[1..], &[]);
+    let s = serve(
+        &dir,
+        &sock,
+        &dir.join("degraded.log"),
+        &members[1..],
+        &["--run"],
+    );
     write_ranges(&dir, &uri, &image, &[(0, MIB)], "degraded");
     s.stop();
     let new = dir.join("new0");
@@ -1300,7 +1306,7 @@ fn serve_starts_without_a_member_that_hangs_at_assembly() {
     let pid = faulty.nbdkit.id();
     freeze(pid, true);
     let t = Instant::now();
-    let s = serve(&dir, &sock, &log, &members, &["--io-timeout", "2"]);
+    let s = serve(&dir, &sock, &log, &members, &["--io-timeout", "2", "--run"]);
     let took = t.elapsed();
     let got = read_volume(&dir, &uri);
     s.stop();

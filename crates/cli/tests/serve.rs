@@ -150,7 +150,7 @@ fn qemu_img_and_nbdcopy_round_trip_with_holes_and_degraded_restart() {
         .arg(s.tcp_uri()));
     s.stop();
     // Restart with two of the six members gone: same data.
-    let s = serve(&dir, &m[2..], &[]);
+    let s = serve(&dir, &m[2..], &["--run"]);
     run(Command::new("qemu-img")
         .args(["compare", "-f", "raw", "-F", "raw"])
         .arg(&full)
@@ -225,7 +225,7 @@ fn ext4_on_the_volume_survives_restart_and_two_missing_members() {
     s.stop();
 
     for members in [&m[..], &m[2..]] {
-        let s = serve(&dir, members, &["--read-only"]);
+        let s = serve(&dir, members, &["--read-only", "--run"]);
         let fuse = Fuse::mount(&dir, &s.uri(), true);
         run(Command::new("e2fsck").args(["-fn"]).arg(&fuse.loopdev));
         run(Command::new("mount")

@@ -55,6 +55,20 @@ pub enum PlanError {
         /// Where: the dirty regions of the write-intent bitmap, or "anywhere".
         regions: String,
     },
+    #[error(
+        "not starting {level} array '{name}' degraded: {absent} not among the devices given \
+         or refused (above), though the array has {them} in service. Give every member, or \
+         pass --run to start without {them} (mdadm --run); once the array writes, {them} \
+         {is} recorded failed"
+    )]
+    Incomplete {
+        level: Level,
+        name: String,
+        /// "member 2 (device UUID)", ...
+        absent: String,
+        them: &'static str,
+        is: &'static str,
+    },
     #[error("cannot start {level} array '{name}': {missing} of {members} members missing or failed, it tolerates {tolerates}")]
     TooManyMissing {
         level: Level,
@@ -117,6 +131,41 @@ impl Plan {
                 self.slots[i].is_none() || self.sb.is_failed(i) || self.sb.is_rebuilding(i)
             })
             .collect()
+    }
+
+    /// Slots the array has in service (active, or being rebuilt) whose member is not among
+    /// the devices given, or was refused: a start without them would be degraded although
+    /// the superblocks record no failure.
+    pub fn absent(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].is_none() && !self.sb.is_failed(i) && !self.sb.is_removed(i))
+            .collect()
+    }
+
+    /// mdadm's rule for an explicit member list: an array that would start with fewer
+    /// members than it has in service (a typo, a device slow to appear, a member of another
+    /// array given by mistake) is refused unless `run`. Members already recorded failed do
+    /// not count: the array was degraded before.
+    pub fn check_complete(&self, run: bool) -> Result<(), PlanError> {
+        let absent = self.absent();
+        if run || absent.is_empty() {
+            return Ok(());
+        }
+        let one = absent.len() == 1;
+        Err(PlanError::Incomplete {
+            level: self.sb.geometry.level,
+            name: self.sb.name.clone(),
+            absent: absent
+                .iter()
+                .map(|&i| {
+                    let uuid = self.sb.slot_uuids.get(i).copied().unwrap_or_default();
+                    format!("member {i} (device {})", uuid_string(&uuid))
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            them: if one { "it" } else { "them" },
+            is: if one { "is" } else { "are" },
+        })
     }
 
     /// md's rule for parity levels: an array that was not stopped cleanly and is degraded
@@ -449,6 +498,43 @@ mod tests {
             sb,
             slot: 0,
         }
+    }
+
+    /// mdadm's --run: a member the array has in service but not given is refused by name;
+    /// one recorded failed is not (the array was degraded before); `run` starts anyway.
+    #[test]
+    fn a_start_without_a_member_in_service_needs_run() {
+        let plan = decide(
+            vec![member(0, 5), member(1, 5), member(3, 5)],
+            vec![],
+            false,
+        )
+        .unwrap();
+        assert_eq!(plan.absent(), vec![2]);
+        assert!(plan.can_start().is_ok());
+        let e = plan.check_complete(false).unwrap_err().to_string();
+        assert!(
+            e.contains("member 2 (device 03030303-0303-0303-0303-030303030303)")
+                && e.contains("--run"),
+            "{e}"
+        );
+        assert!(plan.check_complete(true).is_ok());
+        // Recorded failed: degraded already, no --run needed.
+        let failed = |i| {
+            let mut m = member(i, 6);
+            m.sb.states[2] = MemberState::Failed;
+            m
+        };
+        let plan = decide(vec![failed(0), failed(1), failed(3)], vec![], false).unwrap();
+        assert!(plan.absent().is_empty());
+        assert_eq!(plan.missing(), vec![2]);
+        assert!(plan.check_complete(false).is_ok());
+        // Every member given: nothing to say.
+        let all = (0..4).map(|i| member(i, 5)).collect();
+        assert!(decide(all, vec![], false)
+            .unwrap()
+            .check_complete(false)
+            .is_ok());
     }
 
     #[test]

@@ -165,6 +165,12 @@ fn health(plan: &Plan) -> String {
              it without --start-dirty-degraded (give every member to resync)",
             plan.slots.len()
         ),
+        (Ok(()), n) if plan.check_complete(false).is_err() => format!(
+            "degraded ({n} of {} members unavailable): member(s) {:?} in service were not \
+             given: serve refuses it without --run",
+            plan.slots.len(),
+            plan.absent()
+        ),
         (Ok(()), n) => format!("degraded ({n} of {} members unavailable)", plan.slots.len()),
     }
 }

@@ -1002,6 +1002,12 @@ impl<D: BlockDev> Array<D> {
             drop(held);
             return Err(self.unsynced_unreadable(e.stripe, excl.union(at.failed)));
         }
+        let (_in_flight, hedge) = if around.is_empty() {
+            (None, false)
+        } else {
+            let (g, h) = self.slow.read_around();
+            (Some(g), h)
+        };
         let r = loop {
             // Reading around slow members stops once it would spend the last redundancy
             // (a member failed or a media error met meanwhile): they are read instead.
@@ -1019,7 +1025,7 @@ impl<D: BlockDev> Array<D> {
                     &[e.index],
                     &mut excl,
                     &mut decoded,
-                    !around.is_empty(),
+                    hedge && !around.is_empty(),
                 )
                 .await
             {
