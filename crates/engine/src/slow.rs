@@ -16,12 +16,8 @@
 //!   I/O timeout does that) and never changes what is written.
 //! * A flagged member keeps getting one read in `PROBE` of those planned around it, so its
 //!   latency is still measured when the load only reads.
-//! * A read around a slow member asks every other readable member and decodes from the first
-//!   k to answer (a hedge against one more straggler), while fewer than `HEDGE_BELOW` other
-//!   reads around are in flight; at a higher load the extra member read would compete with
-//!   other requests' reads, and it asks k members.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use uraid_core::MemberSet;
@@ -34,8 +30,6 @@ pub const MIN_SAMPLES: u64 = 4;
 pub const AFTER: u32 = 3;
 /// One read in this many of those planned around a slow member goes to it (a probe).
 pub const PROBE: u64 = 64;
-/// Reads around slow members in flight from which a read around asks only k members.
-pub const HEDGE_BELOW: usize = 2;
 /// The default factor (`serve --slow-factor`).
 pub const DEFAULT_FACTOR: f64 = 5.0;
 
@@ -45,8 +39,6 @@ pub type Change = (usize, bool, Duration, Duration);
 pub(crate) struct SlowMembers {
     slow: AtomicU64,
     probes: AtomicU64,
-    /// Reads around slow members in flight (`read_around`).
-    around: AtomicUsize,
     judge: Mutex<Judge>,
 }
 
@@ -61,21 +53,11 @@ struct Judge {
     gens: Vec<usize>,
 }
 
-/// One read around a slow member in flight (`SlowMembers::read_around`).
-pub(crate) struct AroundRead<'a>(&'a AtomicUsize);
-
-impl Drop for AroundRead<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 impl SlowMembers {
     pub(crate) fn new(members: usize) -> SlowMembers {
         SlowMembers {
             slow: AtomicU64::new(0),
             probes: AtomicU64::new(0),
-            around: AtomicUsize::new(0),
             judge: Mutex::new(Judge {
                 factor: DEFAULT_FACTOR,
                 last: vec![(0, 0); members],
@@ -83,13 +65,6 @@ impl SlowMembers {
                 gens: vec![0; members],
             }),
         }
-    }
-
-    /// A read around a slow member starts: counted in flight until the guard is dropped;
-    /// whether it may hedge (fewer than `HEDGE_BELOW` others in flight).
-    pub(crate) fn read_around(&self) -> (AroundRead<'_>, bool) {
-        let before = self.around.fetch_add(1, Ordering::AcqRel);
-        (AroundRead(&self.around), before < HEDGE_BELOW)
     }
 
     /// Members flagged slow now.

@@ -162,8 +162,13 @@ fn health(plan: &Plan) -> String {
         (Ok(()), 0) => "healthy".into(),
         (Ok(()), n) if plan.check_dirty_degraded(false).is_err() => format!(
             "degraded ({n} of {} members unavailable) and not stopped cleanly: serve refuses \
-             it without --start-dirty-degraded (give every member to resync)",
-            plan.slots.len()
+             it without --start-dirty-degraded{} (give every member to resync)",
+            plan.slots.len(),
+            if plan.absent().is_empty() {
+                ""
+            } else {
+                " and --run"
+            }
         ),
         (Ok(()), n) if plan.check_complete(false).is_err() => format!(
             "degraded ({n} of {} members unavailable): member(s) {:?} in service were not \

@@ -1002,12 +1002,6 @@ impl<D: BlockDev> Array<D> {
             drop(held);
             return Err(self.unsynced_unreadable(e.stripe, excl.union(at.failed)));
         }
-        let (_in_flight, hedge) = if around.is_empty() {
-            (None, false)
-        } else {
-            let (g, h) = self.slow.read_around();
-            (Some(g), h)
-        };
         let r = loop {
             // Reading around slow members stops once it would spend the last redundancy
             // (a member failed or a media error met meanwhile): they are read instead.
@@ -1017,16 +1011,8 @@ impl<D: BlockDev> Array<D> {
                 excl = excl.minus(around);
                 around = MemberSet::EMPTY;
             }
-            let mut decoded = MemberSet::EMPTY;
             match self
-                .fetch_data_noting(
-                    e.stripe,
-                    (e.chunk_off, e.len),
-                    &[e.index],
-                    &mut excl,
-                    &mut decoded,
-                    hedge && !around.is_empty(),
-                )
+                .fetch_data(e.stripe, e.chunk_off, e.len, &[e.index], &mut excl)
                 .await
             {
                 Ok(Attempt::Done(mut v)) => {

@@ -79,46 +79,6 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// The first `need` of the reads `reqs` to succeed, as (index in `reqs`, bytes) in
-    /// `reqs` order; the rest are dropped unfinished (the ring frees their buffers when the
-    /// device answers). A failed read goes through the error policy (`read_failed`) and the
-    /// others are still waited for; Retry when fewer than `need` can succeed.
-    async fn read_first(
-        &self,
-        need: usize,
-        reqs: &[(usize, u64, u64)],
-        excl: &mut MemberSet,
-    ) -> Attempt<Vec<(usize, IoBuf)>> {
-        use futures::stream::{FuturesUnordered, StreamExt};
-        let mut pending: FuturesUnordered<_> = reqs
-            .iter()
-            .enumerate()
-            .map(|(p, &(m, at, len))| async move {
-                (
-                    p,
-                    m,
-                    self.members.read(m, at, buf::alloc(len as usize)).await,
-                )
-            })
-            .collect();
-        let mut got = Vec::with_capacity(need);
-        while got.len() < need {
-            let Some((p, m, (r, b))) = pending.next().await else {
-                break;
-            };
-            match r {
-                Ok(()) => got.push((p, b)),
-                Err(e) => self.read_failed(m, &e, excl).await,
-            }
-        }
-        drop(pending);
-        if got.len() < need {
-            return Attempt::Retry;
-        }
-        got.sort_unstable_by_key(|x| x.0);
-        Attempt::Done(got)
-    }
-
     /// Contents of data chunks `want` over `[lo, lo + len)` of a stripe: read where the
     /// member is readable, decoded from k readable shards where not. Caller holds the stripe.
     pub(crate) async fn fetch_data(
@@ -130,21 +90,20 @@ impl<D: BlockDev> Array<D> {
         excl: &mut MemberSet,
     ) -> Result<Attempt<Vec<Option<IoBuf>>>, ArrayError> {
         let mut decoded = MemberSet::EMPTY;
-        self.fetch_data_noting(stripe, (lo, len), want, excl, &mut decoded, false)
+        self.fetch_data_noting(stripe, lo, len, want, excl, &mut decoded)
             .await
     }
 
     /// `fetch_data`, also setting `decoded` to the members whose wanted chunks it decoded
-    /// (not read). `hedge`: a decode asks every readable shard and uses the first k to
-    /// answer (reads around a slow member: one more member read for a shorter tail).
+    /// (not read).
     pub(crate) async fn fetch_data_noting(
         &self,
         stripe: u64,
-        (lo, len): (u64, u64),
+        lo: u64,
+        len: u64,
         want: &[usize],
         excl: &mut MemberSet,
         decoded: &mut MemberSet,
-        hedge: bool,
     ) -> Result<Attempt<Vec<Option<IoBuf>>>, ArrayError> {
         // Members that do not hold the unit now, taken again at every attempt: a device put
         // into a failed slot while this operation waited on another member (an add, a hot
@@ -179,30 +138,14 @@ impl<D: BlockDev> Array<D> {
                 g.parity_member(stripe, s - k)
             }
         };
-        let readable: Vec<usize> = (0..k + g.parity())
+        let avail: Vec<usize> = (0..k + g.parity())
             .filter(|&s| !f.contains(shard_member(s)))
+            .take(k)
             .collect();
-        let (avail, shards) = if hedge && readable.len() > k {
-            // Every readable shard asked, the first k to answer decoded from: the read
-            // waits for the k-th fastest of them, not the slowest of a fixed k.
-            let reqs: Vec<_> = readable
-                .iter()
-                .map(|&s| (shard_member(s), at, len))
-                .collect();
-            match self.read_first(k, &reqs, excl).await {
-                Attempt::Done(got) => got
-                    .into_iter()
-                    .map(|(p, b)| (readable[p], b))
-                    .unzip::<_, _, Vec<usize>, Vec<IoBuf>>(),
-                Attempt::Retry => return Ok(Attempt::Retry),
-            }
-        } else {
-            let avail: Vec<usize> = readable.into_iter().take(k).collect();
-            let reqs: Vec<_> = avail.iter().map(|&s| (shard_member(s), at, len)).collect();
-            match self.read_members(&reqs, excl).await {
-                Attempt::Done(b) => (avail, b),
-                Attempt::Retry => return Ok(Attempt::Retry),
-            }
+        let reqs: Vec<_> = avail.iter().map(|&s| (shard_member(s), at, len)).collect();
+        let shards = match self.read_members(&reqs, excl).await {
+            Attempt::Done(b) => b,
+            Attempt::Retry => return Ok(Attempt::Retry),
         };
         let mut rec: Vec<IoBuf> = missing.iter().map(|_| buf::alloc(len as usize)).collect();
         {

@@ -363,7 +363,7 @@ impl<D: BlockDev> Array<D> {
         let codec = self.codec.as_ref().expect("parity level has a codec");
         let mut decoded = MemberSet::EMPTY;
         let old = match self
-            .fetch_data_noting(stripe, (lo, span), fetch, excl, &mut decoded, false)
+            .fetch_data_noting(stripe, lo, span, fetch, excl, &mut decoded)
             .await?
         {
             Attempt::Done(v) => v,
