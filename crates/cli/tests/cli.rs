@@ -703,3 +703,28 @@ fn a_member_list_that_leaves_a_member_in_service_out_is_refused_without_run() {
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Arrays created without --name get names of their own (`uraid-` and the uuid's first 8 hex
+/// digits): two of them never share a default control socket or export name.
+#[test]
+fn arrays_created_without_a_name_get_different_names() {
+    let dir = tmp("names");
+    let made: Vec<String> = [["a0", "a1"], ["b0", "b1"]]
+        .iter()
+        .map(|m| {
+            let out = ok(&uraid(
+                &["create", "--level", "1", "--size", "48M", m[0], m[1]],
+                &dir,
+            ));
+            let name = out.split('\'').nth(1).unwrap_or_default().to_string();
+            let uuid = out.split('(').nth(1).unwrap_or_default();
+            assert!(
+                name.starts_with("uraid-") && name.len() == 14 && uuid.starts_with(&name[6..]),
+                "{out}"
+            );
+            name
+        })
+        .collect();
+    assert_ne!(made[0], made[1]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,9 +19,10 @@ pub struct CreateArgs {
     /// Chunk size, a power of two from 4K to 1M.
     #[arg(short, long, default_value = "64K", value_parser = size::parse)]
     chunk: u64,
-    /// Array name (up to 32 bytes).
-    #[arg(short = 'N', long, default_value = "uraid")]
-    name: String,
+    /// Array name (up to 32 bytes). Default: uraid- and the first 8 hex digits of the
+    /// array's uuid (unique, so every array gets its own control socket).
+    #[arg(short = 'N', long)]
+    name: Option<String>,
     /// Overwrite members that already carry a uraid superblock.
     #[arg(short, long)]
     force: bool,
@@ -95,7 +96,7 @@ pub fn run(a: CreateArgs) -> Result<()> {
         &CreateOptions {
             level,
             chunk,
-            name,
+            name: name.unwrap_or_default(),
             force,
             bitmap_chunk,
             journal: journal.map(|j| (j, journal_mode)),

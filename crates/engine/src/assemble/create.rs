@@ -8,6 +8,7 @@ use super::*;
 pub struct CreateOptions {
     pub level: Level,
     pub chunk: u64,
+    /// Empty: a name of its own (`uraid-` and the array uuid's first 8 hex digits).
     pub name: String,
     pub force: bool,
     /// Write-intent bitmap region size in member bytes: None picks the default
@@ -118,7 +119,16 @@ fn new_superblock(
         .map_or(0, |d| d.as_secs());
     let mut sb = Superblock {
         array_uuid,
-        name: opts.name.chars().take(format::NAME_LEN).collect(),
+        // No name given: one of its own ("uraid-" and the uuid's first 8 hex digits), so two
+        // arrays never share a default control socket or export name.
+        name: if opts.name.is_empty() {
+            format!(
+                "uraid-{}",
+                &uraid_core::format::uuid_string(&array_uuid)[..8]
+            )
+        } else {
+            opts.name.chars().take(format::NAME_LEN).collect()
+        },
         geometry,
         index: 0,
         clean: true,
