@@ -23,7 +23,10 @@ while [ "$(date +%s)" -lt "$end" ]; do
   log=$(mktemp)
   if ! env URAID_SIM_FOCUS="$focus" URAID_SIM_START=$seed "$count_var"=$batch \
       cargo test -q -p uraid-engine --test interaction "$test_name" >"$log" 2>&1; then
+    mkdir -p target/soak
+    cp "$log" "target/soak/batch-$seed.log"
     grep -E '^seed [0-9]+ ' "$log" | cut -c1-400 || tail -20 "$log"
+    echo "soak: the whole output (every failing seed's actions): target/soak/batch-$seed.log"
     for s in $(grep -Eo '^seed [0-9]+' "$log" | awk '{print $2}'); do
       echo "soak: seed $s failed; rerun: URAID_SIM_FOCUS=$focus URAID_SIM_BEYOND=$beyond URAID_SIM_SEED=$s URAID_SIM_LOG=1 cargo test -p uraid-engine --test interaction one_seed -- --nocapture"
     done
