@@ -16,15 +16,18 @@ const OPEN_FINDINGS: &[u64] = &[];
 /// reconstruct-write, decoded the failed member's chunk from the stale parity and encoded
 /// new parity from it. The stripe became a codeword around the wrong decode, and after the
 /// next assembly (the member absent, hence "unseen") the check passed it and a read served
-/// bytes never written. Fixed: on an unsynced stripe no decoded chunk feeds parity (the
-/// planner takes read-modify-write, or the write is refused like a read); test
+/// bytes never written. Fixed: on an unsynced stripe no decoded chunk feeds parity (such a
+/// write is refused, like a read of the chunk); test
 /// resync.rs `a_write_into_an_unsynced_degraded_stripe_never_encodes_a_decode_into_parity`.
 /// 12739 was the simulator's own: its leave-one-out check left out the only member that held
 /// the newest superblock (a round the power cut short), and refused assembly is right then.
+/// 34172 (ec with 3 parities, a write-back journal that died earlier) read wrong bytes when
+/// the planner preferred read-modify-write on such stripes instead of refusing: kept here so
+/// that change is not made again without understanding why.
 const UNSYNCED_DEGRADED_WRITE: &[u64] = &[
     6783, 6824, 6852, 6891, 7259, 7718, 7915, 8426, 8466, 8761, 9374, 10018, 10033, 10148, 10676,
     10753, 10968, 11063, 11245, 11563, 12070, 12170, 12498, 12662, 12739, 13675, 15466, 15661,
-    16016, 16259,
+    16016, 16259, 34172,
 ];
 
 /// Closed finding (the durability issue's "rebuild decodes unsynced units"): with no journal

@@ -260,13 +260,7 @@ impl<D: BlockDev> Array<D> {
             let data_state: Vec<Shard> = (0..k).map(|i| shard(g.data_member(stripe, i))).collect();
             let parity_state: Vec<Shard> =
                 (0..m).map(|j| shard(g.parity_member(stripe, j))).collect();
-            let plan = plan_write(
-                &mods.covered,
-                &mods.touched,
-                &data_state,
-                &parity_state,
-                !unsynced,
-            );
+            let plan = plan_write(&mods.covered, &mods.touched, &data_state, &parity_state);
 
             let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
             let built = match &plan {
@@ -371,9 +365,10 @@ impl<D: BlockDev> Array<D> {
         };
         // On an unsynced stripe no decoded chunk may feed the new parity: encoded around a
         // wrong decode (the stripe torn), the stripe would become a codeword and later pass
-        // the spare-parity check as intact. The planner picks read-modify-write there
-        // whenever it can run; a decode it planned is refused. One it did not plan (a
-        // member failed or went behind since) makes the plan again, which sees that member.
+        // the spare-parity check as intact. A decode the plan made is refused (EIO, as a
+        // read of the chunk would be); one it did not plan (a member failed or went behind
+        // since) makes the plan again, which sees that member. (Preferring read-modify-write
+        // here instead was tried: the simulator found wrong data with it, seed 34172.)
         if unsynced && !decoded.is_empty() {
             return Ok(if planned_decode {
                 Err(*excl)
