@@ -367,8 +367,7 @@ impl<D: BlockDev> Array<D> {
         // wrong decode (the stripe torn), the stripe would become a codeword and later pass
         // the spare-parity check as intact. A decode the plan made is refused (EIO, as a
         // read of the chunk would be); one it did not plan (a member failed or went behind
-        // since) makes the plan again, which sees that member. (Preferring read-modify-write
-        // here instead was tried: the simulator found wrong data with it, seed 34172.)
+        // since) makes the plan again, which sees that member.
         if unsynced && !decoded.is_empty() {
             return Ok(if planned_decode {
                 Err(*excl)

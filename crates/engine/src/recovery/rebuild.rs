@@ -11,9 +11,12 @@
 //!   written; the checkpoint moves past a batch of units only after every write of the
 //!   batch completed, so a reader that sees the new checkpoint finds the data there.
 //! * The checkpoint is persisted every `PERSIST_EVERY` in a superblock round, after a
-//!   flush of the rebuilding members: a checkpoint on disk never covers a unit whose chunk
-//!   is not durable. A restart or crash resumes from it (at worst redoing one interval).
-//! * When every unit is done the member is flushed and recorded active.
+//!   flush of every live member: a checkpoint on disk never covers a unit whose chunk is
+//!   not durable, nor a unit skipped as a hole whose map clear (a trim) is not durable on
+//!   every member (lost, the bit comes back and the unit would read the new member's
+//!   stale bytes). A restart or crash resumes from it (at worst redoing one interval).
+//! * When every unit is done the members are flushed (all, as for a checkpoint) and the
+//!   new one is recorded active.
 //! * The member being written failing ends its rebuild (it is failed as any member is);
 //!   another member failing leaves the walk going while the level's tolerance allows; a
 //!   unit that cannot be reconstructed (read errors past the tolerance, or a parity unit
@@ -139,8 +142,10 @@ impl<D: BlockDev> Array<D> {
             return;
         }
         self.on_reactor(move |a| async move {
-            let set: MemberSet = to.iter().map(|t| t.0).collect();
-            a.each_live(set, |i| a.members().flush(i)).await;
+            // Every live member, not only the rebuilding ones: units skipped as holes
+            // (`skippable`) are covered by the checkpoint only once the map clear that made
+            // them holes (a trim: pages written, not flushed) is durable everywhere.
+            a.flush_members().await;
             // A slot given another device since: its checkpoint is not this one's.
             let keep: Vec<(usize, u64)> = to
                 .iter()
@@ -580,7 +585,8 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
             return ControlFlow::Continue(());
         }
         if a.on_reactor(move |a| async move {
-            a.each_live(done, |i| a.members().flush(i)).await;
+            // Every live member (as for a checkpoint): skipped holes stay holes.
+            a.flush_members().await;
             for &(t, gen) in &done_gens {
                 if !a.members().is_failed(t) && a.members().generation(t) == gen {
                     a.members().rebuild_done(t);

@@ -15,15 +15,16 @@
 //! * The walk copies each unit's chunk of the slot under the unit's stripe lock: read from
 //!   the old device; a chunk it cannot read is reconstructed from the rest of the stripe
 //!   (the old device's read-error budget applies as for any read).
-//! * The swap: the replacement is flushed, then one superblock round names it in the slot
+//! * The swap: the replacement is flushed (and every member: a unit skipped as a hole is
+//!   one only once its map clear is durable everywhere), then one superblock round names it in the slot
 //!   (its own superblock written to it in that round), then in one store it becomes the
 //!   slot's device and the old one is no longer written. A crash before the round finds
 //!   the old member complete (it got every write); a torn round leaves the slot either
 //!   with the old member or with the new one, which holds everything. The old device is
 //!   refused afterwards (its uuid is no longer the slot's).
 //! * Units with nothing allocated are skipped, as the rebuild does.
-//! * The copy checkpoint is persisted every `PERSIST_EVERY` (replacement flushed, then a
-//!   round), and when the server stops (`keep_replaces_on_stop`). At the next start the
+//! * The copy checkpoint is persisted every `PERSIST_EVERY` (replacement flushed, then
+//!   every member, then a round), and when the server stops (`keep_replaces_on_stop`). At the next start the
 //!   replace resumes with its replacement (`resume_replace`): the walk covers the units
 //!   from the checkpoint and, after an unclean stop, those below it resync owes (everything
 //!   with a journal), never trusting the replacement beyond that. A recorded replace whose
@@ -444,6 +445,9 @@ impl<D: BlockDev> Array<D> {
                 a.members().replacement_failed(i, gen, &e);
                 return;
             }
+            // The other members too: units skipped as holes are covered only once the map
+            // clear that made them holes is durable everywhere (rebuild.rs, the same rule).
+            a.flush_members().await;
             a.meta()
                 .persist_copied(a.members(), i, gen, uuid, covered)
                 .await;
@@ -571,6 +575,9 @@ impl<D: BlockDev> Array<D> {
                 "member {i}'s replacement: flush: {e}; the member stays"
             )));
         }
+        // Every member: a map clear that let the copy skip a unit is durable before the
+        // replacement (which does not hold that unit) can be named.
+        self.flush_members().await;
         let mut meta = self.meta().lock().await;
         if self.members().is_failed(i) {
             drop(meta);
