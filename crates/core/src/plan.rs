@@ -9,7 +9,9 @@
 //!   and apply `parity ^= A[j][i] * (old ^ new)`. Needs every touched data member alive.
 //!
 //! Whichever reads fewer chunks wins; ties go to reconstruct-write (it also repairs parity
-//! that was stale, and its reads are data reads that coalesce better).
+//! that was stale, and its reads are data reads that coalesce better). On a stripe whose
+//! parity may disagree with its data (not yet resynced) a decode cannot be trusted:
+//! read-modify-write wins whenever it can run.
 
 /// What a stripe operation can do with one member's chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,11 +53,19 @@ impl WritePlan {
 /// `touched[i]`: the write changes some of it; `data[i]`, `parity[j]`: the state of the member
 /// holding data chunk i / parity j. Read-modify-write needs every touched data chunk and
 /// every written parity readable (an unreadable parity must be recomputed from scratch).
+///
+/// `trust_decode` false (a stripe whose parity may not match its data: not yet resynced):
+/// a chunk decoded from that parity must not feed new parity, or the stripe would become a
+/// codeword around a wrong decode and later pass for intact. Read-modify-write is then
+/// chosen whenever it can run, whatever it reads (it carries parity forward by difference
+/// and keeps any mismatch where it was); a reconstruct-write that would decode is still
+/// returned when nothing else can run, and the engine refuses it.
 pub fn plan_write(
     covered: &[bool],
     touched: &[bool],
     data: &[Shard],
     parity: &[Shard],
+    trust_decode: bool,
 ) -> WritePlan {
     let k = covered.len();
     debug_assert!(touched.len() == k && data.len() == k);
@@ -79,7 +89,7 @@ pub fn plan_write(
             .filter(|&j| parity[j] == Shard::Readable)
             .collect(),
     };
-    if rmw.reads(k, n_touched) < rcw.reads(k, n_touched) {
+    if (decode && !trust_decode) || rmw.reads(k, n_touched) < rcw.reads(k, n_touched) {
         rmw
     } else {
         rcw
@@ -101,7 +111,7 @@ mod tests {
     }
 
     fn plan_write(c: &[bool], t: &[bool], d: &[bool], p: &[bool]) -> WritePlan {
-        super::plan_write(c, t, &live(d), &live(p))
+        super::plan_write(c, t, &live(d), &live(p), true)
     }
 
     #[test]
@@ -165,6 +175,7 @@ mod tests {
             &t,
             &[Shard::Readable; 8],
             &[Shard::Readable, Shard::Unreadable],
+            true,
         );
         assert_eq!(
             p,
@@ -176,7 +187,7 @@ mod tests {
         // An unreadable touched data chunk likewise; its old contents are decoded.
         let mut d = [Shard::Readable; 8];
         d[3] = Shard::Unreadable;
-        let p = super::plan_write(&bools(8, &[]), &t, &d, &[Shard::Readable; 2]);
+        let p = super::plan_write(&bools(8, &[]), &t, &d, &[Shard::Readable; 2], true);
         assert!(matches!(p, WritePlan::Reconstruct { decode: true, .. }));
     }
 
@@ -192,5 +203,48 @@ mod tests {
         let live = bools(8, &[0, 1, 2, 3, 4, 5, 6]);
         let p = plan_write(&bools(8, &[]), &t, &live, &[true, true]);
         assert_eq!(p, WritePlan::ReadModifyWrite { parity: vec![0, 1] });
+    }
+
+    #[test]
+    fn an_untrusted_decode_never_feeds_parity_when_rmw_can_run() {
+        // 4+2, chunks 0 and 1 covered, chunk 3 on a lost member: rcw decodes it (reads 4),
+        // rmw reads 2 + 2. Trusted: rcw wins the tie; untrusted: rmw.
+        let c = bools(4, &[0, 1]);
+        let d = [
+            Shard::Readable,
+            Shard::Readable,
+            Shard::Readable,
+            Shard::Lost,
+        ];
+        let p = [Shard::Readable; 2];
+        let trusted = super::plan_write(&c, &c, &d, &p, true);
+        assert!(matches!(
+            trusted,
+            WritePlan::Reconstruct { decode: true, .. }
+        ));
+        assert_eq!(
+            super::plan_write(&c, &c, &d, &p, false),
+            WritePlan::ReadModifyWrite { parity: vec![0, 1] }
+        );
+        // 3 of 4 covered, the fourth lost: rcw decodes; untrusted, rmw although it reads
+        // 3 + 2 chunks against 4.
+        let c = bools(4, &[0, 1, 2]);
+        assert_eq!(
+            super::plan_write(&c, &c, &d, &p, false),
+            WritePlan::ReadModifyWrite { parity: vec![0, 1] }
+        );
+        // A touched chunk lost: rmw cannot run; the decoding rcw is returned (refused by
+        // the engine on such a stripe).
+        let t = bools(4, &[3]);
+        assert!(matches!(
+            super::plan_write(&bools(4, &[]), &t, &d, &p, false),
+            WritePlan::Reconstruct { decode: true, .. }
+        ));
+        // No decode needed: the cheaper plan as usual.
+        let all = [Shard::Readable; 4];
+        assert_eq!(
+            super::plan_write(&c, &c, &all, &p, false),
+            super::plan_write(&c, &c, &all, &p, true)
+        );
     }
 }

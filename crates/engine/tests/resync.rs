@@ -301,7 +301,8 @@ fn a_write_into_an_unsynced_stripe_never_writes_back_a_chunk_decoded_from_its_pa
 /// the stripe became a codeword around the wrong decode, and after a restart without the
 /// failed member the spare-parity check passed it and a read served bytes never written.
 /// Found by the interaction simulator (29 of the 30 wrong-data seeds of the 11,550-seed
-/// soak: RAID6, ec, RAID5). Now the write is refused (EIO, as a read of the chunk would be).
+/// soak: RAID6, ec, RAID5). Now the plan is a read-modify-write (parity carried forward by
+/// difference, the mismatch kept), or the write is refused.
 #[test]
 fn a_write_into_an_unsynced_degraded_stripe_never_encodes_a_decode_into_parity() {
     for (level, members) in [(Level::Raid6, 6), (Level::Ec { parity: 3 }, 7)] {

@@ -260,7 +260,13 @@ impl<D: BlockDev> Array<D> {
             let data_state: Vec<Shard> = (0..k).map(|i| shard(g.data_member(stripe, i))).collect();
             let parity_state: Vec<Shard> =
                 (0..m).map(|j| shard(g.parity_member(stripe, j))).collect();
-            let plan = plan_write(&mods.covered, &mods.touched, &data_state, &parity_state);
+            let plan = plan_write(
+                &mods.covered,
+                &mods.touched,
+                &data_state,
+                &parity_state,
+                !unsynced,
+            );
 
             let mut parity: Vec<IoBuf> = (0..m).map(|_| buf::alloc(span as usize)).collect();
             let built = match &plan {
@@ -365,8 +371,10 @@ impl<D: BlockDev> Array<D> {
         };
         // On an unsynced stripe no decoded chunk may feed the new parity: encoded around a
         // wrong decode (the stripe torn), the stripe would become a codeword and later pass
-        // the spare-parity check as intact. A decode the plan made is refused (EIO, as a
-        // read of the chunk would be); one it did not plan (a member failed or went behind
+        // the spare-parity check as intact. The planner picks read-modify-write there
+        // whenever it can run (it carries parity forward by difference, so a mismatch stays
+        // where it was, still detectable); a decode it planned anyway is refused (EIO, as a
+        // read of the chunk would be). One it did not plan (a member failed or went behind
         // since) makes the plan again, which sees that member.
         if unsynced && !decoded.is_empty() {
             return Ok(if planned_decode {
