@@ -11,6 +11,13 @@ IOPS and p99 completion latency over the runs, and each slow case against health
 
 --compare adds a fourth case in the same runs: the slow member read around by another build
 (an A/B of a change to the read-around path).
+
+--raw: the members are the plain files on /dev/shm (io_uring, O_DIRECT: cheap for the host, as
+NVMe is), and only the slow cases put member 2 behind nbdkit's delay filter and nbdfuse. With
+every member behind FUSE (the default) the six member processes share the host's cores with
+the server and fio, so the extra member reads of a read-around cost IOPS that NVMe would not;
+--raw shows the mechanism without that. The slow member is then the filter's smallest step
+(1 ms) plus the FUSE path: far more than 20x a raw member, printed as measured.
 """
 import argparse, os, shutil, statistics
 
@@ -42,25 +49,35 @@ def main():
     ap.add_argument("--times", type=float, default=20, help="how many times slower member 2 is made")
     ap.add_argument("--dir", default="/dev/shm/uraid-slow")
     ap.add_argument("--compare", help="another uraid binary: adds its read-around case")
+    ap.add_argument("--raw", action="store_true",
+                    help="members are plain files; only the slow member goes through nbdkit and FUSE")
     a = ap.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
     members = [FuseMember(os.path.join(a.dir, f"m{i}"), SIZE) for i in range(MEMBERS)]
+    raw = [os.path.join(m.d, "backing") for m in members]
     try:
-        for m in members:
+        for m in members if not a.raw else [members[SLOW]]:
             start(m, 0)
         # The slow member's delay: `times` x one member's own 4k read latency at QD1.
-        _, _, base_us = fio(members[SLOW].path, 3, 1, nbd=False)
+        _, _, base_us = fio(raw[SLOW] if a.raw else members[SLOW].path, 3, 1, nbd=False)
         delay_ms = max(1, round(a.times * base_us / 1000))
-        print(f"member 4k read at QD1: {base_us:.0f} us mean; slow member: +{delay_ms} ms per request "
-              f"(about {(base_us + delay_ms * 1000) / base_us:.0f}x)")
-        paths = [m.path for m in members]
+        members[SLOW].stop()
+        start(members[SLOW], delay_ms)
+        _, _, slow_us = fio(members[SLOW].path, 3, 1, nbd=False)
+        print(f"member 4k read at QD1: {base_us:.1f} us mean; slow member: +{delay_ms} ms per request, "
+              f"{slow_us:.0f} us measured ({slow_us / base_us:.0f}x)")
+        members[SLOW].stop()
+        start(members[SLOW], 0)
+        paths = raw if a.raw else [m.path for m in members]
         run([URAID, "create", "--level", "6", "-N", "slow", "--chunk", "64K"] + paths)
         sock, ctl = os.path.join(a.dir, "nbd.sock"), os.path.join(a.dir, "ctl.sock")
         uri = f"nbd+unix:///slow?socket={sock}"
 
-        def serve(factor, binary=URAID):
+        def serve(factor, binary=URAID, delay=0):
+            # --raw: member 2 goes through FUSE only when it is the slow one.
+            p = paths if not (a.raw and delay) else paths[:SLOW] + [members[SLOW].path] + paths[SLOW + 1:]
             return Server([binary, "serve", f"--listen=unix:{sock}", f"--control=unix:{ctl}",
-                           f"--slow-factor={factor}", *paths], sock=sock, unlink=[ctl],
+                           f"--slow-factor={factor}", *p], sock=sock, unlink=[ctl],
                           log=os.path.join(a.dir, "serve.log")).start()
 
         s = serve(5)
@@ -76,7 +93,7 @@ def main():
             for name, delay, factor, binary in cases:
                 members[SLOW].stop()
                 start(members[SLOW], delay)
-                s = serve(factor, binary)
+                s = serve(factor, binary, delay)
                 # Long enough for the judgement (3 s) before the measured run.
                 fio(uri, 5, a.qd)
                 st = status(ctl)
@@ -88,7 +105,8 @@ def main():
         h_iops = statistics.median(v[0] for v in res["healthy"])
         h_p99 = statistics.median(v[1] for v in res["healthy"])
         cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
-        print(f"\nCPU: {cpu}; RAID6 of {MEMBERS} (64K chunk), fio nbd randread 4k QD{a.qd}, "
+        print(f"\nCPU: {cpu}; RAID6 of {MEMBERS} (64K chunk), {'raw' if a.raw else 'FUSE'} members, "
+              f"fio nbd randread 4k QD{a.qd}, "
               f"{a.runs} runs x {a.runtime:.0f} s, medians")
         print("| case | IOPS | vs healthy | p99 (us) | vs healthy | IOPS spread | flagged |")
         print("|---|---|---|---|---|---|---|")

@@ -199,8 +199,9 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     let array = assemble::open_volume(&plan, Some(rt.handle()), opts)?;
     array.array().set_deferred_limit(args.write_back_memory);
     // Then the control socket, before any NBD socket: nothing has been served if it fails.
-    // The default one is optional (a non-root user cannot create /run/uraid; another array
-    // of the same name may hold it): without it the server runs and says so.
+    // The default one is optional (a non-root user cannot create /run/uraid): without it the
+    // server runs and says so (one taken by a live server was refused before the members
+    // were opened: `control_socket_path`).
     let control_listener = match control_path {
         None => None,
         Some(p) => match control::bind_unix(&p) {
@@ -454,7 +455,9 @@ fn checked_plan(args: &ServeArgs, members: &[PathBuf], events: &Events) -> Resul
 }
 
 /// The control socket's path: `--control`, or the default one (none if the array's name
-/// cannot name one). Checked before anything is opened.
+/// cannot name one). Checked before anything is opened: a default one where another server
+/// answers (an array of the same name) is refused, as this server could not be managed and
+/// commands meant for it would reach the other one.
 fn control_socket_path(
     args: &ServeArgs,
     events: &Events,
@@ -465,6 +468,15 @@ fn control_socket_path(
         Some(spec) => control::parse_endpoint(spec)?,
         None => {
             let p = control::default_path(&plan.sb.name, embedded);
+            if let Some(p) = p.as_ref().filter(|p| control::is_live(p)) {
+                bail!(
+                    "control socket {}: another server is listening there (an array named \
+                     {:?} is served already); give this one its own socket with --control \
+                     unix:PATH, or serve it without one with --control none",
+                    p.display(),
+                    plan.sb.name
+                );
+            }
             if p.is_none() {
                 warn(
                     args,

@@ -728,3 +728,50 @@ fn arrays_created_without_a_name_get_different_names() {
     assert_ne!(made[0], made[1]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two arrays given the same name: the second server to start finds the default control
+/// socket answered by the first and refuses (before opening its members), naming both ways
+/// out; it never runs unmanageable with only a warning. The first server is stood in for by
+/// a listener of this test process on that path.
+#[test]
+fn a_default_control_socket_another_server_holds_is_refused() {
+    let dir = tmp("ctltaken");
+    let name = format!("ctltaken-{}", std::process::id());
+    create(&dir, "1", 2, &["--name", &name]);
+    let path = std::path::PathBuf::from(format!("/run/uraid/{name}.sock"));
+    std::fs::create_dir_all("/run/uraid").expect("/run/uraid (tests run as root)");
+    let _ = std::fs::remove_file(&path);
+    let other = std::os::unix::net::UnixListener::bind(&path).expect("bind the stand-in");
+    let listen = format!("unix:{}", dir.join("nbd.sock").display());
+    // Bounded: a server that starts anyway is killed, and the test fails on its output.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["serve", "--listen", &listen, "m0", "m1"])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run uraid serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kill_if_running(&mut child);
+    let o = child.wait_with_output().expect("output");
+    let e = one_line_error(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(&path.display().to_string())
+            && e.contains("another server is listening there")
+            && e.contains("--control unix:PATH")
+            && e.contains("--control none"),
+        "{e}"
+    );
+    assert!(path.exists(), "the other server's socket is left alone");
+    assert!(
+        examine_clean(&dir.join("m0")),
+        "members not opened for writing"
+    );
+    drop(other);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -59,13 +59,7 @@ pub fn remove_stale_socket(path: &Path, what: &str) -> Result<()> {
             path.display()
         );
     }
-    // A server that just died may still accept for a moment: io_uring tears down a dead
-    // process's pending accept asynchronously, and until then the socket listens. The
-    // listener's credentials (taken at listen) name its process: gone means stale.
-    let live = UnixStream::connect(path)
-        .ok()
-        .is_some_and(|s| peer_cred(&s).is_none_or(|c| process_exists(c.pid)));
-    if live {
+    if is_live(path) {
         bail!(
             "{what} {}: another server is listening there",
             path.display()
@@ -73,6 +67,16 @@ pub fn remove_stale_socket(path: &Path, what: &str) -> Result<()> {
     }
     std::fs::remove_file(path)
         .with_context(|| format!("{what} {}: cannot remove the stale socket", path.display()))
+}
+
+/// Whether a live server listens on the socket at `path`. A server that just died may still
+/// accept for a moment: io_uring tears down a dead process's pending accept asynchronously,
+/// and until then the socket listens. The listener's credentials (taken at listen) name its
+/// process: gone means stale.
+pub fn is_live(path: &Path) -> bool {
+    UnixStream::connect(path)
+        .ok()
+        .is_some_and(|s| peer_cred(&s).is_none_or(|c| process_exists(c.pid)))
 }
 
 /// Binds the control socket (mode 0600), replacing a stale one.

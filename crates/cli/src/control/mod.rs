@@ -27,7 +27,9 @@ mod metrics;
 mod routes;
 mod status;
 
-pub use listen::{bind_metrics, bind_unix, default_path, parse_endpoint, remove_stale_socket};
+pub use listen::{
+    bind_metrics, bind_unix, default_path, is_live, parse_endpoint, remove_stale_socket,
+};
 
 use crate::events::Events;
 use anyhow::{Context, Result};
