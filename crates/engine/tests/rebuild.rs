@@ -805,7 +805,7 @@ fn a_walk_that_skipped_a_trimmed_unit_is_recorded_only_after_the_trim_is_durable
                         let _ = block_on(a.rebuild(&stop));
                     }
                 });
-                std::thread::sleep(Duration::from_millis(300));
+                settle(&clock);
                 clock.power_cut_with(|_, _| false);
                 for f in &faults {
                     f.hang.store(false, Ordering::SeqCst);
@@ -835,6 +835,100 @@ fn a_walk_that_skipped_a_trimmed_unit_is_recorded_only_after_the_trim_is_durable
                 if replace { "replace" } else { "rebuild" },
                 wrong.len(),
                 &wrong[..wrong.len().min(4)],
+            );
+        }
+    }
+}
+
+/// Waits until no member operation has happened for 100 ms (a walk blocked on hung members
+/// or flushes), at most 20 s.
+fn settle(clock: &Clock) {
+    let t = std::time::Instant::now();
+    loop {
+        let o = clock.ops();
+        std::thread::sleep(Duration::from_millis(100));
+        if clock.ops() == o || t.elapsed() > Duration::from_secs(20) {
+            return;
+        }
+    }
+}
+
+/// `--start-dirty-degraded` with a hole: a rebuild over a unit that is not in sync but holds
+/// no data (trimmed) decodes without the spare-parity check (reads of a hole return zeros
+/// whatever the chunks hold) and rewrites the live parity from that decode. The trim's map
+/// clear must be durable first: a power cut that keeps the parity writes and loses the
+/// cached clear brings the bit back over a torn stripe whose parities now agree on the
+/// wrong decode, and a read would serve it. RAID6, P torn in stripe `t`, a new device in
+/// slot 1 (data there); flushes hang from the rebuild's start, the cut keeps every cached
+/// data-area write and drops every metadata write.
+#[test]
+fn a_rebuild_never_makes_parity_agree_with_a_decode_in_a_hole_whose_trim_is_not_durable() {
+    use std::sync::Mutex;
+    use uraid_core::format::DATA_OFFSET;
+    use uraid_core::Role;
+    let (level, n) = (Level::Raid6, 6);
+    let (mut images, model) = written(level, n, 43);
+    let plain = reassemble(&images, &vec![true; n]).unwrap();
+    let g = *plain.geometry();
+    let sdb = g.stripe_data_bytes();
+    // A stripe that holds data, where slot 1 holds data and P is elsewhere.
+    let t = (0..g.units())
+        .find(|&s| {
+            matches!(g.role(s, 1), Role::Data(_))
+                && g.parity_member(s, 0) != 1
+                && plain
+                    .allocation(s * sdb, sdb)
+                    .unwrap()
+                    .iter()
+                    .all(|r| r.allocated)
+        })
+        .unwrap();
+    drop(plain);
+    let p = g.parity_member(t, 0);
+    let at = (DATA_OFFSET + g.member_offset(t, 0)) as usize;
+    for b in &mut images[p][at..at + CHUNK as usize] {
+        *b ^= 0x5a;
+    }
+    add_member_images(&mut images, 1, 0xEE);
+    uraid_sim::make_dirty(&mut images);
+    let clock = Clock::new(0, 43);
+    let faults = Mutex::new(Vec::new());
+    let vol = reassemble_with(&images, &vec![true; n], |i, img| {
+        let d = cached_dev(format!("mem{i}"), img, &clock);
+        faults.lock().unwrap().push(d.faults.clone());
+        d
+    })
+    .expect("reassembles");
+    let a = vol.array().clone();
+    assert!(a.needs_resync());
+    // The granule holding stripe t becomes a hole.
+    let gr = vol.granule();
+    let lo = t * sdb / gr * gr;
+    block_on(vol.trim(lo, gr.min(vol.size() - lo))).unwrap();
+    let faults = faults.into_inner().unwrap();
+    for f in &faults {
+        f.flush_hang.store(true, Ordering::SeqCst);
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let _ = block_on(a.rebuild_with(&stop, Duration::from_secs(3600)));
+        });
+        settle(&clock);
+        clock.power_cut_with(|_, off| off >= DATA_OFFSET);
+        for f in &faults {
+            f.flush_hang.store(false, Ordering::SeqCst);
+        }
+        let _ = h.join();
+    });
+    let back = reassemble(&clock.images().unwrap(), &vec![true; n]).expect("reassembles");
+    let zeros = vec![0u8; 512];
+    for off in (t * sdb..(t + 1) * sdb).step_by(512) {
+        if let Ok(got) = block_on(back.read(off, 512)) {
+            let got = got.to_vec();
+            assert!(
+                got == model.read(off, 512) || got == zeros,
+                "sector at {off} (torn stripe {t}) read bytes never written there"
             );
         }
     }

@@ -50,6 +50,9 @@ pub struct Faults {
     /// `release`: requests stay in flight as long as a test needs them to.
     pub held: AtomicBool,
     parked: Mutex<Vec<Waker>>,
+    /// While set, flushes never complete (reads and writes do): what a test needs to cut
+    /// the power between a write and the flush that would make it durable.
+    pub flush_hang: AtomicBool,
 }
 
 impl Faults {
@@ -163,8 +166,13 @@ async fn yield_once(on: bool) {
 
 /// Pending until `hang` is cleared (polled again on every executor trip).
 async fn wait_unhung(f: &Faults) {
+    wait_while(&f.hang).await
+}
+
+/// Waits while `flag` is set.
+async fn wait_while(flag: &AtomicBool) {
     std::future::poll_fn(|cx| {
-        if f.hang.load(Ordering::SeqCst) {
+        if flag.load(Ordering::SeqCst) {
             // Re-poll later: a test that clears the flag (or a watchdog abort) moves on.
             let w = cx.waker().clone();
             std::thread::spawn(move || {
@@ -301,6 +309,7 @@ impl BlockDev for MemDev {
     async fn flush(&self) -> io::Result<()> {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
         wait_unhung(&self.faults).await;
+        wait_while(&self.faults.flush_hang).await;
         self.tick().and_then(|_| self.faults.check())?;
         let mut d = self.state.lock().unwrap();
         let d = &mut *d;

@@ -280,7 +280,17 @@ impl<D: BlockDev> Array<D> {
             .map(|i| g.data_member(unit, i))
             .filter(|&m| gone.contains(m))
             .collect();
-        if unsynced && !self.recovery().holds_no_data(unit) && !decoded_data.is_empty() {
+        let hole = unsynced && !decoded_data.is_empty() && self.recovery().holds_no_data(unit);
+        if hole {
+            // A hole: its reads return zeros whatever the chunks hold, so the decode below
+            // needs no check, and the live parity is rewritten from it. But the map clear
+            // that made it a hole (a trim) may still be only in the members' caches: lost in
+            // a power cut, the bit would come back over parities that now agree on a wrong
+            // decode, and a read would serve it. Durable first (the stripe lock held keeps a
+            // fill from claiming the unit meanwhile).
+            self.flush_members().await;
+        }
+        if unsynced && !hole && !decoded_data.is_empty() {
             // Not in sync (started dirty and degraded): a data chunk decoded from parity is
             // trusted only if a parity the decode did not need agrees with it, and only for
             // a slot whose device served no reads since assembly (one that did may have
