@@ -26,6 +26,26 @@ fn dirty_raid5() -> (std::sync::Arc<Volume<MemDev>>, Vec<u8>) {
     (reassemble(&images, &[true; 4]).unwrap(), want)
 }
 
+/// `written` with stripe `s`'s parity P torn (junk, as a cut can leave it), left "not clean"
+/// and reassembled: the images (torn), the bytes written, and the volume.
+type Torn = (Vec<Vec<u8>>, Vec<u8>, std::sync::Arc<Volume<MemDev>>);
+fn torn_parity(level: Level, members: usize, s: u64) -> Torn {
+    let (mut images, want) = written(level, members);
+    let g = *reassemble(&images, &vec![true; members])
+        .unwrap()
+        .geometry();
+    corrupt(
+        &mut images,
+        g.parity_member(s, 0),
+        g.member_offset(s, 0),
+        CHUNK,
+    );
+    make_dirty(&mut images);
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    assert!(vol.array().stripe_unsynced(s));
+    (images, want, vol)
+}
+
 fn clean_flag(img: &[u8]) -> bool {
     pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
         .unwrap()
@@ -250,21 +270,11 @@ fn writes_into_an_unreadable_unsynced_stripe_succeed_without_failing_the_member(
 /// the member, and reads after reassembly returned it).
 #[test]
 fn a_write_into_an_unsynced_stripe_never_writes_back_a_chunk_decoded_from_its_parity() {
-    let members = 4;
-    let (mut images, want) = written(Level::Raid5, members);
-    let g = *reassemble(&images, &[true; 4]).unwrap().geometry();
     let s = 5;
     // Parity torn at the cut: it no longer matches the data.
-    corrupt(
-        &mut images,
-        g.parity_member(s, 0),
-        g.member_offset(s, 0),
-        CHUNK,
-    );
-    make_dirty(&mut images);
-    let vol = reassemble(&images, &[true; 4]).unwrap();
+    let (_, want, vol) = torn_parity(Level::Raid5, 4, s);
     let a = vol.array().clone();
-    assert!(a.stripe_unsynced(s));
+    let g = *a.geometry();
     let m0 = g.data_member(s, 0);
     let at = DATA_OFFSET + g.member_offset(s, 0);
     a.member_dev(m0).unwrap().faults.bad_range(at, at + 512);
@@ -306,21 +316,11 @@ fn a_write_into_an_unsynced_stripe_never_writes_back_a_chunk_decoded_from_its_pa
 #[test]
 fn a_write_into_an_unsynced_degraded_stripe_never_encodes_a_decode_into_parity() {
     for (level, members) in [(Level::Raid6, 6), (Level::Ec { parity: 3 }, 7)] {
-        let (mut images, want) = written(level, members);
-        let g = *reassemble(&images, &vec![true; members])
-            .unwrap()
-            .geometry();
-        let (s, k) = (5, g.data_chunks());
-        corrupt(
-            &mut images,
-            g.parity_member(s, 0),
-            g.member_offset(s, 0),
-            CHUNK,
-        );
-        make_dirty(&mut images);
-        let vol = reassemble(&images, &vec![true; members]).unwrap();
+        let s = 5;
+        let (images, want, vol) = torn_parity(level, members, s);
         let a = vol.array().clone();
-        assert!(a.stripe_unsynced(s));
+        let g = *a.geometry();
+        let k = g.data_chunks();
         let victim = g.data_member(s, k - 1);
         block_on(a.fail_by_operator(victim, true)).unwrap();
         // Every data chunk but the victim's, whole: a reconstruct-write would read the
