@@ -38,7 +38,9 @@ def fio(target, runtime, qd, nbd=True, rw="randread"):
                   "--randrepeat=0", f"--runtime={runtime}", "--time_based", "--size=100%",
                   "--output-format=json"])["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
-    return side["iops"], side["clat_ns"]["percentile"]["99.000000"] / 1000, side["clat_ns"]["mean"] / 1000
+    pct = side["clat_ns"]["percentile"]
+    fio.last = {q: pct[f"{q:.6f}"] / 1000 for q in (50, 80, 90, 95) if f"{q:.6f}" in pct}
+    return side["iops"], pct["99.000000"] / 1000, side["clat_ns"]["mean"] / 1000
 
 
 def main():
@@ -101,7 +103,8 @@ def main():
                 iops, p99, _ = fio(uri, a.runtime, a.qd)
                 s.stop(check=True)
                 res[name].append((iops, p99, flagged))
-                print(f"run {r + 1}: {name}: {iops:.0f} IOPS, p99 {p99:.0f} us, flagged {flagged}")
+                print(f"run {r + 1}: {name}: {iops:.0f} IOPS, p99 {p99:.0f} us, flagged {flagged}; "
+                      + ", ".join(f"p{q} {v:.0f}" for q, v in fio.last.items()))
         h_iops = statistics.median(v[0] for v in res["healthy"])
         h_p99 = statistics.median(v[1] for v in res["healthy"])
         cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
