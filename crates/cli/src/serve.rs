@@ -200,12 +200,16 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     array.array().set_deferred_limit(args.write_back_memory);
     // Then the control socket, before any NBD socket: nothing has been served if it fails.
     // The default one is optional (a non-root user cannot create /run/uraid): without it the
-    // server runs and says so (one taken by a live server was refused before the members
-    // were opened: `control_socket_path`).
+    // server runs and says so. One a live server answers on is refused (checked before the
+    // members were opened, `control_socket_path`, and again here: two servers of the same
+    // name started together both pass the first check).
     let control_listener = match control_path {
         None => None,
         Some(p) => match control::bind_unix(&p) {
             Ok(l) => Some((l, p)),
+            Err(_) if !explicit_control && control::is_live(&p) => {
+                return Err(control_taken(&p, &plan.sb.name))
+            }
             Err(e) if !explicit_control => {
                 warn(
                     args,
@@ -469,13 +473,7 @@ fn control_socket_path(
         None => {
             let p = control::default_path(&plan.sb.name, embedded);
             if let Some(p) = p.as_ref().filter(|p| control::is_live(p)) {
-                bail!(
-                    "control socket {}: another server is listening there (an array named \
-                     {:?} is served already); give this one its own socket with --control \
-                     unix:PATH, or serve it without one with --control none",
-                    p.display(),
-                    plan.sb.name
-                );
+                return Err(control_taken(p, &plan.sb.name));
             }
             if p.is_none() {
                 warn(
@@ -491,6 +489,16 @@ fn control_socket_path(
             p
         }
     })
+}
+
+/// The refusal of a default control socket another server answers on.
+fn control_taken(p: &std::path::Path, name: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "control socket {}: another server is listening there (an array named {name:?} is \
+         served already); give this one its own socket with --control unix:PATH, or serve it \
+         without one with --control none",
+        p.display()
+    )
 }
 
 /// Replaces the superblocks record (interrupted by a crash or a stop): each whose

@@ -840,14 +840,17 @@ fn a_walk_that_skipped_a_trimmed_unit_is_recorded_only_after_the_trim_is_durable
     }
 }
 
-/// Waits until no member operation has happened for 100 ms (a walk blocked on hung members
+/// Waits until no member operation has happened for 300 ms (a walk blocked on hung members
 /// or flushes), at most 20 s.
 fn settle(clock: &Clock) {
     let t = std::time::Instant::now();
-    loop {
+    let (mut last, mut quiet) = (clock.ops(), std::time::Instant::now());
+    while t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
         let o = clock.ops();
-        std::thread::sleep(Duration::from_millis(100));
-        if clock.ops() == o || t.elapsed() > Duration::from_secs(20) {
+        if o != last {
+            (last, quiet) = (o, std::time::Instant::now());
+        } else if quiet.elapsed() >= Duration::from_millis(300) {
             return;
         }
     }

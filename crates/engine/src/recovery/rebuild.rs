@@ -281,13 +281,16 @@ impl<D: BlockDev> Array<D> {
             .filter(|&m| gone.contains(m))
             .collect();
         let hole = unsynced && !decoded_data.is_empty() && self.recovery().holds_no_data(unit);
-        if hole {
+        if hole && self.members().unjournaled_pending() {
             // A hole: its reads return zeros whatever the chunks hold, so the decode below
             // needs no check, and the live parity is rewritten from it. But the map clear
             // that made it a hole (a trim) may still be only in the members' caches: lost in
             // a power cut, the bit would come back over parities that now agree on a wrong
-            // decode, and a read would serve it. Durable first (the stripe lock held keeps a
-            // fill from claiming the unit meanwhile).
+            // decode, and a read would serve it. Durable first, unless a flush since already
+            // covers every map-page write (the clear was counted when its page write
+            // completed, before the bit changed in memory). The bit cannot be set again
+            // meanwhile: a fill sets it only after writing this stripe, which needs the
+            // stripe lock held here.
             self.flush_members().await;
         }
         if unsynced && !hole && !decoded_data.is_empty() {
