@@ -758,13 +758,15 @@ fn a_rebuilt_parity_chunk_is_never_encoded_from_an_unverified_decode() {
 /// loses the other members' cached map page brings the bit back (the union of the copies),
 /// and the unit then reads the new member's fill, bytes nobody wrote (soak seeds 26233,
 /// 34172 and 35945). Here the other members hang from the moment the walk starts, so its
-/// completion round reaches only the new member before the power goes.
+/// completion round (or, persisting after every batch, its first checkpoint round) reaches
+/// only the new member before the power goes.
 #[test]
 fn a_walk_that_skipped_a_trimmed_unit_is_recorded_only_after_the_trim_is_durable() {
     use uraid_core::format::DATA_OFFSET;
     use uraid_sim::crash::cached_volume;
     for &(level, members) in &[(Level::Raid5, 4), (Level::Raid6, 6)] {
-        for replace in [false, true] {
+        for mode in ["rebuild", "rebuild, a checkpoint per batch", "replace"] {
+            let replace = mode == "replace";
             let clock = Clock::new(0, 31);
             let (vol, faults) = cached_volume(level, members, CHUNK, 8, &clock);
             let g = *vol.geometry();
@@ -801,8 +803,10 @@ fn a_walk_that_skipped_a_trimmed_unit_is_recorded_only_after_the_trim_is_durable
                 let h = s.spawn(|| {
                     if replace {
                         let _ = block_on(vol.replace_run(&stop));
-                    } else {
+                    } else if mode == "rebuild" {
                         let _ = block_on(a.rebuild(&stop));
+                    } else {
+                        let _ = block_on(a.rebuild_with(&stop, Duration::ZERO));
                     }
                 });
                 settle(&clock);
@@ -832,7 +836,7 @@ fn a_walk_that_skipped_a_trimmed_unit_is_recorded_only_after_the_trim_is_durable
             assert!(
                 wrong.is_empty(),
                 "{level} {}: {} sectors read neither the data nor zeros (first {:?})",
-                if replace { "replace" } else { "rebuild" },
+                mode,
                 wrong.len(),
                 &wrong[..wrong.len().min(4)],
             );
