@@ -8,12 +8,15 @@ use uraid_sim::interaction::{run, run_seed, SimConfig};
 /// Seeds that fail on a known, open bug: left out of the CI range (`seeds`), run by the
 /// ignored `open_findings_still_failing`.
 ///
-/// 68923 (RAID6, no journal, stage 3: resync due, member 2 failed, member 5 dies, a new
-/// device in slot 2 being rebuilt): a read while serving returns bytes no write allows at
-/// stripe 14, the one unit of the first 16 the rebuild neither rebuilt from a verified
-/// decode nor recorded bad (its log has no line for unit 14). Found by `soak.sh` at 4f891e6
-/// (failed once, passed on rerun); fails every time since 65d28ab made the hole flush
-/// conditional, which changed the timing. Not understood yet.
+/// 68923 (RAID6, no journal): a read in stage 3 returns stripe 14's old bytes where stage 2
+/// had served a torn write's new ones. Likely cause (traced, not fixed): stripe 14 was torn
+/// at stage 1's cut with the new bytes on member 2; stage 2 (resync still due when it ended)
+/// served them from member 2, then the operator failed it; in stage 3 member 2 counts as
+/// "unseen since start" (`Members::unseen_since_start` is per session), so
+/// `verify_unsynced`, with member 5 still alive, found the other five consistent, marked the
+/// stripe synced, and the rebuild of slot 2 decoded the old bytes. "Unseen" has to hold
+/// since the unclean stop, across sessions, not since this assembly. Found by `soak.sh` at
+/// 4f891e6 (failed once, passed on rerun); fails every time since 65d28ab changed the timing.
 const OPEN_FINDINGS: &[u64] = &[68923];
 
 /// Closed finding: wrong bytes after reassembly in 30 of the 11,550 seeds of
