@@ -16,16 +16,16 @@
 //!   the old device; a chunk it cannot read is reconstructed from the rest of the stripe
 //!   (the old device's read-error budget applies as for any read).
 //! * The swap: the replacement is flushed (and every member: a unit skipped as a hole is
-//!   one only once its map clear is durable everywhere), then one superblock round names it in the slot
-//!   (its own superblock written to it in that round), then in one store it becomes the
+//!   one only once its map clear is durable everywhere), then one superblock round names
+//!   it in the slot (its own superblock written to it in that round), then in one store it becomes the
 //!   slot's device and the old one is no longer written. A crash before the round finds
 //!   the old member complete (it got every write); a torn round leaves the slot either
 //!   with the old member or with the new one, which holds everything. The old device is
 //!   refused afterwards (its uuid is no longer the slot's).
 //! * Units with nothing allocated are skipped, as the rebuild does.
 //! * The copy checkpoint is persisted every `PERSIST_EVERY` (replacement flushed, then
-//!   every member, then a round), and when the server stops (`keep_replaces_on_stop`). At the next start the
-//!   replace resumes with its replacement (`resume_replace`): the walk covers the units
+//!   every member, then a round), and when the server stops (`keep_replaces_on_stop`).
+//!   At the next start the replace resumes with its replacement (`resume_replace`): the walk covers the units
 //!   from the checkpoint and, after an unclean stop, those below it resync owes (everything
 //!   with a journal), never trusting the replacement beyond that. A recorded replace whose
 //!   replacement is not given is dropped in a round (`drop_unresumed_replaces`); a record
