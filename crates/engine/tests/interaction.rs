@@ -189,18 +189,29 @@ fn journal_replay_never_writes_onto_a_device_that_took_the_slot_since() {
 
 /// The simulator still finds its way to the scenario above: seeds of the journal focus that
 /// put a new device into a failed slot of a journalled array, every run checked as usual.
+/// The interleaving is not a function of the seed (module docs of `uraid_sim::interaction`):
+/// on one host these five seeds make eight such adds, on a loaded CI host they made none, so
+/// further seeds run until one happens (bounded).
 #[test]
 fn journal_focus_seeds_with_new_devices_in_failed_slots() {
     let mut adds = 0;
-    for seed in [266, 67, 138, 264, 295] {
+    let mut ran = 0;
+    for seed in [266, 67, 138, 264, 295].into_iter().chain(1000..1200) {
+        if adds > 0 && ran >= 5 {
+            break;
+        }
         let r = run(&SimConfig::journal_focus(seed)).unwrap_or_else(|e| panic!("{e}"));
+        ran += 1;
         adds += r
             .actions
             .iter()
             .filter(|a| a.contains("added into a failed slot: Ok") || a.contains("takes over: Ok"))
             .count();
     }
-    assert!(adds > 0, "no new device went into a failed slot");
+    assert!(
+        adds > 0,
+        "no new device went into a failed slot in {ran} seeds"
+    );
 }
 
 fn seeds(var: &str, default: u64) -> std::ops::Range<u64> {
