@@ -45,16 +45,16 @@ fn superblock_matches_docs() {
             }
         }
     }
-    // Superblock (27 rows, and 2 of the replace in progress), journal superblock (10),
+    // Superblock (28 rows, and 2 of the replace in progress), journal superblock (10),
     // record header (8 of fixed size).
-    assert_eq!(fields.len(), 47, "docs table rows: {fields:?}");
+    assert_eq!(fields.len(), 48, "docs table rows: {fields:?}");
     let get = |name: &str| -> &[u8] {
         let (o, s) = fields[name];
         &sb[o..o + s]
     };
     let le = |b: &[u8]| b.iter().rev().fold(0u64, |a, &x| a << 8 | x as u64);
     assert_eq!(get("magic"), b"uraid-sb");
-    assert_eq!(le(get("version")), 7);
+    assert_eq!(le(get("version")), 8);
     assert_eq!(le(get("sb_size")), 4096);
     assert_eq!(&get("name")[..6], b"docvol");
     assert_eq!(le(get("level")), 6);
@@ -78,6 +78,7 @@ fn superblock_matches_docs() {
     assert!(get("bad_ranges").iter().all(|&b| b == 0));
     assert_eq!(get("journal_uuid"), [0u8; 16], "no journal");
     assert_eq!(le(get("journal_mode")), 0);
+    assert_eq!(le(get("served")), 0, "a new array is in sync");
     assert!(get("replace_uuids").iter().all(|&b| b == 0), "no replace");
     assert!(get("replace_copied").iter().all(|&b| b == 0));
     assert_eq!(

@@ -492,6 +492,7 @@ mod tests {
             bitmap_chunk: 0,
             journal: None,
             bad: Default::default(),
+            served: Default::default(),
         };
         Found {
             path: format!("m{i}").into(),

@@ -7,10 +7,11 @@
 use crate::badblocks::{BadBlocks, BadRange, MAX_BAD_RANGES};
 use crate::codec::MAX_SHARDS;
 use crate::geometry::{Geometry, GeometryError, Level};
+use crate::members::MemberSet;
 
 pub const SB_SIZE: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"uraid-sb";
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 /// Version 3 (before the write-intent bitmap) is read as version 6 with no bitmap and no
 /// journal, version 4 (before the journal device) as version 6 with no journal, version 5
 /// (before rebuild) with no slot device uuids and no member rebuilding; the next superblock
@@ -22,6 +23,9 @@ pub const VERSION_NO_REBUILD: u32 = 5;
 pub const VERSION_NO_BADBLOCKS: u32 = 6;
 /// Version 6 (before persisted replaces) is read as version 7 with no replace in progress.
 pub const VERSION_NO_REPLACE: u32 = 6;
+/// Version 7 (before the served set) is read as version 8 with no slot recorded as having
+/// served reads while the array was out of sync.
+pub const VERSION_NO_SERVED: u32 = 7;
 /// Superblock slots: rounds alternate between the copy at offset 0 and the one at 4096
 /// (slot = events % 2), so a torn round leaves the previous superblock intact.
 pub const SB_SLOTS: usize = 2;
@@ -53,6 +57,9 @@ pub mod off {
     pub const BITMAP_CHUNK: usize = 152;
     pub const JOURNAL_UUID: usize = 160;
     pub const JOURNAL_MODE: usize = 176;
+    /// Version 8: slots (bit i) whose device may have served reads since the array was
+    /// last in sync, u64 (`Superblock::served`).
+    pub const SERVED: usize = 184;
     pub const STATES: usize = 256;
     /// Per slot: units (stripes, mirror rows) a rebuilding member holds, u64 each.
     pub const REBUILT: usize = 512;
@@ -237,6 +244,12 @@ pub struct Superblock {
     pub journal: Option<([u8; 16], JournalMode)>,
     /// Every slot's bad-block list (version 7; empty before).
     pub bad: BadBlocks,
+    /// Version 8: the slots whose device may have served client reads since the array was
+    /// last in sync (an unclean stop with resync still due). A read may have returned a
+    /// torn write's bytes that only that device held, so no later session may decode that
+    /// slot's chunks of a stripe not yet resynced as if the other members' agreement
+    /// settled them (docs/format.md, "Served while out of sync"). Empty on a clean array.
+    pub served: MemberSet,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -344,6 +357,7 @@ impl Superblock {
             put32(&mut b, o + 12, r.member as u32);
         }
         encode_replaces(self, &mut b);
+        put64(&mut b, off::SERVED, self.served.bits());
         let crc = crc32c::crc32c(&b[..off::CRC]);
         put32(&mut b, off::CRC, crc);
         b
@@ -506,6 +520,11 @@ impl Superblock {
         } else {
             decode_bad(b, members, geometry.units())?
         };
+        let served = if version <= VERSION_NO_SERVED {
+            MemberSet::EMPTY
+        } else {
+            decode_served(u64_at(b, off::SERVED), members, flags & FLAG_CLEAN != 0)?
+        };
         let mut array_uuid = [0u8; 16];
         array_uuid.copy_from_slice(&b[off::ARRAY_UUID..off::ARRAY_UUID + 16]);
         let mut device_uuid = [0u8; 16];
@@ -530,8 +549,28 @@ impl Superblock {
             bitmap_chunk,
             journal,
             bad,
+            served,
         })
     }
+}
+
+/// The served set of a version 8 superblock: only slots of the array, and none on a clean
+/// one (a clean stop means every stripe is in sync).
+fn decode_served(bits: u64, members: usize, clean: bool) -> Result<MemberSet, FormatError> {
+    let set = MemberSet::from_bits(bits);
+    if members < 64 && bits >> members != 0 {
+        return Err(field(
+            "served",
+            format!("{bits:#x} names slots past the array's {members}"),
+        ));
+    }
+    if clean && !set.is_empty() {
+        return Err(field(
+            "served",
+            format!("{set} on a superblock marked clean"),
+        ));
+    }
+    Ok(set)
 }
 
 /// The bad-block list of a version 7 superblock, checked (`BadBlocks::check`).
@@ -624,6 +663,7 @@ mod tests {
                 start: 3,
                 len: 2,
             }]),
+            served: MemberSet::EMPTY,
         }
     }
 
@@ -728,6 +768,45 @@ mod tests {
         b[off::VERSION] = 6;
         b[off::FLAGS] = FLAG_REPLACEMENT as u8;
         refused(b, "flags");
+    }
+
+    /// The served set (version 8): slots of the array only, none on a clean superblock;
+    /// version 7 reads as empty whatever the bytes hold.
+    #[test]
+    fn served_set_round_trips_and_rejects_malformed() {
+        let mut s = sample();
+        s.clean = false;
+        s.served = MemberSet::from_bits(0b10_0000_0101);
+        let good = s.encode();
+        assert_eq!(Superblock::decode(&good).unwrap(), s);
+        let reseal = |mut b: [u8; SB_SIZE]| {
+            let c = crc32c::crc32c(&b[..off::CRC]);
+            b[off::CRC..].copy_from_slice(&c.to_le_bytes());
+            b
+        };
+        let refused = |b: [u8; SB_SIZE]| match Superblock::decode(&reseal(b)) {
+            Err(FormatError::Field { field, .. }) => assert_eq!(field, "served"),
+            other => panic!("{other:?}"),
+        };
+        // Slot 10 of a 10-member array; the top bit.
+        let mut b = good;
+        b[off::SERVED + 1] |= 0b100;
+        refused(b);
+        let mut b = good;
+        b[off::SERVED + 7] = 0x80;
+        refused(b);
+        // Marked clean.
+        let mut b = good;
+        b[off::FLAGS] |= FLAG_CLEAN as u8;
+        refused(b);
+        // Version 7: ignored.
+        let mut b = good;
+        b[off::VERSION] = 7;
+        b[off::SERVED + 7] = 0xff;
+        assert_eq!(
+            Superblock::decode(&reseal(b)).unwrap().served,
+            MemberSet::EMPTY
+        );
     }
 
     #[test]

@@ -701,6 +701,13 @@ impl<D: BlockDev> Members<D> {
         self.unseen.load(Ordering::Acquire) & (1 << i) != 0
     }
 
+    /// Slots whose device has served reads since assembly (in service then, or rebuilt
+    /// since): the complement of `unseen`.
+    pub(crate) fn seen(&self) -> MemberSet {
+        MemberSet::all(self.count())
+            .minus(MemberSet::from_bits(self.unseen.load(Ordering::Acquire)))
+    }
+
     /// Member `i` holds every unit: it is an ordinary member from now on.
     pub(crate) fn rebuild_done(&self, i: usize) {
         self.unseen.fetch_and(!(1 << i), Ordering::AcqRel);

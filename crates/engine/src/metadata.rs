@@ -123,22 +123,41 @@ pub(crate) struct Metadata {
     ctime: u64,
     /// Read-only metadata: never write superblocks (bench on someone's array, tests).
     frozen: bool,
+    /// The served set (`Superblock::served`, docs/format.md "Served while out of sync") as
+    /// the superblocks had it at assembly, when resync was due then (else empty): slots
+    /// whose devices may have served a torn stripe's bytes in an earlier session.
+    served_before: MemberSet,
+    /// Slots failed (recorded, or missing) at assembly: they served nothing this session.
+    failed_at_start: MemberSet,
+    /// Resync was due at assembly and has not finished: rounds record the served set
+    /// (`served_now`); false: they write it empty.
+    tracking: AtomicBool,
+    /// The served set of this session is on disk (`record_served` ran, or a round since).
+    served_recorded: AtomicBool,
 }
 
 impl Metadata {
     /// `absent`: members missing at assembly. They count as known: a session that only
     /// reads never records them failed (their data is still current); the first write's
     /// round does.
+    /// `resync_due`: the array needs resync (unclean stop, a level with redundancy, dirty
+    /// regions): the served set is tracked until `in_sync`.
     pub(crate) fn new(
         sb: Superblock,
         ids: Vec<MemberId>,
         frozen: bool,
         absent: MemberSet,
+        resync_due: bool,
     ) -> Metadata {
         let persisted: MemberSet = (0..sb.geometry.members)
             .filter(|&i| sb.is_failed(i))
             .collect::<MemberSet>()
             .union(absent);
+        let served_before = if resync_due {
+            sb.served
+        } else {
+            MemberSet::EMPTY
+        };
         let removed: MemberSet = (0..sb.geometry.members)
             .filter(|&i| sb.is_removed(i))
             .collect();
@@ -147,6 +166,10 @@ impl Metadata {
         let mut sb = sb;
         sb.spare = false;
         sb.replacement = false;
+        if sb.clean {
+            // A superblock marked clean (a replayed journal's) carries no served set.
+            sb.served = MemberSet::EMPTY;
+        }
         let replace_on_disk = if frozen {
             MemberSet::EMPTY
         } else {
@@ -175,7 +198,64 @@ impl Metadata {
             dirty: AtomicBool::new(false),
             clean_round_due: AtomicBool::new(false),
             frozen,
+            served_before,
+            failed_at_start: persisted,
+            tracking: AtomicBool::new(resync_due && !frozen),
+            served_recorded: AtomicBool::new(!resync_due || frozen),
         }
+    }
+
+    /// Slots whose devices may have served reads of stripes not yet in sync in an earlier
+    /// session (the superblocks' served set at assembly; empty without resync due).
+    pub(crate) fn served_before(&self) -> MemberSet {
+        self.served_before
+    }
+
+    /// Resync finished: from the next round on, the served set written is empty.
+    pub(crate) fn in_sync(&self) {
+        self.tracking.store(false, Ordering::Release);
+    }
+
+    /// The served set a round writes now (`failed`: the round's snapshot): empty once the
+    /// array is in sync (resync finished, or marked clean); else the slots served before
+    /// this session, every slot whose device served reads this session (`Members::seen`:
+    /// in service at assembly or rebuilt since), and every slot failed since assembly (a
+    /// rebuilding member served the units below its checkpoint; its checkpoint goes with
+    /// the failure).
+    fn served_now<D: BlockDev>(
+        &self,
+        members: &Members<D>,
+        meta: &Meta,
+        failed: MemberSet,
+    ) -> MemberSet {
+        if meta.sb.clean || !self.tracking.load(Ordering::Acquire) {
+            return MemberSet::EMPTY;
+        }
+        self.served_before
+            .union(members.seen())
+            .union(failed.minus(self.failed_at_start))
+    }
+
+    /// Before the first client read of a session with resync due: the served set is on
+    /// disk (a round if it changed), so a crash after this session's reads leaves the next
+    /// one knowing which devices may have served torn stripes (docs/format.md, "Served
+    /// while out of sync"). Cheap once done (one atomic load).
+    pub(crate) async fn record_served<D: BlockDev>(&self, members: &Members<D>) {
+        if self.served_recorded.load(Ordering::Acquire) {
+            return;
+        }
+        Box::pin(async {
+            let mut meta = self.state.lock().await;
+            if self.served_recorded.load(Ordering::Acquire) {
+                return;
+            }
+            let want = self.served_now(members, &meta, members.failed());
+            if want != meta.sb.served {
+                self.persist(members, &mut meta, true).await;
+            }
+            self.served_recorded.store(true, Ordering::Release);
+        })
+        .await
     }
 
     pub(crate) fn persisted(&self) -> MemberSet {
@@ -245,13 +325,16 @@ fn swap_begin<D: BlockDev>(
 
 /// Every member's state in the round's superblock, against the same snapshot of the failed
 /// set: a rebuilding member that fails meanwhile is written as rebuilding (its next round
-/// records it failed), never as active.
+/// records it failed), never as active. `served`: the round's served set
+/// (`Metadata::served_now`).
 fn record_states<D: BlockDev>(
     members: &Members<D>,
     meta: &mut Meta,
     failed: MemberSet,
     kept: MemberSet,
+    served: MemberSet,
 ) {
+    meta.sb.served = served;
     let rebuilding = members.rebuilding_marked().minus(failed);
     for i in 0..members.count() {
         if kept.contains(i) {
@@ -458,7 +541,8 @@ impl Metadata {
             } else {
                 MemberSet::EMPTY
             };
-            record_states(members, meta, failed, kept);
+            let served = self.served_now(members, meta, failed);
+            record_states(members, meta, failed, kept, served);
             let live = MemberSet::all(members.count()).minus(failed);
             let (swapped, again) = match swap_old {
                 Some(old) => write_swapped(members, meta, old).await,

@@ -6,18 +6,19 @@
 use uraid_sim::interaction::{run, run_seed, SimConfig};
 
 /// Seeds that fail on a known, open bug: left out of the CI range (`seeds`), run by the
-/// ignored `open_findings_still_failing`.
-///
-/// 68923 (RAID6, no journal): a read in stage 3 returns stripe 14's old bytes where stage 2
-/// had served a torn write's new ones. Likely cause (traced, not fixed): stripe 14 was torn
-/// at stage 1's cut with the new bytes on member 2; stage 2 (resync still due when it ended)
-/// served them from member 2, then the operator failed it; in stage 3 member 2 counts as
-/// "unseen since start" (`Members::unseen_since_start` is per session), so
-/// `verify_unsynced`, with member 5 still alive, found the other five consistent, marked the
-/// stripe synced, and the rebuild of slot 2 decoded the old bytes. "Unseen" has to hold
-/// since the unclean stop, across sessions, not since this assembly. Found by `soak.sh` at
-/// 4f891e6 (failed once, passed on rerun); fails every time since 65d28ab changed the timing.
-const OPEN_FINDINGS: &[u64] = &[68923];
+/// ignored `open_findings_still_failing`. None today.
+const OPEN_FINDINGS: &[u64] = &[];
+
+/// Closed finding: 68923 (RAID6, no journal) read stripe 14's old bytes in stage 3 where
+/// stage 2 had served a torn write's new ones. The stripe was torn at stage 1's cut with the
+/// new bytes on member 2; stage 2 (resync still due when it ended) served them from member
+/// 2, then the operator failed it; in stage 3 member 2 counted as "unseen" (per session),
+/// so `verify_unsynced` found the other five consistent, marked the stripe synced, and the
+/// rebuild of slot 2 decoded the old bytes. Fixed: the superblocks record which slots served
+/// reads while resync was due (format version 8, `served`), and no later session decodes
+/// around them on an unsynced stripe (test resync.rs
+/// `a_member_that_served_a_torn_stripe_is_never_decoded_around_in_a_later_session`).
+const SERVED_ACROSS_SESSIONS: &[u64] = &[68923];
 
 /// Closed finding: wrong bytes after reassembly in 30 of the 11,550 seeds of
 /// `scripts/soak.sh 9 5000` (RAID6, ec with 3 parities, RAID5; with and without a journal).
@@ -80,6 +81,7 @@ fn open_findings() {
             UNSYNCED_DEGRADED_WRITE
                 .iter()
                 .chain(SKIPPED_HOLE)
+                .chain(SERVED_ACROSS_SESSIONS)
                 .filter_map(|&seed| run_seed(seed).err()),
         )
         .collect();

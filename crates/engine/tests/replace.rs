@@ -17,7 +17,7 @@ use futures::executor::block_on;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use uraid_core::Level;
-use uraid_engine::{BlockDev, ReplaceOutcome};
+use uraid_engine::{BlockDev, ReplaceOutcome, Volume};
 use uraid_sim::crash::{cached_dev, reassemble, reassemble_with, Clock};
 use uraid_sim::rng::Rng;
 use uraid_sim::{
@@ -505,17 +505,33 @@ fn a_device_dying_during_the_swap_leaves_the_right_member_named() {
     }
 }
 
-/// A reassembled volume, the model it must read back, and the media it came from.
+/// A reassembled volume, the model it must read back (but for the torn range), the range of
+/// the write in flight at the cut, and the media it came from.
 type Reassembled = (
     std::sync::Arc<uraid_engine::Volume<MemDev>>,
     Model,
+    Option<(u64, u64)>,
     Vec<Vec<u8>>,
 );
+
+/// The torn write's range as it reads now goes into `want` (either version of a write in
+/// flight at the cut may read back). Called after a recorded replace was resumed or
+/// dropped, as a server serves only then: with resync due, the first read writes a
+/// superblock round (the served set), and a round drops a replace record whose
+/// replacement is not attached.
+fn settle_torn(vol: &Volume<MemDev>, want: &mut Model, torn: Option<(u64, u64)>) {
+    if let Some((o, l)) = torn {
+        let got = block_on(vol.read(o, l))
+            .expect("the torn range reads")
+            .to_vec();
+        want.write(o, &got);
+    }
+}
 
 /// The media of a replace of `slot` cut by a power cut at member operation `cut`, the copy
 /// checkpoint persisted after every batch, reassembled with every device (members, then the
 /// replacement: `present` says which are given). Returns the volume, the model of what must
-/// read back (flushed writes; the torn write's range as it reads now) and the media.
+/// read back (flushed writes: `settle_torn` adds the torn write's range), and the media.
 fn cut_and_reassemble(
     images: &[Vec<u8>],
     model: &Model,
@@ -533,15 +549,7 @@ fn cut_and_reassemble(
         .collect();
     let vol = reassemble(&given, &vec![true; given.len()])
         .unwrap_or_else(|e| panic!("cut at {cut}: does not assemble: {e}"));
-    let mut want = run.model;
-    if let Some((o, l)) = run.torn {
-        // Either version of a write in flight at the cut may read back.
-        let got = block_on(vol.read(o, l))
-            .expect("the torn range reads")
-            .to_vec();
-        want.write(o, &got);
-    }
-    Some((vol, want, media))
+    Some((vol, run.model, run.torn, media))
 }
 
 /// A replace cut by a power cut (the array dropped mid-copy, no clean stop) resumes at its
@@ -559,7 +567,8 @@ fn a_replace_cut_by_a_crash_resumes_at_its_checkpoint() {
     let mut partway = 0;
     for k in 3..9 {
         let cut = full.ops * k / 10;
-        let Some((vol, want, media)) = cut_and_reassemble(&images, &model, slot, cut, &[true; 7])
+        let Some((vol, mut want, torn, media)) =
+            cut_and_reassemble(&images, &model, slot, cut, &[true; 7])
         else {
             continue;
         };
@@ -574,6 +583,7 @@ fn a_replace_cut_by_a_crash_resumes_at_its_checkpoint() {
         let handle = dev.share();
         block_on(vol.resume_replace(slot, dev, uuid)).expect("the replace resumes");
         assert_eq!(a.replace_state().map(|r| r.0), Some(slot));
+        settle_torn(&vol, &mut want, torn);
         let stop = AtomicBool::new(false);
         // The cut left the array unclean: resync, as a server starts it (after the resume;
         // its writes reach the replacement too).
@@ -616,7 +626,8 @@ fn a_replace_whose_replacement_is_missing_at_restart_is_dropped() {
     let mut tried = 0;
     for k in [4, 5, 6] {
         let cut = full.ops * k / 10;
-        let Some((vol, mut want, media)) = cut_and_reassemble(&images, &model, slot, cut, &present)
+        let Some((vol, mut want, torn, media)) =
+            cut_and_reassemble(&images, &model, slot, cut, &present)
         else {
             continue;
         };
@@ -626,6 +637,7 @@ fn a_replace_whose_replacement_is_missing_at_restart_is_dropped() {
         }
         tried += 1;
         block_on(a.drop_unresumed_replaces());
+        settle_torn(&vol, &mut want, torn);
         assert!(a.resumable_replaces().is_empty());
         assert!(a.replace_state().is_none() && a.failed().is_empty());
         assert!(read_all(&vol) == want.bytes, "cut at {cut}: wrong data");

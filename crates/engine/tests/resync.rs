@@ -602,3 +602,62 @@ fn resync_rewrites_listed_parity_and_reports_listed_data() {
         );
     }
 }
+
+/// A device that served a torn stripe's bytes in one session is never decoded around as if
+/// the other members' agreement settled that stripe in a later session (simulator seed
+/// 68923; docs/format.md, "Served while out of sync"). RAID6: a write cut short left new
+/// bytes in one data chunk only, on member `m`; the other five members agree on the old
+/// bytes (one codeword). Session 2, healthy but resync still due, serves the new bytes from
+/// `m`. Session 3 lacks `m` (left out at the start; or failed by the operator in session 2
+/// and then replaced by a new device that is rebuilt): a read of that chunk must return
+/// the bytes session 2 served, or refuse, never the old ones. Before the superblocks
+/// recorded who served, "unseen" was per session: session 3 found the five consistent,
+/// marked the stripe synced and decoded the old bytes.
+#[test]
+fn a_member_that_served_a_torn_stripe_is_never_decoded_around_in_a_later_session() {
+    use uraid_sim::new_device_uuid;
+    for failed_by_operator in [false, true] {
+        let (level, members) = (Level::Raid6, 6);
+        let (mut images, want) = written(level, members);
+        let g = *reassemble(&images, &vec![true; members])
+            .unwrap()
+            .geometry();
+        let sdb = g.stripe_data_bytes();
+        let (s, i) = (5u64, 1usize);
+        let m = g.data_member(s, i);
+        let off = s * sdb + i as u64 * CHUNK;
+        corrupt(&mut images, m, g.member_offset(s, 0), CHUNK);
+        make_dirty(&mut images);
+        // Session 2: every member present, resync due and not run; the new bytes are read.
+        let vol = reassemble(&images, &vec![true; members]).unwrap();
+        assert!(vol.array().stripe_unsynced(s));
+        let served = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+        assert!(served[..] != want[off as usize..(off + CHUNK) as usize]);
+        if failed_by_operator {
+            block_on(vol.array().fail_by_operator(m, true)).unwrap();
+        }
+        let images = member_images(&vol);
+        drop(vol);
+        // Session 3 without `m`.
+        let present: Vec<bool> = (0..members).map(|j| j != m).collect();
+        let vol = reassemble(&images, &present).unwrap();
+        assert!(vol.array().needs_resync());
+        if failed_by_operator {
+            let dev = MemDev::from_image("new", vec![0xEE; images[m].len()]);
+            assert_eq!(block_on(vol.add_member(dev, new_device_uuid(9))), Ok(m));
+            block_on(vol.array().rebuild(&AtomicBool::new(false))).unwrap();
+        }
+        match block_on(vol.read(off, CHUNK)) {
+            Ok(got) => assert!(
+                got.to_vec() == served,
+                "operator fail {failed_by_operator}: stripe {s} read back other bytes than \
+                 session 2 served (the old ones: {})",
+                got.to_vec()[..] == want[off as usize..(off + CHUNK) as usize]
+            ),
+            Err(e) => assert!(
+                matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+                "{e}"
+            ),
+        }
+    }
+}

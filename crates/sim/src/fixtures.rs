@@ -45,6 +45,7 @@ pub fn sim_superblock(geometry: Geometry) -> Superblock {
         bitmap_chunk: sim_bitmap_chunk(&geometry),
         journal: None,
         bad: Default::default(),
+        served: Default::default(),
     }
 }
 

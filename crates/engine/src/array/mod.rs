@@ -230,6 +230,9 @@ impl<D: BlockDev> Array<D> {
             (Some(words), bc) if bc > 0 => uraid_core::bitmap::dirty_units(&geo, bc, words),
             _ => std::iter::once(0..units).collect(),
         });
+        let resync_due = due
+            .as_ref()
+            .is_some_and(|d| d.iter().any(|r| !r.is_empty()));
         let intent = crate::bitmap::WriteIntent::new(&geo, bc, bitmap, opts.frozen_metadata);
         let bad = sb.bad.clone();
         // Replaces the superblocks record, for `resume_replace` (recovery/replace.rs).
@@ -266,7 +269,7 @@ impl<D: BlockDev> Array<D> {
                 sb.data_offset,
                 opts.policy,
             ),
-            meta: Metadata::new(sb, ids, opts.frozen_metadata, absent),
+            meta: Metadata::new(sb, ids, opts.frozen_metadata, absent, resync_due),
             locks: StripeLocks::new(shards),
             stats: Stats::default(),
             recovery: Recovery::new(&geo, due),
@@ -634,6 +637,8 @@ impl<D: BlockDev> Array<D> {
     pub async fn read(self: &Arc<Self>, off: u64, len: u64) -> Result<Segments, ArrayError> {
         self.validate(off, len)?;
         self.check_serving()?;
+        // With resync due, the devices about to serve are on disk as served first.
+        self.meta.record_served(&self.members).await;
         self.stats.add(|c| &c.reads, 1);
         let extents: Vec<Extent> = self.geo.map(off, len).collect();
         if self.journal.get().is_some() {
@@ -800,6 +805,15 @@ impl<D: BlockDev> Array<D> {
         } else {
             self.stats.add(|c| &c.slow_reads_around, 1);
         }
+    }
+
+    /// Whether slot `i`'s device cannot have served a torn stripe's bytes since the array
+    /// was last in sync: it served no reads this session (`Members::unseen_since_start`)
+    /// and the superblocks did not name it served in an earlier one (docs/format.md,
+    /// "Served while out of sync"). Only such a slot's chunks of an unsynced stripe may be
+    /// taken from a decode the other members agree on.
+    pub(crate) fn unseen_since_unsynced(&self, i: usize) -> bool {
+        self.members.unseen_since_start(i) && !self.meta.served_before().contains(i)
     }
 
     /// Slot `i`'s rebuild checkpoint at assembly (0 unless it was rebuilding then).

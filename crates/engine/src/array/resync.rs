@@ -16,6 +16,19 @@ impl<D: BlockDev> Array<D> {
         self.recovery().resync.is_pending()
     }
 
+    /// Ends the pending resync: entirely (`all`, the walk synced every unit), or if every
+    /// unit is synced by now. In sync, superblock rounds stop recording the served set.
+    pub(crate) fn finish_resync(&self, all: bool) {
+        if all {
+            self.recovery().resync.finish();
+        } else {
+            self.recovery().resync.finish_if_all_synced();
+        }
+        if !self.needs_resync() {
+            self.meta().in_sync();
+        }
+    }
+
     /// Resyncs `unit` if it is still unsynced. Caller holds its stripe lock (a client write
     /// about to update the stripe). Whenever the stripe cannot be resynced — the array is
     /// degraded (started dirty and degraded on purpose, or a member failed, also during this
@@ -68,12 +81,13 @@ impl<D: BlockDev> Array<D> {
         let Ok(out) = self.readable(out) else {
             return false;
         };
-        // Only for members out since assembly: one that served reads may have served a torn
-        // write's new bytes, and a decode (however the parities agree) would change them. A
-        // member rebuilding at assembly served the units below its checkpoint then.
+        // Only for members that served no reads since the array was last in sync (this
+        // session or an earlier one, `unseen_since_unsynced`): one that did may have served
+        // a torn write's new bytes, and a decode (however the parities agree) would change
+        // them. A member rebuilding at assembly served the units below its checkpoint then.
         if out
             .iter()
-            .any(|m| !self.members().unseen_since_start(m) || unit < self.rebuilt_at_start(m))
+            .any(|m| !self.unseen_since_unsynced(m) || unit < self.rebuilt_at_start(m))
         {
             return false;
         }

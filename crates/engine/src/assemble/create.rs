@@ -146,6 +146,7 @@ fn new_superblock(
         bitmap_chunk,
         journal,
         bad: Default::default(),
+        served: Default::default(),
     };
     while sb.name.len() > format::NAME_LEN {
         sb.name.pop();

@@ -148,6 +148,7 @@ pub fn replay<D: BlockDev>(
     let absent: MemberSet = (0..g.members).filter(|&i| members[i].is_none()).collect();
     let mut clean = sb.clone();
     clean.clean = true;
+    clean.served = MemberSet::EMPTY;
     if walk.records > 0 || !sb.clean {
         // Replayed records went to the members only, and a replay may have happened in an
         // earlier start that crashed before recording it: a replacement being copied

@@ -296,16 +296,15 @@ impl<D: BlockDev> Array<D> {
         if unsynced && !hole && !decoded_data.is_empty() {
             // Not in sync (started dirty and degraded): a data chunk decoded from parity is
             // trusted only if a parity the decode did not need agrees with it, and only for
-            // a slot whose device served no reads since assembly (one that did may have
+            // a slot whose device served no reads since the array was last in sync, in
+            // this session or an earlier one (`unseen_since_unsynced`; one that did may have
             // served a torn write's new bytes that no parity holds: the parities agreeing
             // on the old ones would change what was read). That holds whether the decoded
             // chunk is written to a target or only feeds the parity encoded for one: parity
             // encoded from a wrong decode and written would make the torn stripe look
             // consistent (simulator seed 29). Where no data was ever written, reads return
             // zeros whatever the chunks hold.
-            let unseen = decoded_data
-                .iter()
-                .all(|t| self.members().unseen_since_start(t));
+            let unseen = decoded_data.iter().all(|t| self.unseen_since_unsynced(t));
             let verified = if unseen {
                 self.unsynced_decode_verified(unit, &parity, failed, excl)
                     .await
@@ -613,7 +612,7 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
             return ControlFlow::Break(Err(ArrayError::Shutdown));
         }
         // Units it resynced on the way (after an unclean stop) may have been the last.
-        a.recovery().resync.finish_if_all_synced();
+        a.finish_resync(false);
         let finished = done.minus(a.members().failed());
         self.report.finished = self.report.finished.union(finished);
         if !finished.is_empty() {

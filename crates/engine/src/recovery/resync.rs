@@ -273,10 +273,10 @@ impl<D: BlockDev> Walk<D> for ResyncWalk {
                 self.name,
                 report.deferred
             );
-            a.recovery().resync.finish_if_all_synced();
+            a.finish_resync(false);
             return Ok(report);
         }
-        a.recovery().resync.finish();
+        a.finish_resync(true);
         tracing::info!(
             target: "uraid_engine::recovery",
             "array '{}': resync finished in {secs:.2} s: {} stripes checked, {} repaired, {} \
