@@ -132,8 +132,15 @@ pub(crate) struct Metadata {
     /// Resync was due at assembly and has not finished: rounds record the served set
     /// (`served_now`); false: they write it empty.
     tracking: AtomicBool,
-    /// The served set of this session is on disk (`record_served` ran, or a round since).
+    /// This session's first client read has begun (`record_served`): from then on rounds
+    /// count the devices in service as served.
+    client_read: AtomicBool,
+    /// The served set of this session is on disk (`record_served` ran).
     served_recorded: AtomicBool,
+    /// Slots whose rebuild checkpoint a round dropped while resync was due (recorded
+    /// failed): the checkpoint bounded what the device served, so from then on the slot
+    /// counts as served (`record_states`).
+    dropped: AtomicU64,
 }
 
 impl Metadata {
@@ -201,7 +208,9 @@ impl Metadata {
             served_before,
             failed_at_start: persisted,
             tracking: AtomicBool::new(resync_due && !frozen),
+            client_read: AtomicBool::new(false),
             served_recorded: AtomicBool::new(!resync_due || frozen),
+            dropped: AtomicU64::new(0),
         }
     }
 
@@ -218,10 +227,11 @@ impl Metadata {
 
     /// The served set a round writes now (`failed`: the round's snapshot): empty once the
     /// array is in sync (resync finished, or marked clean); else the slots served before
-    /// this session, every slot whose device served reads this session (`Members::seen`:
-    /// in service at assembly or rebuilt since), and every slot failed since assembly (a
-    /// rebuilding member served the units below its checkpoint; its checkpoint goes with
-    /// the failure).
+    /// this session, the slots whose rebuild checkpoint was dropped (`dropped`), and, once
+    /// a client read began, every slot whose device serves reads this session
+    /// (`Members::seen`: in service at assembly or rebuilt since) and every slot failed
+    /// since assembly (a member being rebuilt served the units below its checkpoint). A
+    /// session that only resyncs or writes serves nothing a client saw.
     fn served_now<D: BlockDev>(
         &self,
         members: &Members<D>,
@@ -231,15 +241,23 @@ impl Metadata {
         if meta.sb.clean || !self.tracking.load(Ordering::Acquire) {
             return MemberSet::EMPTY;
         }
-        self.served_before
-            .union(members.seen())
-            .union(failed.minus(self.failed_at_start))
+        let mut set = self
+            .served_before
+            .union(MemberSet::from_bits(self.dropped.load(Ordering::Acquire)));
+        if self.client_read.load(Ordering::Acquire) {
+            set = set
+                .union(members.seen())
+                .union(failed.minus(self.failed_at_start));
+        }
+        set
     }
 
-    /// Before the first client read of a session with resync due: the served set is on
-    /// disk (a round if it changed), so a crash after this session's reads leaves the next
-    /// one knowing which devices may have served torn stripes (docs/format.md, "Served
-    /// while out of sync"). Cheap once done (one atomic load).
+    /// Before the first client read of a session with resync due: a round writes the
+    /// served set to every live member (also to those one event behind, whose older copy
+    /// could otherwise be the freshest a later start finds), so a crash after this
+    /// session's reads leaves the next one knowing which devices may have served torn
+    /// stripes (docs/format.md, "Served while out of sync"). Cheap once done (one atomic
+    /// load).
     pub(crate) async fn record_served<D: BlockDev>(&self, members: &Members<D>) {
         if self.served_recorded.load(Ordering::Acquire) {
             return;
@@ -249,13 +267,34 @@ impl Metadata {
             if self.served_recorded.load(Ordering::Acquire) {
                 return;
             }
-            let want = self.served_now(members, &meta, members.failed());
-            if want != meta.sb.served {
-                self.persist(members, &mut meta, true).await;
-            }
+            self.client_read.store(true, Ordering::Release);
+            self.persist(members, &mut meta, true).await;
             self.served_recorded.store(true, Ordering::Release);
         })
         .await
+    }
+
+    /// Before bytes decoded around members absent since assembly are served (a stripe not
+    /// in sync that the members present showed to be one codeword): those members are
+    /// recorded failed, as the first write's round would. Otherwise one could come back at
+    /// the next start as an active member holding a torn write's other bytes, and a healthy
+    /// read would return them after the decode was served.
+    pub(crate) async fn record_absent_failed<D: BlockDev>(&self, members: &Members<D>) {
+        if !self.absent_kept.load(Ordering::Acquire) {
+            return;
+        }
+        Box::pin(async {
+            let mut meta = self.state.lock().await;
+            if self.absent_kept.swap(false, Ordering::AcqRel) {
+                self.persist(members, &mut meta, true).await;
+            }
+        })
+        .await
+    }
+
+    /// Members missing at assembly.
+    pub(crate) fn absent(&self) -> MemberSet {
+        self.absent
     }
 
     pub(crate) fn persisted(&self) -> MemberSet {
@@ -541,6 +580,13 @@ impl Metadata {
             } else {
                 MemberSet::EMPTY
             };
+            // A member being rebuilt that this round records failed loses its checkpoint,
+            // which bounded the units it served: from now on it counts as served.
+            for i in failed.minus(kept).iter() {
+                if meta.sb.is_rebuilding(i) && meta.sb.rebuilt[i] > 0 {
+                    self.dropped.fetch_or(1 << i, Ordering::AcqRel);
+                }
+            }
             let served = self.served_now(members, meta, failed);
             record_states(members, meta, failed, kept, served);
             let live = MemberSet::all(members.count()).minus(failed);

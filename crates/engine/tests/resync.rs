@@ -661,3 +661,90 @@ fn a_member_that_served_a_torn_stripe_is_never_decoded_around_in_a_later_session
         }
     }
 }
+
+/// Writes every member's superblocks (both slots) with `edit` applied.
+fn edit_superblocks(images: &mut [Vec<u8>], edit: impl Fn(&mut uraid_core::format::Superblock)) {
+    for img in images.iter_mut() {
+        let (mut sb, _) =
+            pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE]).unwrap();
+        edit(&mut sb);
+        for slot in 0..2 {
+            img[slot * SB_SIZE..(slot + 1) * SB_SIZE].copy_from_slice(&sb.encode());
+        }
+    }
+}
+
+/// The served set's other two routes (the cold review of the fix for seed 68923), RAID6,
+/// stripe `s` torn with new bytes on member `m` only:
+/// * `m` is being rebuilt (its checkpoint past `s`), serves the new bytes in session 2, is
+///   absent in session 3, where a write records it failed (its checkpoint goes): session 4
+///   without it must not decode the old bytes. Before, only a failure online counted.
+/// * `m` is absent in session 2, whose read decodes `s` around it (the other five agree on
+///   the old bytes) and serves that: `m` is recorded failed before the bytes go out, so
+///   session 3 with `m` given again does not read its new bytes back.
+#[test]
+fn a_rebuilding_member_that_served_and_an_absent_member_decoded_around_stay_accounted_for() {
+    use uraid_core::format::MemberState;
+    let (level, members) = (Level::Raid6, 6);
+    let (s, i) = (5u64, 1usize);
+    let prepare = || {
+        let (mut images, want) = written(level, members);
+        let g = *reassemble(&images, &vec![true; members])
+            .unwrap()
+            .geometry();
+        let m = g.data_member(s, i);
+        let off = s * g.stripe_data_bytes() + i as u64 * CHUNK;
+        corrupt(&mut images, m, g.member_offset(s, 0), CHUNK);
+        make_dirty(&mut images);
+        (images, want, m, off)
+    };
+    let without = |m: usize| -> Vec<bool> { (0..members).map(|j| j != m).collect() };
+    let old_bytes = |want: &[u8], off: u64| want[off as usize..(off + CHUNK) as usize].to_vec();
+
+    // Rebuilding member.
+    let (mut images, want, m, off) = prepare();
+    edit_superblocks(&mut images, |sb| {
+        sb.states[m] = MemberState::Rebuilding;
+        sb.rebuilt[m] = s + 1;
+    });
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let served = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+    assert!(served != old_bytes(&want, off), "m served the torn bytes");
+    let images = member_images(&vol);
+    drop(vol);
+    let vol = reassemble(&images, &without(m)).unwrap();
+    // A write elsewhere records the absent member failed (its checkpoint dropped).
+    block_on(vol.write(0, payload(77, CHUNK as usize))).unwrap();
+    block_on(vol.flush()).unwrap();
+    let images = member_images(&vol);
+    drop(vol);
+    let vol = reassemble(&images, &without(m)).unwrap();
+    match block_on(vol.read(off, CHUNK)) {
+        Ok(got) => assert!(
+            got.to_vec() == served,
+            "rebuilding: read back other bytes than served (old: {})",
+            got.to_vec() == old_bytes(&want, off)
+        ),
+        Err(e) => assert!(
+            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+            "{e}"
+        ),
+    }
+    drop(vol);
+
+    // Absent member decoded around.
+    let (images, want, m, off) = prepare();
+    let vol = reassemble(&images, &without(m)).unwrap();
+    let served = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+    assert!(
+        served == old_bytes(&want, off),
+        "the five agree on the old bytes"
+    );
+    let mut after = member_images(&vol);
+    drop(vol);
+    after[m] = images[m].clone();
+    let vol = reassemble(&after, &vec![true; members]).unwrap();
+    assert!(vol.array().failed().contains(m), "m was recorded failed");
+    let got = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+    assert!(got == served, "absent: read back other bytes than served");
+}

@@ -146,6 +146,11 @@ impl<D: BlockDev> Array<D> {
             held[..] == *want
         });
         if agree {
+            if out.iter().any(|m| self.meta().absent().contains(m)) {
+                // Served decoded around a member absent since assembly: it is recorded
+                // failed first, so it never comes back holding the torn write's other bytes.
+                self.meta().record_absent_failed(self.members()).await;
+            }
             self.recovery().resync.mark(unit);
             self.recovery().resync.note_verified();
         }

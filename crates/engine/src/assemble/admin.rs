@@ -243,6 +243,16 @@ pub(super) fn check_index(plan: &Plan, i: usize) -> Result<(), AssembleError> {
     Ok(())
 }
 
+/// Slot `i` is failed offline: its rebuild checkpoint goes. On an array not stopped
+/// cleanly that checkpoint bounded what the device served while resync was due, so the slot
+/// joins the served set (docs/format.md, "Served while out of sync").
+fn drop_checkpoint(sb: &mut Superblock, i: usize) {
+    if !sb.clean && sb.is_rebuilding(i) && sb.rebuilt[i] > 0 {
+        sb.served = sb.served.with(i);
+    }
+    sb.rebuilt[i] = 0;
+}
+
 /// Marks member `i` of a stopped array failed in the superblocks (`uraid fail`, mdadm
 /// --fail). Refused: an unknown, missing or already failed member, one the array cannot
 /// lose, and without `force` one that would leave no redundancy.
@@ -257,8 +267,8 @@ pub fn fail_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, Ass
     let lost: uraid_core::MemberSet = missing.into_iter().filter(|&x| x != i).collect();
     g.check_fail(lost, i, force).map_err(refuse)?;
     rewrite_superblocks_but(plan, None, Some(i), |sb| {
+        drop_checkpoint(sb, i);
         sb.states[i] = MemberState::Failed;
-        sb.rebuilt[i] = 0;
     })
 }
 
@@ -284,8 +294,8 @@ pub fn remove_member(plan: &Plan, i: usize, force: bool) -> Result<Superblock, A
         g.check_fail(lost, i, force).map_err(refuse)?;
     }
     rewrite_superblocks_but(plan, None, Some(i), |sb| {
+        drop_checkpoint(sb, i);
         sb.states[i] = MemberState::Failed;
-        sb.rebuilt[i] = 0;
         sb.slot_uuids[i] = uraid_core::format::REMOVED_SLOT;
     })
 }
