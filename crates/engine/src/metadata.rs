@@ -109,9 +109,13 @@ pub(crate) struct Metadata {
     /// Members missing at assembly, and whether no write has marked the array dirty since:
     /// until then a round (a replace recorded or dropped, a member failing under reads)
     /// leaves their slots as the superblocks had them (their data is still current), and
-    /// the first write's round records them failed.
+    /// the first write's round (or a read decoded around them, `record_absent_failed`)
+    /// records them failed.
     absent: MemberSet,
     absent_kept: AtomicBool,
+    /// That round has completed (`absent_kept` is cleared before it runs, under the
+    /// superblock lock).
+    absent_recorded: AtomicBool,
     /// The superblocks on disk say "not clean" although this session wrote nothing (a
     /// journal replay made the array consistent): the clean stop writes "clean" anyway.
     clean_round_due: AtomicBool,
@@ -194,6 +198,7 @@ impl Metadata {
             }),
             absent,
             absent_kept: AtomicBool::new(!absent.is_empty()),
+            absent_recorded: AtomicBool::new(absent.is_empty()),
             first_write: tokio::sync::Mutex::new(()),
             writers: AtomicU64::new(0),
             cleaning: AtomicBool::new(false),
@@ -279,8 +284,10 @@ impl Metadata {
     /// recorded failed, as the first write's round would. Otherwise one could come back at
     /// the next start as an active member holding a torn write's other bytes, and a healthy
     /// read would return them after the decode was served.
+    /// Returns once that round has completed, whoever ran it (the first write's, another
+    /// read's): never while it is still being written.
     pub(crate) async fn record_absent_failed<D: BlockDev>(&self, members: &Members<D>) {
-        if !self.absent_kept.load(Ordering::Acquire) {
+        if self.absent_recorded.load(Ordering::Acquire) {
             return;
         }
         Box::pin(async {
@@ -288,6 +295,7 @@ impl Metadata {
             if self.absent_kept.swap(false, Ordering::AcqRel) {
                 self.persist(members, &mut meta, true).await;
             }
+            self.absent_recorded.store(true, Ordering::Release);
         })
         .await
     }
@@ -582,8 +590,10 @@ impl Metadata {
             };
             // A member being rebuilt that this round records failed loses its checkpoint,
             // which bounded the units it served: from now on it counts as served.
+            // (Not a device given to the slot this session: it holds only checked decodes.)
             for i in failed.minus(kept).iter() {
-                if meta.sb.is_rebuilding(i) && meta.sb.rebuilt[i] > 0 {
+                if meta.sb.is_rebuilding(i) && meta.sb.rebuilt[i] > 0 && members.generation(i) == 0
+                {
                     self.dropped.fetch_or(1 << i, Ordering::AcqRel);
                 }
             }
@@ -734,6 +744,7 @@ impl Metadata {
                     // From this write on, members absent since assembly miss data.
                     self.absent_kept.store(false, Ordering::Release);
                     self.persist(members, &mut meta, true).await;
+                    self.absent_recorded.store(true, Ordering::Release);
                 }
                 sync_bitmap.await;
                 self.dirty.store(true, Ordering::SeqCst);
@@ -850,6 +861,11 @@ impl Metadata {
             sb_slot: 1,
             events: meta.sb.events,
         };
+        if meta.sb.is_rebuilding(slot) && meta.sb.rebuilt[slot] > 0 {
+            // A slot absent since assembly, kept as the superblocks had it: the checkpoint
+            // that goes bounded what its old device served.
+            self.dropped.fetch_or(1 << slot, Ordering::AcqRel);
+        }
         meta.sb.rebuilt[slot] = 0;
         self.removed.fetch_and(!(1 << slot), Ordering::AcqRel);
         members.start_rebuilding(slot);

@@ -124,7 +124,7 @@ pub enum ResyncStart {
     NotNeeded,
     /// Resync runs on its own thread.
     Started,
-    /// A read-only server writes nothing: resync waits for a read-write start.
+    /// A read-only server writes no data: resync waits for a read-write start.
     ReadOnly,
     /// Resync needs every member and the array is degraded.
     Degraded,

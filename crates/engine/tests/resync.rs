@@ -679,6 +679,8 @@ fn edit_superblocks(images: &mut [Vec<u8>], edit: impl Fn(&mut uraid_core::forma
 /// * `m` is being rebuilt (its checkpoint past `s`), serves the new bytes in session 2, is
 ///   absent in session 3, where a write records it failed (its checkpoint goes): session 4
 ///   without it must not decode the old bytes. Before, only a failure online counted.
+/// * the same member fails in session 2 after serving, and a spare takes its slot: the
+///   spare's rebuild must not decode `s` (below the checkpoint the slot had at assembly).
 /// * `m` is absent in session 2, whose read decodes `s` around it (the other five agree on
 ///   the old bytes) and serves that: `m` is recorded failed before the bytes go out, so
 ///   session 3 with `m` given again does not read its new bytes back.
@@ -723,6 +725,35 @@ fn a_rebuilding_member_that_served_and_an_absent_member_decoded_around_stay_acco
         Ok(got) => assert!(
             got.to_vec() == served,
             "rebuilding: read back other bytes than served (old: {})",
+            got.to_vec() == old_bytes(&want, off)
+        ),
+        Err(e) => assert!(
+            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+            "{e}"
+        ),
+    }
+    drop(vol);
+
+    // Rebuilding member that serves, fails, and whose slot a spare takes in the same
+    // session: the spare's rebuild must not decode below the old checkpoint.
+    let (mut images, want, m, off) = prepare();
+    edit_superblocks(&mut images, |sb| {
+        sb.states[m] = MemberState::Rebuilding;
+        sb.rebuilt[m] = s + 1;
+    });
+    let vol = reassemble(&images, &vec![true; members]).unwrap();
+    let served = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+    block_on(vol.array().fail_by_operator(m, true)).unwrap();
+    let dev = MemDev::from_image("spare", vec![0xEE; images[m].len()]);
+    assert_eq!(
+        block_on(vol.add_member(dev, uraid_sim::new_device_uuid(5))),
+        Ok(m)
+    );
+    block_on(vol.array().rebuild(&AtomicBool::new(false))).unwrap();
+    match block_on(vol.read(off, CHUNK)) {
+        Ok(got) => assert!(
+            got.to_vec() == served,
+            "spare: read back other bytes than served (old: {})",
             got.to_vec() == old_bytes(&want, off)
         ),
         Err(e) => assert!(

@@ -807,13 +807,17 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// Whether slot `i`'s device cannot have served a torn stripe's bytes since the array
-    /// was last in sync: it served no reads this session (`Members::unseen_since_start`)
-    /// and the superblocks did not name it served in an earlier one (docs/format.md,
-    /// "Served while out of sync"). Only such a slot's chunks of an unsynced stripe may be
-    /// taken from a decode the other members agree on.
-    pub(crate) fn unseen_since_unsynced(&self, i: usize) -> bool {
-        self.members.unseen_since_start(i) && !self.meta.served_before().contains(i)
+    /// Whether slot `i` cannot have served unit `unit`'s bytes (a torn stripe's) since the
+    /// array was last in sync: its device served no reads this session
+    /// (`Members::unseen_since_start`), the superblocks did not name it served in an
+    /// earlier one (docs/format.md, "Served while out of sync"), and `unit` is not below the
+    /// rebuild checkpoint it had at assembly (a member being rebuilt serves the units below
+    /// it). Only then may its chunk of an unsynced stripe be taken from a decode the other
+    /// members agree on.
+    pub(crate) fn unseen_since_unsynced(&self, i: usize, unit: u64) -> bool {
+        self.members.unseen_since_start(i)
+            && !self.meta.served_before().contains(i)
+            && unit >= self.rebuilt_at_start(i)
     }
 
     /// Slot `i`'s rebuild checkpoint at assembly (0 unless it was rebuilding then).

@@ -85,10 +85,7 @@ impl<D: BlockDev> Array<D> {
         // session or an earlier one, `unseen_since_unsynced`): one that did may have served
         // a torn write's new bytes, and a decode (however the parities agree) would change
         // them. A member rebuilding at assembly served the units below its checkpoint then.
-        if out
-            .iter()
-            .any(|m| !self.unseen_since_unsynced(m) || unit < self.rebuilt_at_start(m))
-        {
+        if out.iter().any(|m| !self.unseen_since_unsynced(m, unit)) {
             return false;
         }
         let (k, p) = (g.data_chunks(), g.parity());

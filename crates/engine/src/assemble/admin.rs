@@ -11,8 +11,8 @@ pub fn new_device_uuid() -> [u8; 16] {
 /// unit 0 (pure; `add_member` and the simulator's images use it). Events are not moved.
 pub fn with_new_member(sb: &Superblock, slot: usize, new_uuid: [u8; 16]) -> Superblock {
     let mut sb = sb.clone();
+    drop_checkpoint(&mut sb, slot);
     sb.states[slot] = MemberState::Rebuilding;
-    sb.rebuilt[slot] = 0;
     sb.slot_uuids[slot] = new_uuid;
     sb
 }
@@ -243,7 +243,7 @@ pub(super) fn check_index(plan: &Plan, i: usize) -> Result<(), AssembleError> {
     Ok(())
 }
 
-/// Slot `i` is failed offline: its rebuild checkpoint goes. On an array not stopped
+/// Slot `i` is failed or given a new device offline: its rebuild checkpoint goes. On an array not stopped
 /// cleanly that checkpoint bounded what the device served while resync was due, so the slot
 /// joins the served set (docs/format.md, "Served while out of sync").
 fn drop_checkpoint(sb: &mut Superblock, i: usize) {

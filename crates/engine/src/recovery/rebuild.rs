@@ -304,7 +304,9 @@ impl<D: BlockDev> Array<D> {
             // encoded from a wrong decode and written would make the torn stripe look
             // consistent (simulator seed 29). Where no data was ever written, reads return
             // zeros whatever the chunks hold.
-            let unseen = decoded_data.iter().all(|t| self.unseen_since_unsynced(t));
+            let unseen = decoded_data
+                .iter()
+                .all(|t| self.unseen_since_unsynced(t, unit));
             let verified = if unseen {
                 self.unsynced_decode_verified(unit, &parity, failed, excl)
                     .await
