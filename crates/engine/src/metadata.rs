@@ -225,9 +225,21 @@ impl Metadata {
         self.served_before
     }
 
-    /// Resync finished: from the next round on, the served set written is empty.
-    pub(crate) fn in_sync(&self) {
-        self.tracking.store(false, Ordering::Release);
+    /// Resync finished: the served set written is empty from now on, and a round writes
+    /// that now if the superblocks name any slot (every stripe is in sync: what a device
+    /// served before is what the others hold, so a later start must not refuse decodes
+    /// around it).
+    pub(crate) async fn in_sync<D: BlockDev>(&self, members: &Members<D>) {
+        if !self.tracking.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        Box::pin(async {
+            let mut meta = self.state.lock().await;
+            if !meta.sb.served.is_empty() {
+                self.persist(members, &mut meta, true).await;
+            }
+        })
+        .await
     }
 
     /// The served set a round writes now (`failed`: the round's snapshot): empty once the

@@ -779,3 +779,53 @@ fn a_rebuilding_member_that_served_and_an_absent_member_decoded_around_stay_acco
     let got = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
     assert!(got == served, "absent: read back other bytes than served");
 }
+
+/// The mirror form of seed 68923's bug: a row not in sync reads its first copy (the one
+/// resync keeps). If that copy served a torn write's new bytes in session 2 and its member
+/// is gone in session 3 (missing; or failed and its slot rebuilt from another copy), the
+/// other copies still hold the old bytes: a read must refuse, never serve them.
+#[test]
+fn a_mirror_row_never_reads_another_copy_than_the_one_that_served_it() {
+    use uraid_sim::new_device_uuid;
+    for (level, members) in [(Level::Raid1, 3), (Level::Raid10, 4)] {
+        for failed_by_operator in [false, true] {
+            let (mut images, want) = written(level, members);
+            let g = *reassemble(&images, &vec![true; members])
+                .unwrap()
+                .geometry();
+            let row = 3u64;
+            let (m0, base) = g.mirror_copies(row)[0];
+            corrupt(&mut images, m0, base, CHUNK);
+            make_dirty(&mut images);
+            let off = row * CHUNK;
+            let old = want[off as usize..(off + CHUNK) as usize].to_vec();
+            let vol = reassemble(&images, &vec![true; members]).unwrap();
+            let served = block_on(vol.read(off, CHUNK)).unwrap().to_vec();
+            assert!(served != old, "{level:?}: copy 0 served the torn bytes");
+            if failed_by_operator {
+                block_on(vol.array().fail_by_operator(m0, true)).unwrap();
+            }
+            let images = member_images(&vol);
+            drop(vol);
+            let present: Vec<bool> = (0..members).map(|j| j != m0).collect();
+            let vol = reassemble(&images, &present).unwrap();
+            if failed_by_operator {
+                let dev = MemDev::from_image("new", vec![0xEE; images[m0].len()]);
+                assert_eq!(block_on(vol.add_member(dev, new_device_uuid(3))), Ok(m0));
+                block_on(vol.array().rebuild(&AtomicBool::new(false))).unwrap();
+            }
+            match block_on(vol.read(off, CHUNK)) {
+                Ok(got) => assert!(
+                    got.to_vec() == served,
+                    "{level:?} operator fail {failed_by_operator}: read back other bytes than \
+                     served (the old ones: {})",
+                    got.to_vec() == old
+                ),
+                Err(e) => assert!(
+                    matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+                    "{e}"
+                ),
+            }
+        }
+    }
+}

@@ -1064,7 +1064,8 @@ impl<D: BlockDev> Array<D> {
                 "stripe {stripe} (volume bytes {}..{}) is unreadable where member(s) {members} \
                  are missing: it is in a region marked dirty at an unclean stop (a write to it \
                  may have been cut short), it has not been resynced, and the members present \
-                 cannot show it intact, so data rebuilt from its parity could be wrong",
+                 cannot show it intact (or a member out served reads of it), so data taken \
+                 from the others could be wrong",
                 stripe * sdb,
                 (stripe + 1) * sdb
             );
@@ -1138,6 +1139,20 @@ impl<D: BlockDev> Array<D> {
                     .err()
                     .unwrap_or(ArrayError::Unreadable { members: excl }));
             };
+            if unsynced && m != copies[0].0 {
+                // A row not in sync reads another copy than the one resync keeps: only if
+                // that copy's slot never served it since the array was last in sync (it may
+                // have served a torn write's new bytes the other copies lack), and once a
+                // member absent since assembly in that slot is recorded failed (it must not
+                // come back holding other bytes than these).
+                let m0 = copies[0].0;
+                if !self.unseen_since_unsynced(m0, e.stripe) {
+                    return Err(self.unsynced_unreadable(e.stripe, MemberSet::one(m0)));
+                }
+                if self.meta.absent().contains(m0) {
+                    self.meta.record_absent_failed(&self.members).await;
+                }
+            }
             match self
                 .members
                 .read(m, base + e.chunk_off, buf::alloc(e.len as usize))

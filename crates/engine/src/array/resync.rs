@@ -18,14 +18,14 @@ impl<D: BlockDev> Array<D> {
 
     /// Ends the pending resync: entirely (`all`, the walk synced every unit), or if every
     /// unit is synced by now. In sync, superblock rounds stop recording the served set.
-    pub(crate) fn finish_resync(&self, all: bool) {
+    pub(crate) async fn finish_resync(&self, all: bool) {
         if all {
             self.recovery().resync.finish();
         } else {
             self.recovery().resync.finish_if_all_synced();
         }
         if !self.needs_resync() {
-            self.meta().in_sync();
+            self.meta().in_sync(self.members()).await;
         }
     }
 

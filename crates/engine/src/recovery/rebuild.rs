@@ -410,7 +410,10 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// `regenerate` on a mirror level: the first live copy, read, written to `targets`.
+    /// `regenerate` on a mirror level: the first live copy, read, written to `targets`. On a
+    /// unit not in sync, a copy other than the first (the one resync keeps) is used only if
+    /// the first copy's slot served no reads of it since the array was last in sync
+    /// (`unseen_since_unsynced`); else the targets get `Unreadable` (recorded bad).
     async fn regenerate_mirror(
         &self,
         unit: u64,
@@ -426,6 +429,15 @@ impl<D: BlockDev> Array<D> {
         else {
             return Err(ArrayError::Unreadable { members: *excl });
         };
+        let first = copies[0].0;
+        if src != first && self.recovery().resync.unsynced(unit) {
+            if !self.unseen_since_unsynced(first, unit) {
+                return Err(ArrayError::Unreadable { members: targets });
+            }
+            if self.meta().absent().contains(first) {
+                self.meta().record_absent_failed(self.members()).await;
+            }
+        }
         let b = match self.read_members(&[(src, base, g.chunk)], excl).await {
             Attempt::Done(mut v) => v.pop().expect("one read"),
             Attempt::Retry => return Ok(Attempt::Retry),
@@ -614,7 +626,7 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
             return ControlFlow::Break(Err(ArrayError::Shutdown));
         }
         // Units it resynced on the way (after an unclean stop) may have been the last.
-        a.finish_resync(false);
+        a.finish_resync(false).await;
         let finished = done.minus(a.members().failed());
         self.report.finished = self.report.finished.union(finished);
         if !finished.is_empty() {

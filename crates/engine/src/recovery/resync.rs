@@ -273,10 +273,10 @@ impl<D: BlockDev> Walk<D> for ResyncWalk {
                 self.name,
                 report.deferred
             );
-            a.finish_resync(false);
+            a.finish_resync(false).await;
             return Ok(report);
         }
-        a.finish_resync(true);
+        a.finish_resync(true).await;
         tracing::info!(
             target: "uraid_engine::recovery",
             "array '{}': resync finished in {secs:.2} s: {} stripes checked, {} repaired, {} \
