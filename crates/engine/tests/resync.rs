@@ -814,18 +814,26 @@ fn a_mirror_row_never_reads_another_copy_than_the_one_that_served_it() {
                 assert_eq!(block_on(vol.add_member(dev, new_device_uuid(3))), Ok(m0));
                 block_on(vol.array().rebuild(&AtomicBool::new(false))).unwrap();
             }
-            match block_on(vol.read(off, CHUNK)) {
+            // Then a write into the other half of the row, and a resync where it can run
+            // (every member present): neither may copy another copy over the first.
+            let half = CHUNK / 2;
+            let check = |when: &str| match block_on(vol.read(off, half)) {
                 Ok(got) => assert!(
-                    got.to_vec() == served,
-                    "{level:?} operator fail {failed_by_operator}: read back other bytes than \
-                     served (the old ones: {})",
-                    got.to_vec() == old
+                    got.to_vec()[..] == served[..half as usize],
+                    "{level:?} operator fail {failed_by_operator}, {when}: read back other bytes \
+                     than served (the old ones: {})",
+                    got.to_vec()[..] == old[..half as usize]
                 ),
                 Err(e) => assert!(
                     matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
                     "{e}"
                 ),
-            }
+            };
+            check("at once");
+            block_on(vol.write(off + half, payload(31, half as usize))).unwrap();
+            check("after a write into the row");
+            let _ = block_on(vol.array().resync(&AtomicBool::new(false)));
+            check("after resync");
         }
     }
 }

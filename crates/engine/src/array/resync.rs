@@ -18,14 +18,18 @@ impl<D: BlockDev> Array<D> {
 
     /// Ends the pending resync: entirely (`all`, the walk synced every unit), or if every
     /// unit is synced by now. In sync, superblock rounds stop recording the served set.
-    pub(crate) async fn finish_resync(&self, all: bool) {
+    pub(crate) async fn finish_resync(self: &std::sync::Arc<Self>, all: bool) {
         if all {
             self.recovery().resync.finish();
         } else {
             self.recovery().resync.finish_if_all_synced();
         }
         if !self.needs_resync() {
-            self.meta().in_sync(self.members()).await;
+            // On a reactor when there are any: the round's member I/O gets timeouts (the
+            // walks run on their own threads, where it would block on a hung member while
+            // holding the superblock lock).
+            self.on_reactor(|a| async move { a.meta().in_sync(a.members()).await })
+                .await;
         }
     }
 
@@ -175,7 +179,8 @@ impl<D: BlockDev> Array<D> {
     /// on a bad-block list is simply rewritten (which repairs the sector, and takes it off
     /// the list). `Some(true)` if anything was rewritten;
     /// `None` if no trustworthy source could be read (a data chunk, or every copy, has a
-    /// media error: the stripe stays unsynced). `Err` when the array lost a member (resync
+    /// media error; or the first mirror copy cannot be read and its slot served the row
+    /// since the array was last in sync: the stripe stays unsynced). `Err` when the array lost a member (resync
     /// needs all of them). Caller holds the lock.
     pub(crate) async fn resync_unit(&self, unit: u64) -> Result<Option<bool>, ArrayError> {
         let g = self.geo();
@@ -253,6 +258,20 @@ impl<D: BlockDev> Array<D> {
                     .map(|(j, p)| (g.parity_member(unit, j), at, p))
                     .collect()
             } else {
+                if held[0].is_none() && !self.unseen_since_unsynced(members[0].0, unit) {
+                    // The first copy (the one reads of a row not in sync use) cannot be
+                    // read, and its slot served this row since the array was last in sync:
+                    // another copy may hold other bytes than it served, so none is copied
+                    // over the others (the row stays unsynced; reads of it refuse).
+                    tracing::error!(
+                        target: "uraid_engine::recovery",
+                        "resync: row {unit}: its first copy (member {}) cannot be read and \
+                         served reads of it since the array was last in sync; the other copies \
+                         are not copied over it; left unsynced",
+                        members[0].0
+                    );
+                    return Ok(None);
+                }
                 let src = held.iter().flatten().next().expect("a copy was read");
                 members
                     .iter()
