@@ -371,6 +371,8 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
         e.contains("write-intent bitmap: 1 dirty range(s)"),
         "the refusal names where: {e}"
     );
+    // The unclean stop's images, for the whole-array part below.
+    let saved: Vec<Vec<u8>> = m.iter().map(|p| std::fs::read(p).unwrap()).collect();
     // Asked for, it starts (and cannot resync without every member). Chunks on present
     // members read back; chunks of the missing member are decoded where the members
     // present agree (RAID6 has a parity to spare) and fail with EIO in the torn stripe
@@ -413,6 +415,21 @@ fn unclean_stop_resyncs_online_and_dirty_degraded_is_refused() {
     assert_eq!(j["state"], "active, degraded, resync pending", "{j}");
     srv.stop();
     assert!(!examine_clean(&m[0]), "no resync ran: still not clean");
+    // Bytes decoded around member 5 were served: it was recorded failed first (it may
+    // hold a torn write's other bytes, docs/format.md "Served while out of sync"), so it
+    // can only come back through `add`. The whole-array part starts again from the
+    // unclean stop's images.
+    {
+        use uraid_core::format::{pick_superblock_slot, SB_SIZE};
+        let img = std::fs::read(&m[0]).unwrap();
+        let sb = pick_superblock_slot(&img[..SB_SIZE], &img[SB_SIZE..2 * SB_SIZE])
+            .unwrap()
+            .0;
+        assert!(sb.is_failed(5), "member 5 recorded failed: {:?}", sb.states);
+    }
+    for (p, img) in m.iter().zip(&saved) {
+        std::fs::write(p, img).unwrap();
+    }
 
     // Whole: resync runs in the background, throttled to 1 MB/s while clients are active
     // and unlimited when idle; status shows it until it is done.
