@@ -370,7 +370,19 @@ impl Stage {
     }
 
     /// Whether a failed read is one the array may refuse.
-    fn refusal_allowed(&self, off: u64, len: u64, e: &ArrayError) -> bool {
+    /// The resync and bad-block units (`Geometry::units`) of volume range `off, len`:
+    /// stripes on parity levels, chunk rows on RAID1, volume chunks on RAID10.
+    fn units_of(&self, off: u64, len: u64) -> std::ops::RangeInclusive<u64> {
+        let g = self.vol.array().geometry();
+        let unit = if g.level.is_parity() {
+            g.stripe_data_bytes()
+        } else {
+            g.chunk
+        };
+        off / unit..=(off + len - 1) / unit
+    }
+
+    fn refusal_allowed(&self, off: u64, len: u64, e: &ArrayError, was_unsynced: bool) -> bool {
         if self.cfg.beyond || self.clock.is_off() {
             return true;
         }
@@ -378,12 +390,15 @@ impl Stage {
         let g = a.geometry();
         match e {
             ArrayError::Unreadable { .. } => {
-                let sdb = g.stripe_data_bytes();
-                let unsynced = (off / sdb..=(off + len - 1) / sdb).any(|st| a.stripe_unsynced(st));
-                // A stripe with a chunk on a bad-block list (a rebuild could not produce it).
+                // Refused while not in sync: at issue (`was_unsynced`: a rebuild or resync
+                // may have synced the unit by the time the refusal is checked) or now.
+                let units = self.units_of(off, len);
+                let unsynced = was_unsynced || units.clone().any(|u| a.stripe_unsynced(u));
+                // A unit with a chunk on a bad-block list (a rebuild could not produce it).
                 let bad = a.bad_blocks();
-                let listed = (off / sdb..=(off + len - 1) / sdb)
-                    .any(|st| (0..g.members).any(|m| bad.contains(m, st)));
+                let listed = units
+                    .clone()
+                    .any(|u| (0..g.members).any(|m| bad.contains(m, u)));
                 // A media error plus lost members can exceed one stripe's redundancy.
                 let lost = self
                     .bad
@@ -1005,6 +1020,10 @@ async fn client(st: &Stage, seed: u64) {
             }
             50..=84 => {
                 let issue = st.hist.lock().expect("hist").now();
+                let was_unsynced = {
+                    let a = st.vol.array();
+                    st.units_of(off, len).any(|u| a.stripe_unsynced(u))
+                };
                 let r = st.vol.read(off, len).await;
                 let done = st.hist.lock().expect("hist").now();
                 match r {
@@ -1016,7 +1035,7 @@ async fn client(st: &Stage, seed: u64) {
                         }
                     }
                     Err(e) => {
-                        if !st.refusal_allowed(off, len, &e) {
+                        if !st.refusal_allowed(off, len, &e, was_unsynced) {
                             st.fail(format!("read {off}+{len} failed within the tolerance: {e}"));
                             return;
                         }
