@@ -603,6 +603,31 @@ fn resync_rewrites_listed_parity_and_reports_listed_data() {
     }
 }
 
+/// A read of a chunk that served `served` in an earlier session: the same bytes again, or a
+/// refusal (EIO), never other bytes (`old`: what the members other than the one that
+/// served agree on).
+fn same_or_refused(
+    got: Result<uraid_engine::Segments, uraid_engine::ArrayError>,
+    served: &[u8],
+    old: &[u8],
+    what: &str,
+) {
+    match got {
+        Ok(got) => {
+            let got = got.to_vec();
+            assert!(
+                got[..] == served[..],
+                "{what}: read back other bytes than served (the old ones: {})",
+                got[..] == old[..]
+            );
+        }
+        Err(e) => assert!(
+            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
+            "{what}: {e}"
+        ),
+    }
+}
+
 /// A device that served a torn stripe's bytes in one session is never decoded around as if
 /// the other members' agreement settled that stripe in a later session (simulator seed
 /// 68923; docs/format.md, "Served while out of sync"). RAID6: a write cut short left new
@@ -647,18 +672,12 @@ fn a_member_that_served_a_torn_stripe_is_never_decoded_around_in_a_later_session
             assert_eq!(block_on(vol.add_member(dev, new_device_uuid(9))), Ok(m));
             block_on(vol.array().rebuild(&AtomicBool::new(false))).unwrap();
         }
-        match block_on(vol.read(off, CHUNK)) {
-            Ok(got) => assert!(
-                got.to_vec() == served,
-                "operator fail {failed_by_operator}: stripe {s} read back other bytes than \
-                 session 2 served (the old ones: {})",
-                got.to_vec()[..] == want[off as usize..(off + CHUNK) as usize]
-            ),
-            Err(e) => assert!(
-                matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
-                "{e}"
-            ),
-        }
+        same_or_refused(
+            block_on(vol.read(off, CHUNK)),
+            &served,
+            &want[off as usize..(off + CHUNK) as usize],
+            &format!("operator fail {failed_by_operator}, stripe {s}"),
+        );
     }
 }
 
@@ -721,17 +740,12 @@ fn a_rebuilding_member_that_served_and_an_absent_member_decoded_around_stay_acco
     let images = member_images(&vol);
     drop(vol);
     let vol = reassemble(&images, &without(m)).unwrap();
-    match block_on(vol.read(off, CHUNK)) {
-        Ok(got) => assert!(
-            got.to_vec() == served,
-            "rebuilding: read back other bytes than served (old: {})",
-            got.to_vec() == old_bytes(&want, off)
-        ),
-        Err(e) => assert!(
-            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
-            "{e}"
-        ),
-    }
+    same_or_refused(
+        block_on(vol.read(off, CHUNK)),
+        &served,
+        &old_bytes(&want, off),
+        "rebuilding",
+    );
     drop(vol);
 
     // Rebuilding member that serves, fails, and whose slot a spare takes in the same
@@ -750,17 +764,12 @@ fn a_rebuilding_member_that_served_and_an_absent_member_decoded_around_stay_acco
         Ok(m)
     );
     block_on(vol.array().rebuild(&AtomicBool::new(false))).unwrap();
-    match block_on(vol.read(off, CHUNK)) {
-        Ok(got) => assert!(
-            got.to_vec() == served,
-            "spare: read back other bytes than served (old: {})",
-            got.to_vec() == old_bytes(&want, off)
-        ),
-        Err(e) => assert!(
-            matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
-            "{e}"
-        ),
-    }
+    same_or_refused(
+        block_on(vol.read(off, CHUNK)),
+        &served,
+        &old_bytes(&want, off),
+        "spare",
+    );
     drop(vol);
 
     // Absent member decoded around.
@@ -817,17 +826,13 @@ fn a_mirror_row_never_reads_another_copy_than_the_one_that_served_it() {
             // Then a write into the other half of the row, and a resync where it can run
             // (every member present): neither may copy another copy over the first.
             let half = CHUNK / 2;
-            let check = |when: &str| match block_on(vol.read(off, half)) {
-                Ok(got) => assert!(
-                    got.to_vec()[..] == served[..half as usize],
-                    "{level:?} operator fail {failed_by_operator}, {when}: read back other bytes \
-                     than served (the old ones: {})",
-                    got.to_vec()[..] == old[..half as usize]
-                ),
-                Err(e) => assert!(
-                    matches!(e, uraid_engine::ArrayError::Unreadable { .. }),
-                    "{e}"
-                ),
+            let check = |when: &str| {
+                same_or_refused(
+                    block_on(vol.read(off, half)),
+                    &served[..half as usize],
+                    &old[..half as usize],
+                    &format!("{level:?} operator fail {failed_by_operator}, {when}"),
+                )
             };
             check("at once");
             block_on(vol.write(off + half, payload(31, half as usize))).unwrap();
