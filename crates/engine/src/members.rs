@@ -102,15 +102,42 @@ impl std::fmt::Display for StaleDevice {
 
 impl std::error::Error for StaleDevice {}
 
-/// Whether `e` came from a replaced device (`StaleDevice`).
+/// A data read refused before it was issued: the slot no longer holds the unit the caller
+/// planned to read (`Members::read`). The caller decided from the member state that the
+/// slot serves the unit, and the slot was failed, given a new device (which holds nothing
+/// the rebuild has not reached) or had the chunk put on its bad-block list before the
+/// device was picked. Like `StaleDevice` it says nothing about the device's health.
+#[derive(Debug)]
+pub struct NotHeld {
+    pub member: usize,
+    pub unit: u64,
+}
+
+impl std::fmt::Display for NotHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "member {} no longer holds unit {} (failed, replaced or marked bad after the read \
+             was planned)",
+            self.member, self.unit
+        )
+    }
+}
+
+impl std::error::Error for NotHeld {}
+
+/// Whether `e` came from a replaced device (`StaleDevice`) or is a read refused because
+/// its plan is out of date (`NotHeld`).
 pub fn is_stale(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|x| x.is::<StaleDevice>())
+    e.get_ref()
+        .is_some_and(|x| x.is::<StaleDevice>() || x.is::<NotHeld>())
 }
 
 /// What to do about a failed member I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// The error came from a device the slot no longer has (`StaleDevice`): leave the
+    /// The error came from a device the slot no longer has (`StaleDevice`), or the read was
+    /// refused because the slot no longer holds the unit (`NotHeld`): leave the
     /// member out of this operation, nothing else.
     Stale,
     /// A media error on a read within the budget: reconstruct the data from the stripe and
@@ -1009,9 +1036,22 @@ impl<D: BlockDev> Members<D> {
         }
     }
 
-    /// Reads from the data area.
-    pub async fn read(&self, i: usize, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
-        self.read_raw(i, self.data_offset + off, buf).await
+    /// Reads member `i`'s chunk bytes of units `units` (stripes or mirror rows, as in `at`)
+    /// from the data area, if the slot still serves them once its device is picked: the
+    /// caller planned the read from an earlier look at the member state, and meanwhile (on
+    /// another reactor, or across an await) the slot may have been failed and given a new
+    /// device that does not hold them yet. That read would return the new device's bytes as
+    /// data; it is refused with `NotHeld` (`Verdict::Stale`: plan again). The state is read
+    /// after the device: a device put in after a failure is visible only with the failure
+    /// or the rebuild mark that came before it.
+    pub async fn read(
+        &self,
+        i: usize,
+        units: std::ops::Range<u64>,
+        off: u64,
+        buf: IoBuf,
+    ) -> (io::Result<()>, IoBuf) {
+        self.read_at(i, self.data_offset + off, buf, units).await
     }
 
     /// Writes to the data area.
@@ -1019,12 +1059,22 @@ impl<D: BlockDev> Members<D> {
         self.write_raw(i, self.data_offset + off, data).await
     }
 
-    /// Reads at a member offset (metadata).
-    pub async fn read_raw(&self, i: usize, at: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
+    /// Reads at a member offset from the slot's device now, only if it serves `units`.
+    async fn read_at(
+        &self,
+        i: usize,
+        at: u64,
+        buf: IoBuf,
+        units: std::ops::Range<u64>,
+    ) -> (io::Result<()>, IoBuf) {
         let (dev, h, g) = match self.dev(i) {
             Ok(d) => d,
             Err(e) => return (Err(e), buf),
         };
+        if let Some(unit) = units.into_iter().find(|&u| !self.serves(i, u)) {
+            let e = io::Error::other(NotHeld { member: i, unit });
+            return (Err(e), buf);
+        }
         crate::reactor::coop().await;
         let (io, len) = (h.io.local(), buf.len() as u64);
         let t0 = io.sample();
@@ -1370,8 +1420,75 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{judge, Judgement};
+    use super::{is_stale, judge, ErrorPolicy, Judgement, Members, Verdict};
+    use crate::dev::FileDev;
     use uraid_core::MemberSet;
+
+    /// Soak seed 16417 (RAID5, two reactors, under load): a read planned while member 1
+    /// served stripe 0 picked its device only after the operator failed it and a spare took
+    /// the slot, and returned the spare's unwritten bytes as data. Here the plan is taken,
+    /// then the slot is failed and given a new device, then the planned read is issued: it
+    /// is refused as stale (plan again) until the rebuild holds the unit; units beyond the
+    /// checkpoint and chunks on the bad-block list are refused the same way. Fails when
+    /// `Members::read` reads whatever device the slot has.
+    #[test]
+    fn a_read_planned_before_its_slot_changed_is_refused() {
+        let dir =
+            std::path::PathBuf::from(format!("/dev/shm/uraid-members-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        const CHUNK: usize = 4096;
+        let dev = |name: &str, fill: u8| {
+            let p = dir.join(name);
+            std::fs::write(&p, vec![fill; 4 * CHUNK]).unwrap();
+            FileDev::open(&p).unwrap()
+        };
+        let m = Members::new(
+            vec![
+                Some(dev("a", 0xAA)),
+                Some(dev("b", 0xBB)),
+                Some(dev("c", 0xCC)),
+            ],
+            MemberSet::EMPTY,
+            vec![None; 3],
+            0,
+            ErrorPolicy {
+                max_read_errors: 20,
+                io_timeout: None,
+            },
+        );
+        let read = |i: usize, units: std::ops::Range<u64>| {
+            let off = units.start * CHUNK as u64;
+            let len = (units.end - units.start) as usize * CHUNK;
+            let (r, b) = futures::executor::block_on(m.read(i, units, off, crate::buf::alloc(len)));
+            r.map(|()| b[0])
+        };
+        assert_eq!(read(1, 0..1).unwrap(), 0xBB);
+        let plan = m.at(0);
+        assert!(plan.serves(1));
+        // Meanwhile: the operator fails member 1 and a spare takes the slot.
+        assert!(m.mark_failed(1));
+        assert!(m.install(1, dev("spare", 0xEE)).is_ok());
+        let e = read(1, 0..1).expect_err("a failed slot's new device is never read");
+        assert!(is_stale(&e), "{e}");
+        assert_eq!(m.classify(1, true, &e), Verdict::Stale);
+        m.start_rebuilding(1);
+        let e = read(1, 0..1).expect_err("the new device does not hold unit 0 yet");
+        assert!(is_stale(&e), "{e}");
+        // The rebuild wrote unit 0 and moved its checkpoint: unit 0 is read, 1 is not, and
+        // neither is a read spanning both.
+        futures::executor::block_on(m.write(1, 0, crate::buf::copy_of(&[0x11u8; CHUNK]))).unwrap();
+        m.set_rebuilt(1, 1);
+        assert_eq!(read(1, 0..1).unwrap(), 0x11);
+        assert!(is_stale(&read(1, 1..2).unwrap_err()));
+        assert!(is_stale(&read(1, 0..2).unwrap_err()));
+        // A chunk put on the bad-block list is refused, its neighbours are not.
+        assert!(m.mark_bad(0, 2).unwrap());
+        assert!(is_stale(&read(0, 2..3).unwrap_err()));
+        assert!(is_stale(&read(0, 1..3).unwrap_err()));
+        assert_eq!(read(0, 1..2).unwrap(), 0xAA);
+        drop(m);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn set(m: &[usize]) -> MemberSet {
         m.iter().copied().collect()

@@ -740,9 +740,10 @@ impl<D: BlockDev> Array<D> {
         if runs.len() == extents.len() {
             return None;
         }
-        let reads = runs
-            .iter()
-            .map(|&(m, at, len)| self.members.read(m, at, buf::alloc(len as usize)));
+        let reads = runs.iter().map(|&(m, at, len)| {
+            let units = at / self.geo.chunk..(at + len).div_ceil(self.geo.chunk);
+            self.members.read(m, units, at, buf::alloc(len as usize))
+        });
         let mut bufs = Vec::with_capacity(runs.len());
         for (r, b) in join_all(reads).await {
             r.ok()?;
@@ -983,7 +984,11 @@ impl<D: BlockDev> Array<D> {
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY, holders.behind)).await;
             }
             let at = self.geo.member_offset(e.stripe, e.chunk_off);
-            match self.members.read(m, at, buf::alloc(e.len as usize)).await {
+            match self
+                .members
+                .read(m, e.stripe..e.stripe + 1, at, buf::alloc(e.len as usize))
+                .await
+            {
                 (Ok(()), b) => return Ok(b),
                 (Err(err), _) => {
                     let mut excl = MemberSet::EMPTY;
@@ -1155,7 +1160,12 @@ impl<D: BlockDev> Array<D> {
             }
             match self
                 .members
-                .read(m, base + e.chunk_off, buf::alloc(e.len as usize))
+                .read(
+                    m,
+                    e.stripe..e.stripe + 1,
+                    base + e.chunk_off,
+                    buf::alloc(e.len as usize),
+                )
                 .await
             {
                 (Ok(()), b) => {
@@ -1181,7 +1191,12 @@ impl<D: BlockDev> Array<D> {
         if let Some(&(g, base)) = good {
             if let (Ok(()), data) = self
                 .members
-                .read(g, base + e.chunk_off, buf::alloc(e.len as usize))
+                .read(
+                    g,
+                    e.stripe..e.stripe + 1,
+                    base + e.chunk_off,
+                    buf::alloc(e.len as usize),
+                )
                 .await
             {
                 for &(m, base) in copies.iter().filter(|(m, _)| bad.contains(*m)) {

@@ -112,7 +112,7 @@ impl<D: BlockDev> Array<D> {
             .map(|&s| (shard_member(s), at, g.chunk))
             .collect();
         let mut excl = MemberSet::EMPTY;
-        let shards = match self.read_members(&reqs, &mut excl).await {
+        let shards = match self.read_members(unit, &reqs, &mut excl).await {
             Attempt::Done(b) => b,
             Attempt::Retry => return false,
         };
@@ -229,7 +229,7 @@ impl<D: BlockDev> Array<D> {
             if reqs.is_empty() {
                 return unreadable("every copy");
             }
-            let mut bufs = match self.read_members(&reqs, &mut excl).await {
+            let mut bufs = match self.read_members(unit, &reqs, &mut excl).await {
                 Attempt::Done(b) => b.into_iter(),
                 Attempt::Retry => continue,
             };

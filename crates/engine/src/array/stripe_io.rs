@@ -37,7 +37,7 @@ impl<D: BlockDev> Array<D> {
         match self.members.classify(m, true, e) {
             Verdict::Fail => self.fail_member(m, e).await,
             Verdict::Stale => {
-                if self.members.degraded().contains(m) {
+                if self.members.irregular().contains(m) {
                     *excl = excl.with(m);
                 }
             }
@@ -51,14 +51,21 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
-    /// Reads `(member, offset, len)` requests concurrently.
+    /// Reads `(member, offset, len)` requests of unit `unit` concurrently.
     pub(crate) async fn read_members(
         &self,
+        unit: u64,
         reqs: &[(usize, u64, u64)],
         excl: &mut MemberSet,
     ) -> Attempt<Vec<IoBuf>> {
         let results = join_all(reqs.iter().map(|&(m, at, len)| async move {
-            (m, self.members.read(m, at, buf::alloc(len as usize)).await)
+            let units = unit..unit + 1;
+            (
+                m,
+                self.members
+                    .read(m, units, at, buf::alloc(len as usize))
+                    .await,
+            )
         }))
         .await;
         let mut out = Vec::with_capacity(results.len());
@@ -125,7 +132,7 @@ impl<D: BlockDev> Array<D> {
                 .iter()
                 .map(|&i| (g.data_member(stripe, i), at, len))
                 .collect();
-            return Ok(match self.read_members(&reqs, excl).await {
+            return Ok(match self.read_members(stripe, &reqs, excl).await {
                 Attempt::Done(bufs) => Attempt::Done(bufs.into_iter().map(Some).collect()),
                 Attempt::Retry => Attempt::Retry,
             });
@@ -143,7 +150,7 @@ impl<D: BlockDev> Array<D> {
             .take(k)
             .collect();
         let reqs: Vec<_> = avail.iter().map(|&s| (shard_member(s), at, len)).collect();
-        let shards = match self.read_members(&reqs, excl).await {
+        let shards = match self.read_members(stripe, &reqs, excl).await {
             Attempt::Done(b) => b,
             Attempt::Retry => return Ok(Attempt::Retry),
         };
@@ -175,7 +182,7 @@ impl<D: BlockDev> Array<D> {
                 .iter()
                 .map(|&p| (g.data_member(stripe, want[p]), at, len))
                 .collect();
-            match self.read_members(&reqs, excl).await {
+            match self.read_members(stripe, &reqs, excl).await {
                 Attempt::Done(bufs) => {
                     for (p, b) in extra.into_iter().zip(bufs) {
                         out[p] = Some(b);

@@ -450,7 +450,7 @@ impl<D: BlockDev> Array<D> {
                 .iter()
                 .map(|&j| (g.parity_member(stripe, j), at, span)),
         );
-        let mut bufs = match self.read_members(&reqs, excl).await {
+        let mut bufs = match self.read_members(stripe, &reqs, excl).await {
             Attempt::Done(b) => b,
             Attempt::Retry => return Ok(Attempt::Retry),
         };

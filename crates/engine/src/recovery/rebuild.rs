@@ -402,7 +402,7 @@ impl<D: BlockDev> Array<D> {
             .iter()
             .map(|&j| (g.parity_member(unit, j), at, g.chunk))
             .collect();
-        match self.read_members(&reqs, excl).await {
+        match self.read_members(unit, &reqs, excl).await {
             Attempt::Retry => Attempt::Retry,
             Attempt::Done(held) => {
                 Attempt::Done(live.iter().zip(held).all(|(&j, h)| h[..] == parity[j][..]))
@@ -438,7 +438,7 @@ impl<D: BlockDev> Array<D> {
                 self.meta().record_absent_failed(self.members()).await;
             }
         }
-        let b = match self.read_members(&[(src, base, g.chunk)], excl).await {
+        let b = match self.read_members(unit, &[(src, base, g.chunk)], excl).await {
             Attempt::Done(mut v) => v.pop().expect("one read"),
             Attempt::Retry => return Ok(Attempt::Retry),
         };

@@ -499,7 +499,7 @@ impl<D: BlockDev> Array<D> {
                 return Err(ArrayError::Refused(format!("member {i} failed")));
             }
             if !excl.contains(i) {
-                match self.read_members(&[(i, at, len)], &mut excl).await {
+                match self.read_members(unit, &[(i, at, len)], &mut excl).await {
                     Attempt::Done(mut v) => break v.pop().expect("one read"),
                     Attempt::Retry => continue,
                 }
@@ -546,7 +546,10 @@ impl<D: BlockDev> Array<D> {
             }) else {
                 return Err(ArrayError::Unreadable { members: excl });
             };
-            match self.read_members(&[(src, base, len)], &mut excl).await {
+            match self
+                .read_members(unit, &[(src, base, len)], &mut excl)
+                .await
+            {
                 Attempt::Done(mut v) => break v.pop().expect("one read"),
                 Attempt::Retry => continue,
             }

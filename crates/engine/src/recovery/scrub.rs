@@ -184,7 +184,7 @@ impl<D: BlockDev> Array<D> {
         };
         let reqs: Vec<(usize, u64, u64)> = chunks.iter().map(|&(m, at)| (m, at, len)).collect();
         let mut excl = MemberSet::EMPTY;
-        let bufs: Vec<IoBuf> = match self.read_members(&reqs, &mut excl).await {
+        let bufs: Vec<IoBuf> = match self.read_members(unit, &reqs, &mut excl).await {
             Attempt::Done(b) => b,
             // A read error: the member was failed (the walk stops), or the chunk had a media
             // error: it is rebuilt from the rest of the unit and rewritten (as md's check
