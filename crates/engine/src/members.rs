@@ -126,6 +126,13 @@ impl std::fmt::Display for NotHeld {
 
 impl std::error::Error for NotHeld {}
 
+/// The unit of a read refused with `NotHeld`.
+pub fn not_held_unit(e: &io::Error) -> Option<u64> {
+    e.get_ref()
+        .and_then(|x| x.downcast_ref::<NotHeld>())
+        .map(|n| n.unit)
+}
+
 /// Whether `e` came from a replaced device (`StaleDevice`) or is a read refused because
 /// its plan is out of date (`NotHeld`).
 pub fn is_stale(e: &io::Error) -> bool {
@@ -440,6 +447,12 @@ pub struct Members<D: BlockDev> {
     /// the units below their checkpoint (`rebuilt`). A failed member is never rebuilding.
     rebuilding: AtomicU64,
     rebuilt: Vec<AtomicU64>,
+    /// Held while a slot's current device changes (`install`, `promote_replacement`) and
+    /// while the rebuild moves a checkpoint or ends a rebuild for the device it rebuilt
+    /// (`set_rebuilt_for`, `rebuild_done_for`): a check of the generation and the change it
+    /// allows are one step, so a device put in meanwhile never inherits the old one's
+    /// checkpoint or its "done".
+    devices: Mutex<()>,
     /// Bad-block lists (uraid_core::badblocks): a member's chunk of a listed unit is never
     /// read (`at` counts it behind there). `bad_members`: slots with an entry, so `at` costs
     /// one more atomic load when the list is empty. Every superblock round writes this list.
@@ -492,6 +505,7 @@ impl<D: BlockDev> Members<D> {
                 .iter()
                 .map(|r| AtomicU64::new(r.unwrap_or(0)))
                 .collect(),
+            devices: Mutex::new(()),
             slots: devs.into_iter().map(Slot::new).collect(),
             bad: Default::default(),
             bad_members: AtomicU64::new(0),
@@ -723,6 +737,33 @@ impl<D: BlockDev> Members<D> {
         self.rebuilt[i].fetch_max(to, Ordering::AcqRel);
     }
 
+    fn devices_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.devices.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `set_rebuilt` if slot `i` is still being rebuilt onto device generation `gen` (the
+    /// one the rebuild wrote); false (nothing done) if it was failed or given another
+    /// device since.
+    pub(crate) fn set_rebuilt_for(&self, i: usize, gen: usize, to: u64) -> bool {
+        let _g = self.devices_lock();
+        let ok = self.rebuilding().contains(i) && self.generation(i) == gen;
+        if ok {
+            self.set_rebuilt(i, to);
+        }
+        ok
+    }
+
+    /// `rebuild_done` if slot `i` is still being rebuilt onto device generation `gen`;
+    /// false (nothing done) if it was failed or given another device since.
+    pub(crate) fn rebuild_done_for(&self, i: usize, gen: usize) -> bool {
+        let _g = self.devices_lock();
+        let ok = self.rebuilding().contains(i) && self.generation(i) == gen;
+        if ok {
+            self.rebuild_done(i);
+        }
+        ok
+    }
+
     /// Whether slot `i`'s device has served no reads since assembly (`unseen`).
     pub(crate) fn unseen_since_start(&self, i: usize) -> bool {
         self.unseen.load(Ordering::Acquire) & (1 << i) != 0
@@ -766,7 +807,9 @@ impl<D: BlockDev> Members<D> {
     pub(crate) fn install(&self, i: usize, dev: D) -> Result<(), D> {
         let slot = &self.slots[i];
         let next = self.new_generation(i, dev)?;
+        let guard = self.devices_lock();
         let (old, _) = unpack(slot.cur.swap(pack(next, None), Ordering::AcqRel));
+        drop(guard);
         self.retire(i, old);
         Ok(())
     }
@@ -863,10 +906,12 @@ impl<D: BlockDev> Members<D> {
         let (old, Some(repl)) = unpack(w) else {
             return false;
         };
+        let guard = self.devices_lock();
         let swapped = slot
             .cur
             .compare_exchange(w, pack(repl, None), Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
+        drop(guard);
         if swapped {
             self.retire(i, old);
         }
@@ -1429,8 +1474,9 @@ mod tests {
     /// the slot, and returned the spare's unwritten bytes as data. Here the plan is taken,
     /// then the slot is failed and given a new device, then the planned read is issued: it
     /// is refused as stale (plan again) until the rebuild holds the unit; units beyond the
-    /// checkpoint and chunks on the bad-block list are refused the same way. Fails when
-    /// `Members::read` reads whatever device the slot has.
+    /// checkpoint and chunks on the bad-block list are refused the same way; the old
+    /// device's rebuild moves neither the new one's checkpoint nor ends its rebuild. Fails
+    /// when `Members::read` reads whatever device the slot has.
     #[test]
     fn a_read_planned_before_its_slot_changed_is_refused() {
         let dir =
@@ -1465,6 +1511,7 @@ mod tests {
         assert_eq!(read(1, 0..1).unwrap(), 0xBB);
         let plan = m.at(0);
         assert!(plan.serves(1));
+        let old = m.generation(1);
         // Meanwhile: the operator fails member 1 and a spare takes the slot.
         assert!(m.mark_failed(1));
         assert!(m.install(1, dev("spare", 0xEE)).is_ok());
@@ -1474,10 +1521,15 @@ mod tests {
         m.start_rebuilding(1);
         let e = read(1, 0..1).expect_err("the new device does not hold unit 0 yet");
         assert!(is_stale(&e), "{e}");
+        // A rebuild of the old device that ends its batch or pass now moves nothing.
+        assert!(!m.set_rebuilt_for(1, old, 4));
+        assert!(!m.rebuild_done_for(1, old));
+        assert_eq!(m.rebuilt(1), 0);
+        assert!(m.rebuilding().contains(1));
         // The rebuild wrote unit 0 and moved its checkpoint: unit 0 is read, 1 is not, and
         // neither is a read spanning both.
         futures::executor::block_on(m.write(1, 0, crate::buf::copy_of(&[0x11u8; CHUNK]))).unwrap();
-        m.set_rebuilt(1, 1);
+        assert!(m.set_rebuilt_for(1, m.generation(1), 1));
         assert_eq!(read(1, 0..1).unwrap(), 0x11);
         assert!(is_stale(&read(1, 1..2).unwrap_err()));
         assert!(is_stale(&read(1, 0..2).unwrap_err()));

@@ -685,11 +685,16 @@ impl Metadata {
     pub(crate) async fn persist_rebuilt<D: BlockDev>(
         &self,
         members: &Members<D>,
-        to: &[(usize, u64)],
+        to: &[(usize, u64, usize)],
     ) {
         let mut meta = self.state.lock().await;
-        for &(i, r) in to {
-            meta.sb.rebuilt[i] = r;
+        // (slot, checkpoint, device generation it was taken for): a slot given another
+        // device before this lock was taken keeps what the round that named it wrote (its
+        // checkpoint 0); one given another device after it is named by a later round.
+        for &(i, r, gen) in to {
+            if members.generation(i) == gen {
+                meta.sb.rebuilt[i] = r;
+            }
         }
         self.persist(members, &mut meta, true).await;
     }

@@ -489,7 +489,7 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Records rebuild checkpoints in a superblock round (`Metadata::persist_rebuilt`).
-    pub(crate) async fn persist_rebuilt(&self, to: &[(usize, u64)]) {
+    pub(crate) async fn persist_rebuilt(&self, to: &[(usize, u64, usize)]) {
         self.meta.persist_rebuilt(&self.members, to).await
     }
 

@@ -32,12 +32,21 @@ impl<D: BlockDev> Array<D> {
     /// and the caller's retry reads it (excluded, it made a resync give a stripe up as
     /// unreadable while a replace swapped in); if it is failed or being rebuilt (a device
     /// put in the slot after a failure, which may not hold the unit yet), it is excluded,
-    /// since some callers plan which members hold the unit only once.
+    /// since some callers plan which members hold the unit only once. A read refused
+    /// because the slot no longer served its unit (`NotHeld`) is excluded while it still
+    /// does not.
     pub(crate) async fn read_failed(&self, m: usize, e: &std::io::Error, excl: &mut MemberSet) {
         match self.members.classify(m, true, e) {
             Verdict::Fail => self.fail_member(m, e).await,
             Verdict::Stale => {
-                if self.members.irregular().contains(m) {
+                // A read refused because the slot stopped serving the unit (`NotHeld`) is
+                // left out while that lasts; one that reached a replaced device, while the
+                // slot's device now is failed or being rebuilt.
+                let out = match crate::members::not_held_unit(e) {
+                    Some(u) => !self.members.serves(m, u),
+                    None => self.members.degraded().contains(m),
+                };
+                if out {
                     *excl = excl.with(m);
                 }
             }

@@ -146,11 +146,12 @@ impl<D: BlockDev> Array<D> {
             // (`skippable`) are covered by the checkpoint only once the map clear that made
             // them holes (a trim: pages written, not flushed) is durable everywhere.
             a.flush_members().await;
-            // A slot given another device since: its checkpoint is not this one's.
-            let keep: Vec<(usize, u64)> = to
+            // A slot given another device since: its checkpoint is not this one's (checked
+            // again under the superblock lock).
+            let keep: Vec<(usize, u64, usize)> = to
                 .iter()
+                .copied()
                 .filter(|t| a.members().generation(t.0) == t.2)
-                .map(|t| (t.0, t.1))
                 .collect();
             a.persist_rebuilt(&keep).await;
         })
@@ -561,9 +562,7 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
         // the batch, keeps its own).
         let end = at.next + batch.len() as u64;
         for &(t, gen) in &self.covered {
-            if a.members().rebuilding().contains(t) && a.members().generation(t) == gen {
-                a.members().set_rebuilt(t, end);
-            }
+            a.members().set_rebuilt_for(t, gen, end);
         }
         self.report.units += batch.len() as u64;
         After::Next
@@ -614,8 +613,8 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
             // Every live member (as for a checkpoint): skipped holes stay holes.
             a.flush_members().await;
             for &(t, gen) in &done_gens {
-                if !a.members().is_failed(t) && a.members().generation(t) == gen {
-                    a.members().rebuild_done(t);
+                if !a.members().is_failed(t) {
+                    a.members().rebuild_done_for(t, gen);
                 }
             }
             a.persist_rebuilt(&[]).await;
