@@ -83,6 +83,10 @@ enum Cmd {
     /// Like status, mdadm --detail style: per-member I/O, errors and latency, requests by
     /// command, stripe operations.
     Detail(cmd::status::StatusArgs),
+    /// Every array whose devices are found (block devices, and --scan-dir directories) and
+    /// every running server (control sockets in /run/uraid): mdadm --detail --scan,
+    /// zpool list.
+    List(cmd::list::ListArgs),
     /// Live view of a running server: request and member rates every interval, progress of
     /// background operations (bars on a terminal, plain lines otherwise).
     Watch(cmd::watch::WatchArgs),
@@ -148,6 +152,7 @@ fn run(cli: Cli, events: events::Events) -> Result<i32> {
         Cmd::Throttle(a) => ok(cmd::throttle::run(a)),
         Cmd::Detail(a) => cmd::status::run(&a, true),
         Cmd::Watch(a) => ok(cmd::watch::run(a)),
+        Cmd::List(a) => ok(cmd::list::run(a)),
         Cmd::Bench(args) => {
             let embedded = args.members.is_empty();
             let members = if embedded {
@@ -158,6 +163,9 @@ fn run(cli: Cli, events: events::Events) -> Result<i32> {
             ok(bench::run(&args, &members, embedded))
         }
         Cmd::Serve(args) => {
+            if let Some(found) = cmd::scan_members(&args.scan)? {
+                return ok(serve::run(&args, &found, false, events));
+            }
             let embedded = args.members.is_empty();
             let members = if embedded {
                 cmd::default_volume()?

@@ -112,6 +112,8 @@ pub struct ServeArgs {
     /// Log format on stderr: human or json (one JSON object per line).
     #[arg(long, value_name = "FORMAT", default_value = "human", value_parser = ["human", "json"])]
     pub log_format: String,
+    #[command(flatten)]
+    pub scan: crate::cmd::ScanArgs,
     /// Member devices or files. None: the embedded default volume under ./uraid-data.
     pub members: Vec<PathBuf>,
 }

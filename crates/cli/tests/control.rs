@@ -1325,3 +1325,105 @@ fn a_replace_interrupted_by_sigkill_resumes_after_restart() {
     qemu_io(&srv.uri(), &pattern_cmds(mib, 3, "read"));
     srv.stop();
 }
+
+/// `--scan` (mdadm --assemble --scan) after the member files were renamed and spread over
+/// two directories in another order, beside another array's members: `serve --scan vol`
+/// assembles the right array (the patterns written before read back), and `uraid list`
+/// shows both arrays and the running server. Refused, naming the paths: a member copied
+/// onto another file (which of the two is the member cannot be told), and a second array
+/// of the same name (naming both UUIDs; either is then chosen by its UUID).
+#[test]
+fn scan_assembles_renamed_members_and_refuses_copies_and_ambiguous_names() {
+    let dir = tmp("scan");
+    let m = create(&dir);
+    let srv = serve(&dir, &m, &[]);
+    qemu_io(&srv.uri(), &pattern_cmds(8, 3, "write"));
+    srv.stop();
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    for (i, p) in m.iter().enumerate() {
+        let to = if i % 2 == 0 {
+            a.join(format!("disk{}", 5 - i))
+        } else {
+            b.join(format!("x{}", (i * 7) % 5))
+        };
+        std::fs::rename(p, to).unwrap();
+    }
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["create", "--level", "1", "-N", "other", "--size", "32M"])
+        .args([b.join("o0"), b.join("o1")]));
+    let (sa, sb) = (a.display().to_string(), b.display().to_string());
+    let scan = ["--scan", "vol", "--scan-dir", &sa, "--scan-dir", &sb];
+    let srv = Serve::new(&dir).args(scan).start();
+    qemu_io(&srv.uri(), &pattern_cmds(8, 3, "read"));
+    let list = uraid_json(
+        &[
+            "list",
+            "--json",
+            "--scan-dir",
+            &sa,
+            "--scan-dir",
+            &sb,
+            "--control-dir",
+            &dir.display().to_string(),
+        ],
+        &dir,
+    );
+    let names: Vec<&str> = list["arrays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["other", "vol"], "{list}");
+    assert_eq!(list["arrays"][1]["members_found"], 6, "{list}");
+    assert_eq!(
+        list["arrays"][1]["server"].as_str(),
+        Some(srv.ctl.display().to_string().as_str()),
+        "{list}"
+    );
+    assert!(list["arrays"][0]["server"].is_null(), "{list}");
+    assert_eq!(list["servers"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["servers"][0]["name"], "vol", "{list}");
+    assert_eq!(list["servers"][0]["health"], "healthy", "{list}");
+    srv.stop();
+    // A copy of member 0 beside it.
+    std::fs::copy(a.join("disk5"), b.join("copy")).unwrap();
+    let mut status = vec!["status"];
+    status.extend(scan);
+    let o = uraid(&status, &dir);
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(4), "{e}");
+    assert!(
+        e.contains(&format!("{}/disk5", sa))
+            && e.contains(&format!("{}/copy", sb))
+            && e.contains("member 0"),
+        "{e}"
+    );
+    std::fs::remove_file(b.join("copy")).unwrap();
+    // Another array named 'vol'.
+    let c = dir.join("c");
+    std::fs::create_dir_all(&c).unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args(["create", "--level", "1", "-N", "vol", "--size", "32M"])
+        .args([c.join("v0"), c.join("v1")]));
+    let sc = c.display().to_string();
+    status.extend(["--scan-dir", &sc]);
+    let o = uraid(&status, &dir);
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(4), "{e}");
+    let uuid = |p: &Path| {
+        let v = uraid_json(&["examine", "--json", &p.display().to_string()], &dir);
+        v["array_uuid"].as_str().unwrap().to_string()
+    };
+    let (ours, theirs) = (uuid(&b.join("x2")), uuid(&c.join("v0")));
+    assert!(
+        e.contains("2 arrays are named 'vol'") && e.contains(&ours) && e.contains(&theirs),
+        "{e}"
+    );
+    status[2] = &ours;
+    let out = exits(&uraid(&status, &dir), 0);
+    assert!(out.contains("[6/6]"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

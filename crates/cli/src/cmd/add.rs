@@ -15,6 +15,8 @@ pub struct AddArgs {
     /// Control socket of the server: unix:PATH (as for status).
     #[arg(long, value_name = "unix:PATH")]
     control: Option<String>,
+    #[command(flatten)]
+    scan: super::ScanArgs,
     /// The new member.
     dev: PathBuf,
     /// The array's members (the embedded default volume when none are given).
@@ -26,10 +28,15 @@ pub fn run(a: AddArgs) -> Result<()> {
     let AddArgs {
         force,
         control,
+        scan,
         dev,
         members,
     } = a;
-    let t = Target { control, members };
+    let t = Target {
+        control,
+        scan,
+        members,
+    };
     let (members, embedded) = target_members(&t)?;
     let plan = assemble::plan(&members)?;
     if let Some(sock) = live_socket(&plan, &t, embedded)? {

@@ -7,6 +7,7 @@ pub mod create;
 pub mod examine;
 pub mod fail;
 pub mod journal;
+pub mod list;
 pub mod remove;
 pub mod replace;
 pub mod scrub;
@@ -31,13 +32,58 @@ pub struct Target {
     /// unix:uraid-data/control.sock for the embedded default volume.
     #[arg(long, value_name = "unix:PATH")]
     pub control: Option<String>,
+    #[command(flatten)]
+    pub scan: ScanArgs,
     /// Member devices or files. None: the embedded default volume under ./uraid-data.
     pub members: Vec<PathBuf>,
 }
 
-/// The members of `target` (the embedded default when none are named) and whether they are
-/// the embedded default.
+/// Finding an array's devices by superblock instead of naming them.
+#[derive(clap::Args, Clone, Default)]
+pub struct ScanArgs {
+    /// Find the array's devices by their superblocks: NAME or UUID. Reads the block devices
+    /// in /proc/partitions and the directories given with --scan-dir; device names and
+    /// order do not matter (mdadm --assemble --scan). Two arrays of one name, or two
+    /// devices holding one member's superblock, are refused.
+    #[arg(long, value_name = "NAME|UUID", conflicts_with = "members")]
+    pub scan: Option<String>,
+    /// A directory whose files and block devices --scan also reads (member files); repeat
+    /// for several.
+    #[arg(long = "scan-dir", value_name = "DIR", requires = "scan")]
+    pub scan_dir: Vec<PathBuf>,
+}
+
+/// The devices `--scan` finds for its array (None without `--scan`), said on stderr.
+pub fn scan_members(s: &ScanArgs) -> Result<Option<Vec<PathBuf>>> {
+    let Some(which) = &s.scan else {
+        return Ok(None);
+    };
+    let scan = assemble::scan(&s.scan_dir, true, assemble::DISCOVERY_TIMEOUT)?;
+    for p in &scan.unanswered {
+        eprintln!(
+            "uraid: --scan: {}: no answer within {:?}; left out",
+            p.display(),
+            assemble::DISCOVERY_TIMEOUT
+        );
+    }
+    let a = scan.select(which)?;
+    let paths = a.paths();
+    let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    eprintln!(
+        "uraid: --scan {which}: array '{}' ({}) on {}",
+        a.sb.name,
+        uraid_core::format::uuid_string(&a.uuid),
+        list.join(", ")
+    );
+    Ok(Some(paths))
+}
+
+/// The members of `target` (found by `--scan`; the embedded default when none are named)
+/// and whether they are the embedded default.
 pub fn target_members(t: &Target) -> Result<(Vec<PathBuf>, bool)> {
+    if let Some(found) = scan_members(&t.scan)? {
+        return Ok((found, false));
+    }
     if t.members.is_empty() {
         if !Path::new(DEFAULT_DIR).join("member0.img").exists() {
             bail!("no members given and no embedded default volume in ./{DEFAULT_DIR}");

@@ -39,17 +39,13 @@ pub fn plan_with(paths: &[PathBuf], force: bool) -> Result<Plan, AssembleError> 
 }
 
 /// What one device's metadata says: an array member's superblock, or a journal's.
-type Discovered = Result<(Superblock, usize), (AssembleError, Option<JournalSuper>)>;
+pub type Discovered = Result<(Superblock, usize), (AssembleError, Option<JournalSuper>)>;
 
-/// Like `plan_with`, reading every device's superblock at once, each on its own thread: a
-/// device that has not answered within `timeout` (a hung drive, a stopped FUSE server) is
-/// left out like a missing one, with a reason that says so, instead of hanging the command.
-/// Its thread stays blocked in the read until the device answers or the process exits.
-pub fn plan_within(
-    paths: &[PathBuf],
-    force: bool,
-    timeout: Duration,
-) -> Result<Plan, AssembleError> {
+/// Reads every path's superblock (or journal header) at once, each on its own thread; None
+/// for a device that has not answered within `timeout` (a hung drive, a stopped FUSE
+/// server). Its thread stays blocked in the read until the device answers or the process
+/// exits.
+pub fn read_all(paths: &[PathBuf], timeout: Duration) -> Vec<Option<Discovered>> {
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Discovered)>();
     for (i, p) in paths.iter().enumerate() {
         let (tx, p) = (tx.clone(), p.clone());
@@ -75,6 +71,18 @@ pub fn plan_within(
             Err(_) => break,
         }
     }
+    got
+}
+
+/// Like `plan_with`, reading every device's superblock at once (`read_all`): a device that
+/// has not answered within `timeout` is left out like a missing one, with a reason that
+/// says so, instead of hanging the command.
+pub fn plan_within(
+    paths: &[PathBuf],
+    force: bool,
+    timeout: Duration,
+) -> Result<Plan, AssembleError> {
+    let got = read_all(paths, timeout);
     let mut found = Vec::new();
     let mut refused = Vec::new();
     let mut journals = Vec::new();

@@ -1,7 +1,8 @@
 //! Control plane: creating an array on members, reading superblocks back, and deciding which
 //! members an assembly may use. One file per concern: `create.rs`, `discover.rs` (reading
 //! superblocks, `plan`; the pure decision is `uraid_core::assemble`), `admin.rs` (offline member administration),
-//! `journal.rs` (offline journal edits), `open.rs` (opening an assembly, journal replay);
+//! `journal.rs` (offline journal edits), `open.rs` (opening an assembly, journal replay),
+//! `scan.rs` (finding an array's devices by superblock);
 //! this file has the error type and the helpers they share.
 
 use crate::dev::{device_size, open_exclusive, Access, BlockDev, FileDev, Holder, OpenError};
@@ -22,12 +23,14 @@ mod create;
 mod discover;
 mod journal;
 mod open;
+mod scan;
 
 pub use admin::*;
 pub use create::*;
 pub use discover::*;
 pub use journal::*;
 pub use open::*;
+pub use scan::*;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AssembleError {
