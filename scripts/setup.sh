@@ -14,10 +14,11 @@ have() { dpkg -s "$1" >/dev/null 2>&1; }
 # fuse3 (fusermount3), e2fsprogs (mkfs.ext4, e2fsck): NBD clients, peers and the ext4 test.
 # python3, python3-matplotlib: the benchmark suite (scripts/pts.py) and its plots.
 # curl, prometheus (promtool): the control-socket tests (curl --unix-socket, promtool check metrics).
+# systemd (systemd-analyze): the test that verifies contrib/systemd/uraid@.service.
 # zfs-fuse (pulls libfuse2, beside fuse3): the suite's ZFS RAIDZ2 target; pts.py starts and stops its own
 # daemon (on a systemd machine the package also enables zfs-fuse.service; pts.py then uses that one).
 for p in libisal-dev fio util-linux mount libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs pkg-config \
-  python3 python3-matplotlib curl zfs-fuse; do
+  python3 python3-matplotlib curl zfs-fuse systemd; do
   have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

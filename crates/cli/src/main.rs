@@ -9,6 +9,7 @@ mod cmd;
 mod control;
 mod events;
 mod jobs;
+mod notify;
 mod serve;
 mod size;
 

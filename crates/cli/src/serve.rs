@@ -295,6 +295,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     // From here an error return stops the supervisor's threads first (a walk must not run
     // on while the process exits).
+    let notify_state = state.clone();
     let mut ctl = match control::Control::start(state, control_listener, metrics_listener) {
         Ok(c) => c,
         Err(e) => {
@@ -326,7 +327,16 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();
+    let notifier = crate::notify::Notifier::from_env().map(Arc::new);
+    let notify_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(n) = &notifier {
+        notify_status(n.clone(), notify_state, notify_stop.clone());
+    }
     let sig = signals.forever().next().unwrap_or(SIGTERM);
+    notify_stop.store(true, Ordering::Release);
+    if let Some(n) = &notifier {
+        n.send("STOPPING=1\nSTATUS=stopping: finishing in-flight requests");
+    }
     let name = match sig {
         SIGINT => "SIGINT",
         SIGHUP => "SIGHUP",
@@ -364,6 +374,42 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         }
     );
     Ok(())
+}
+
+/// Tells the service manager the server is ready (READY=1, once every listener is up), then
+/// keeps its STATUS= line current (state and background progress, checked every 2 s, sent
+/// when it changes) until `stop`.
+fn notify_status(
+    n: Arc<crate::notify::Notifier>,
+    state: Arc<control::State>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let first = crate::notify::status_text(&control::status_document(&state));
+    n.send(&format!(
+        "READY=1\nMAINPID={}\nSTATUS={first}",
+        std::process::id()
+    ));
+    let spawned = std::thread::Builder::new()
+        .name("uraid-notify".into())
+        .spawn(move || {
+            let mut last = first;
+            while !stop.load(Ordering::Acquire) {
+                for _ in 0..20 {
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let now = crate::notify::status_text(&control::status_document(&state));
+                if now != last {
+                    n.send(&format!("STATUS={now}"));
+                    last = now;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(target: "uraid::serve", "no STATUS= updates (cannot start the thread: {e})");
+    }
 }
 
 /// The longest a stop may take, for an I/O timeout of `io_timeout` seconds: a member that

@@ -1427,3 +1427,77 @@ fn scan_assembles_renamed_members_and_refuses_copies_and_ambiguous_names() {
     assert!(out.contains("[6/6]"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Under a `Type=notify` systemd unit (a fake `$NOTIFY_SOCKET` here): READY=1 with MAINPID
+/// only once clients can connect, a STATUS= line that follows the array (a member failed
+/// makes it "degraded"), STOPPING=1 at SIGTERM. And the unit shipped in contrib/ passes
+/// `systemd-analyze verify` (with its ExecStart pointed at the binary under test).
+#[test]
+fn serve_tells_systemd_when_it_is_ready_and_what_state_it_is_in() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tmp("notify");
+    let m = create(&dir);
+    let nsock = dir.join("notify.sock");
+    let rx = UnixDatagram::bind(&nsock).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let recv = || {
+        let mut b = vec![0u8; 4096];
+        let n = rx.recv(&mut b).expect("a notification within 30 s");
+        String::from_utf8_lossy(&b[..n]).to_string()
+    };
+    let srv = Serve::new(&dir)
+        .env("NOTIFY_SOCKET", &nsock)
+        .members(&m)
+        .start();
+    let ready = recv();
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready}");
+    assert!(
+        ready.lines().any(|l| l == format!("MAINPID={}", srv.pid())),
+        "{ready}"
+    );
+    assert!(
+        ready.contains("STATUS=vol: ") && !ready.contains("degraded"),
+        "{ready}"
+    );
+    // Ready means served: the export answers.
+    qemu_io(&srv.uri(), &["read 0 64k".to_string()]);
+    let ctl = format!("unix:{}", srv.ctl.display());
+    let mut fail = vec!["fail", "1", "--force", "--control", &ctl];
+    let names: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
+    fail.extend(names.iter().map(String::as_str));
+    ok(&uraid(&fail, &dir));
+    let status = recv();
+    assert!(
+        status.starts_with("STATUS=vol: ") && status.contains("degraded"),
+        "{status}"
+    );
+    srv.stop();
+    let stopping = recv();
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping}");
+    // The unit.
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contrib/systemd/uraid@.service"
+    ))
+    .unwrap();
+    assert!(
+        unit.contains("Type=notify") && unit.contains("ExecStart=/usr/bin/uraid serve --scan %i")
+    );
+    let inst = dir.join("uraid@vol.service");
+    std::fs::write(
+        &inst,
+        unit.replace("/usr/bin/uraid", env!("CARGO_BIN_EXE_uraid")),
+    )
+    .unwrap();
+    let o = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&inst)
+        .output()
+        .expect("systemd-analyze (scripts/setup.sh installs systemd)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.trim().is_empty(),
+        "systemd-analyze verify: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -45,6 +45,11 @@ use uraid_nbd::Server;
 /// Version of the `/status` JSON schema (docs/control.md).
 pub const SCHEMA: u32 = 1;
 
+/// The `/status` document (schema `SCHEMA`, docs/control.md) of a serving array.
+pub fn status_document(state: &State) -> serde_json::Value {
+    status::status(state)
+}
+
 /// What the control socket reports on.
 pub struct State {
     pub jobs: Arc<crate::jobs::Jobs>,

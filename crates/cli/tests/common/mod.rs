@@ -150,6 +150,7 @@ pub struct Serve {
     log: Option<PathBuf>,
     args: Vec<OsString>,
     members: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Serve {
@@ -162,6 +163,7 @@ impl Serve {
             log: None,
             args: Vec::new(),
             members: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -193,6 +195,13 @@ impl Serve {
     pub fn args<S: AsRef<OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Serve {
         self.args
             .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// An environment variable for the server.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Serve {
+        self.env
+            .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
         self
     }
 
@@ -231,6 +240,7 @@ impl Serve {
             None => Stdio::inherit(),
         };
         let mut child = cmd
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args(&self.args)
             .args(&self.members)
             .current_dir(&self.dir)
