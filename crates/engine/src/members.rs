@@ -741,6 +741,20 @@ impl<D: BlockDev> Members<D> {
         self.devices.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The members being rebuilt now, each with its checkpoint and the device generation
+    /// that checkpoint belongs to, read in one step with device changes (a slot given a new
+    /// device is failed until `start_rebuilding`, so it is left out until its checkpoint
+    /// is the new device's). What `set_rebuilt_for`, `rebuild_done_for` and persisted
+    /// checkpoints are checked against.
+    pub(crate) fn rebuilding_now(&self) -> Vec<(usize, u64, usize)> {
+        let _g = self.devices_lock();
+        self.rebuilding()
+            .minus(self.failed())
+            .iter()
+            .map(|i| (i, self.rebuilt(i), self.generation(i)))
+            .collect()
+    }
+
     /// `set_rebuilt` if slot `i` is still being rebuilt onto device generation `gen` (the
     /// one the rebuild wrote); false (nothing done) if it was failed or given another
     /// device since.
@@ -1515,6 +1529,10 @@ mod tests {
         // Meanwhile: the operator fails member 1 and a spare takes the slot.
         assert!(m.mark_failed(1));
         assert!(m.install(1, dev("spare", 0xEE)).is_ok());
+        assert!(
+            m.rebuilding_now().is_empty(),
+            "failed until its rebuild starts"
+        );
         let e = read(1, 0..1).expect_err("a failed slot's new device is never read");
         assert!(is_stale(&e), "{e}");
         assert_eq!(m.classify(1, true, &e), Verdict::Stale);
@@ -1526,6 +1544,7 @@ mod tests {
         assert!(!m.rebuild_done_for(1, old));
         assert_eq!(m.rebuilt(1), 0);
         assert!(m.rebuilding().contains(1));
+        assert_eq!(m.rebuilding_now(), vec![(1, 0, m.generation(1))]);
         // The rebuild wrote unit 0 and moved its checkpoint: unit 0 is read, 1 is not, and
         // neither is a read spanning both.
         futures::executor::block_on(m.write(1, 0, crate::buf::copy_of(&[0x11u8; CHUNK]))).unwrap();

@@ -133,11 +133,7 @@ impl<D: BlockDev> Array<D> {
     /// Persists the rebuilding members' checkpoints: taken first, then those members
     /// flushed (so everything the checkpoints cover is durable), then a superblock round.
     async fn persist_rebuild_checkpoints(self: &Arc<Self>) {
-        let to: Vec<(usize, u64, usize)> = self
-            .rebuild_state()
-            .into_iter()
-            .map(|(i, r)| (i, r, self.members().generation(i)))
-            .collect();
+        let to = self.members().rebuilding_now();
         if to.is_empty() {
             return;
         }
@@ -528,10 +524,10 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
         let next = batch.first().copied().unwrap_or(self.units);
         self.covered = a
             .members()
-            .rebuilding()
-            .iter()
-            .filter(|&t| a.members().rebuilt(t) >= next)
-            .map(|t| (t, a.members().generation(t)))
+            .rebuilding_now()
+            .into_iter()
+            .filter(|&(_, r, _)| r >= next)
+            .map(|(t, _, gen)| (t, gen))
             .collect();
     }
 
@@ -599,10 +595,10 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
         let units = self.units;
         let done_gens: Vec<(usize, usize)> = a
             .members()
-            .rebuilding()
-            .iter()
-            .filter(|&t| a.members().rebuilt(t) >= units)
-            .map(|t| (t, a.members().generation(t)))
+            .rebuilding_now()
+            .into_iter()
+            .filter(|&(_, r, _)| r >= units)
+            .map(|(t, _, gen)| (t, gen))
             .collect();
         let done: MemberSet = done_gens.iter().map(|d| d.0).collect();
         if done.is_empty() {
