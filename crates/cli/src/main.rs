@@ -164,7 +164,13 @@ fn run(cli: Cli, events: events::Events) -> Result<i32> {
             ok(bench::run(&args, &members, embedded))
         }
         Cmd::Serve(args) => {
-            if let Some(found) = cmd::scan_members(&args.scan)? {
+            // Devices get --io-timeout to answer (checked again with the other options).
+            let timeout = if args.io_timeout > 0.0 && args.io_timeout <= 86_400.0 {
+                std::time::Duration::from_secs_f64(args.io_timeout)
+            } else {
+                uraid_engine::assemble::DISCOVERY_TIMEOUT
+            };
+            if let Some(found) = cmd::scan_members(&args.scan, timeout)? {
                 return ok(serve::run(&args, &found, false, events));
             }
             let embedded = args.members.is_empty();

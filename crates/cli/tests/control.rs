@@ -1425,6 +1425,39 @@ fn scan_assembles_renamed_members_and_refuses_copies_and_ambiguous_names() {
     status[2] = &ours;
     let out = exits(&uraid(&status, &dir), 0);
     assert!(out.contains("[6/6]"), "{out}");
+    // A journal copied beside the journal: refused too (the stale copy would be replayed).
+    let d = dir.join("d");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::File::create(d.join("j0"))
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args([
+            "create",
+            "--level",
+            "5",
+            "-N",
+            "jv",
+            "--size",
+            "32M",
+            "--journal",
+        ])
+        .arg(d.join("j0"))
+        .args([d.join("p0"), d.join("p1"), d.join("p2")]));
+    let sd = d.display().to_string();
+    let jstatus = ["status", "--scan", "jv", "--scan-dir", sd.as_str()];
+    exits(&uraid(&jstatus, &dir), 0);
+    std::fs::copy(d.join("j0"), d.join("jcopy")).unwrap();
+    let o = uraid(&jstatus, &dir);
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(4), "{e}");
+    assert!(
+        e.contains(&format!("{sd}/j0"))
+            && e.contains(&format!("{sd}/jcopy"))
+            && e.contains("journal"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1500,4 +1533,50 @@ fn serve_tells_systemd_when_it_is_ready_and_what_state_it_is_in() {
         "systemd-analyze verify: {err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The alert rules in contrib/prometheus pass `promtool check rules` and their own
+/// `promtool test rules` suite, and every uraid metric they name is a family the server
+/// exports (crates/cli/src/control/metrics.rs) and docs/control.md lists.
+#[test]
+fn alert_rules_pass_promtool_and_name_only_exported_metrics() {
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let prom = root.join("contrib/prometheus");
+    for args in [
+        ["check", "rules", "uraid.rules.yml"],
+        ["test", "rules", "uraid.rules.test.yml"],
+    ] {
+        let o = Command::new("promtool")
+            .args(args)
+            .current_dir(&prom)
+            .output()
+            .expect("promtool (Debian package prometheus; scripts/setup.sh installs it)");
+        assert!(
+            o.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let rules = std::fs::read_to_string(prom.join("uraid.rules.yml")).unwrap();
+    let source = std::fs::read_to_string(root.join("crates/cli/src/control/metrics.rs")).unwrap();
+    let docs = std::fs::read_to_string(root.join("docs/control.md")).unwrap();
+    let mut named: Vec<&str> = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("uraid_"))
+        .collect();
+    named.sort();
+    named.dedup();
+    assert!(named.len() >= 7, "{named:?}");
+    for m in named {
+        assert!(
+            source.contains(&format!("name: \"{m}\"")),
+            "{m}: not exported"
+        );
+        assert!(
+            docs.contains(&format!("`{m}`")),
+            "{m}: not in docs/control.md"
+        );
+    }
 }

@@ -28,8 +28,9 @@ struct Server {
     status: Value,
 }
 
-/// The servers answering on the sockets (`*.sock`) in `dirs`.
-fn servers(dirs: &[PathBuf]) -> Vec<Server> {
+/// The servers answering on the sockets (`*.sock`) in `dirs`, and the sockets that accept
+/// connections but gave no status document (with why).
+fn servers(dirs: &[PathBuf]) -> (Vec<Server>, Vec<(PathBuf, String)>) {
     let mut socks: Vec<PathBuf> = dirs
         .iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
@@ -38,14 +39,18 @@ fn servers(dirs: &[PathBuf]) -> Vec<Server> {
         .filter(|p| p.extension().is_some_and(|x| x == "sock"))
         .collect();
     socks.sort();
-    socks
-        .into_iter()
-        .filter_map(|sock| {
-            std::os::unix::net::UnixStream::connect(&sock).ok()?;
-            let status = client::get_json(&sock, "/status").ok()?;
-            Some(Server { sock, status })
-        })
-        .collect()
+    let (mut up, mut mute) = (Vec::new(), Vec::new());
+    for sock in socks {
+        if std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            continue;
+        }
+        match client::get_json(&sock, "/status") {
+            Ok(status) if status["schema"].is_u64() => up.push(Server { sock, status }),
+            Ok(_) => mute.push((sock, "not a uraid status document".to_string())),
+            Err(e) => mute.push((sock, format!("{e:#}"))),
+        }
+    }
+    (up, mute)
 }
 
 fn health(v: &Value) -> &'static str {
@@ -69,7 +74,7 @@ pub fn run(a: ListArgs) -> Result<()> {
     } else {
         a.control_dir.clone()
     };
-    let servers = servers(&dirs);
+    let (servers, mute) = servers(&dirs);
     let served_by = |uuid: &[u8; 16]| {
         let u = uuid_string(uuid);
         servers
@@ -103,7 +108,7 @@ pub fn run(a: ListArgs) -> Result<()> {
                         else { format!("member {}", sb.index) },
                 "events": sb.events,
             })).collect::<Vec<_>>(),
-            "journals": f.journals.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "journals": f.journals.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>(),
             "server": server.map(|s| s.sock.display().to_string()),
         }));
     }
@@ -128,6 +133,7 @@ pub fn run(a: ListArgs) -> Result<()> {
             "scanned": scan.scanned,
             "places": scan.places,
             "unanswered": scan.unanswered.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "sockets_without_status": mute.iter().map(|(p, e)| json!({"control": p.display().to_string(), "error": e})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -185,6 +191,13 @@ pub fn run(a: ListArgs) -> Result<()> {
             s["health"].as_str().unwrap_or("?"),
             s["state"].as_str().unwrap_or(""),
             s["control"].as_str().unwrap_or("?")
+        );
+    }
+    for (p, e) in &mute {
+        println!(
+            "socket {}: accepts connections but gave no status ({e}); a server there may be \
+             hung",
+            p.display()
         );
     }
     for p in &scan.unanswered {

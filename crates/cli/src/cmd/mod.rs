@@ -53,17 +53,17 @@ pub struct ScanArgs {
     pub scan_dir: Vec<PathBuf>,
 }
 
-/// The devices `--scan` finds for its array (None without `--scan`), said on stderr.
-pub fn scan_members(s: &ScanArgs) -> Result<Option<Vec<PathBuf>>> {
+/// The devices `--scan` finds for its array (None without `--scan`), said on stderr; a
+/// device that has not answered within `timeout` is left out.
+pub fn scan_members(s: &ScanArgs, timeout: std::time::Duration) -> Result<Option<Vec<PathBuf>>> {
     let Some(which) = &s.scan else {
         return Ok(None);
     };
-    let scan = assemble::scan(&s.scan_dir, true, assemble::DISCOVERY_TIMEOUT)?;
+    let scan = assemble::scan(&s.scan_dir, true, timeout)?;
     for p in &scan.unanswered {
         eprintln!(
-            "uraid: --scan: {}: no answer within {:?}; left out",
-            p.display(),
-            assemble::DISCOVERY_TIMEOUT
+            "uraid: --scan: {}: no answer within {timeout:?}; left out",
+            p.display()
         );
     }
     let a = scan.select(which)?;
@@ -81,7 +81,7 @@ pub fn scan_members(s: &ScanArgs) -> Result<Option<Vec<PathBuf>>> {
 /// The members of `target` (found by `--scan`; the embedded default when none are named)
 /// and whether they are the embedded default.
 pub fn target_members(t: &Target) -> Result<(Vec<PathBuf>, bool)> {
-    if let Some(found) = scan_members(&t.scan)? {
+    if let Some(found) = scan_members(&t.scan, assemble::DISCOVERY_TIMEOUT)? {
         return Ok((found, false));
     }
     if t.members.is_empty() {

@@ -12,7 +12,9 @@
 //!   or `cp`) are refused, naming both paths: which of them is the member cannot be known
 //!   from the superblocks alone when both are equally fresh, and a wrong guess serves old
 //!   data.
-//! * A device that does not answer within the timeout is left out and named.
+//! * A device that does not answer within the timeout is left out and named; then a name
+//!   chooses nothing (the device may hold another array of that name), a UUID still does.
+//! * Two journal devices carrying one journal are refused like member copies.
 
 use super::*;
 use std::collections::{HashMap, HashSet};
@@ -29,8 +31,8 @@ pub struct FoundArray {
     pub sb: Superblock,
     /// Members, spares and replacements: path and superblock, by path.
     pub devices: Vec<(PathBuf, Superblock)>,
-    /// Journal devices of this array.
-    pub journals: Vec<PathBuf>,
+    /// Journal devices of this array, with their journal UUIDs.
+    pub journals: Vec<(PathBuf, [u8; 16])>,
 }
 
 impl FoundArray {
@@ -38,11 +40,12 @@ impl FoundArray {
     /// `plan` takes).
     pub fn paths(&self) -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = self.devices.iter().map(|(p, _)| p.clone()).collect();
-        v.extend(self.journals.iter().cloned());
+        v.extend(self.journals.iter().map(|j| j.0.clone()));
         v
     }
 
-    /// Refuses two devices that carry the same device's superblock (a copy).
+    /// Refuses two devices that carry the same device's superblock, or the same journal (a
+    /// copy).
     pub fn check_copies(&self) -> Result<(), AssembleError> {
         let mut by_uuid: HashMap<[u8; 16], Vec<&(PathBuf, Superblock)>> = HashMap::new();
         for d in &self.devices {
@@ -68,6 +71,14 @@ impl FoundArray {
                 )
             })
             .collect();
+        let mut journals: HashMap<[u8; 16], Vec<&PathBuf>> = HashMap::new();
+        for (p, u) in &self.journals {
+            journals.entry(*u).or_default().push(p);
+        }
+        dups.extend(journals.iter().filter(|(_, v)| v.len() > 1).map(|(u, v)| {
+            let paths: Vec<String> = v.iter().map(|p| p.display().to_string()).collect();
+            format!("{} all carry journal {}", paths.join(", "), uuid_string(u))
+        }));
         if dups.is_empty() {
             return Ok(());
         }
@@ -173,7 +184,7 @@ pub fn scan(dirs: &[PathBuf], block: bool, timeout: Duration) -> Result<Scan, As
     }
     for (p, j) in journals {
         if let Some(a) = by_uuid.get_mut(&j.array_uuid) {
-            a.journals.push(p);
+            a.journals.push((p, j.journal_uuid));
         }
     }
     scan.arrays = by_uuid.into_values().collect();
@@ -204,6 +215,11 @@ impl Scan {
         }
         let named: Vec<&FoundArray> = self.arrays.iter().filter(|a| a.sb.name == which).collect();
         match named.as_slice() {
+            [_] if !self.unanswered.is_empty() => Err(AssembleError::Refused(format!(
+                "--scan {which}: device(s) did not answer{}, so another array named '{which}'                  may be among them: name the array by its UUID",
+                self.unanswered_note()
+                    .trim_start_matches("; did not answer")
+            ))),
             [a] => {
                 a.check_copies()?;
                 Ok(a)
