@@ -88,6 +88,10 @@ enum Cmd {
     /// every running server (control sockets in /run/uraid): mdadm --detail --scan,
     /// zpool list.
     List(cmd::list::ListArgs),
+    /// Follow running servers and report what happens to their arrays (mdadm --monitor):
+    /// a line per event (Fail, DegradedArray, RebuildStarted, RebuildFinished, ...), and
+    /// --program run for each; --oneshot reports degraded arrays once.
+    Monitor(cmd::monitor::MonitorArgs),
     /// Live view of a running server: request and member rates every interval, progress of
     /// background operations (bars on a terminal, plain lines otherwise).
     Watch(cmd::watch::WatchArgs),
@@ -154,6 +158,7 @@ fn run(cli: Cli, events: events::Events) -> Result<i32> {
         Cmd::Detail(a) => cmd::status::run(&a, true),
         Cmd::Watch(a) => ok(cmd::watch::run(a)),
         Cmd::List(a) => ok(cmd::list::run(a)),
+        Cmd::Monitor(a) => cmd::monitor::run(a),
         Cmd::Bench(args) => {
             let embedded = args.members.is_empty();
             let members = if embedded {

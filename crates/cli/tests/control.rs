@@ -1580,3 +1580,87 @@ fn alert_rules_pass_promtool_and_name_only_exported_metrics() {
         );
     }
 }
+
+/// `uraid monitor` (mdadm --monitor) follows a running server: NewArray when it appears,
+/// Fail and DegradedArray when a member is failed (also handed to --program with the
+/// event's words), Stopped when it goes; `--oneshot` exits 1 while an array is degraded.
+#[test]
+fn monitor_reports_a_failure_and_runs_the_program() {
+    use std::io::BufRead;
+    let dir = tmp("monitor");
+    let m = create(&dir);
+    let srv = serve(&dir, &m, &[]);
+    let ctl = format!("unix:{}", srv.ctl.display());
+    let prog = dir.join("alert.sh");
+    std::fs::write(
+        &prog,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> {}\n",
+            dir.join("alerts").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut mon = Command::new(env!("CARGO_BIN_EXE_uraid"))
+        .args([
+            "monitor",
+            "--control",
+            &ctl,
+            "--interval",
+            "0.2",
+            "--program",
+        ])
+        .arg(&prog)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = std::io::BufReader::new(mon.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !seen.iter().any(|l: &String| l.contains(what)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => seen.push(l),
+                Err(_) => panic!("no {what:?} from uraid monitor: {seen:?}"),
+            }
+        }
+    };
+    wait_for("NewArray array=vol");
+    let mut fail = vec!["fail", "1", "--force", "--control", &ctl];
+    let names: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
+    fail.extend(names.iter().map(String::as_str));
+    ok(&uraid(&fail, &dir));
+    wait_for(&format!(
+        "Fail array=vol member=1 device={}",
+        m[1].display()
+    ));
+    wait_for("DegradedArray array=vol");
+    let one = uraid(&["monitor", "--oneshot", "--control", &ctl], &dir);
+    assert_eq!(one.status.code(), Some(1), "{one:?}");
+    assert!(
+        String::from_utf8_lossy(&one.stdout).contains("DegradedArray array=vol"),
+        "{one:?}"
+    );
+    srv.stop();
+    wait_for("Stopped array=vol");
+    kill_if_running(&mut mon);
+    let alerts = std::fs::read_to_string(dir.join("alerts")).unwrap();
+    assert!(
+        alerts
+            .lines()
+            .any(|l| l == format!("Fail vol {} failed", m[1].display())),
+        "{alerts}"
+    );
+    assert!(
+        alerts.lines().any(|l| l.starts_with("DegradedArray vol")),
+        "{alerts}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

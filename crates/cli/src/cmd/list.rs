@@ -23,14 +23,14 @@ pub struct ListArgs {
 }
 
 /// A running server: its control socket and status document.
-struct Server {
-    sock: PathBuf,
-    status: Value,
+pub struct Server {
+    pub sock: PathBuf,
+    pub status: Value,
 }
 
-/// The servers answering on the sockets (`*.sock`) in `dirs`, and the sockets that accept
-/// connections but gave no status document (with why).
-fn servers(dirs: &[PathBuf]) -> (Vec<Server>, Vec<(PathBuf, String)>) {
+/// The servers answering on the sockets (`*.sock`) in `dirs` and on `more`, and the
+/// sockets that accept connections but gave no status document (with why).
+pub fn servers(dirs: &[PathBuf], more: &[PathBuf]) -> (Vec<Server>, Vec<(PathBuf, String)>) {
     let mut socks: Vec<PathBuf> = dirs
         .iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
@@ -38,7 +38,9 @@ fn servers(dirs: &[PathBuf]) -> (Vec<Server>, Vec<(PathBuf, String)>) {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "sock"))
         .collect();
+    socks.extend(more.iter().cloned());
     socks.sort();
+    socks.dedup();
     let (mut up, mut mute) = (Vec::new(), Vec::new());
     for sock in socks {
         if std::os::unix::net::UnixStream::connect(&sock).is_err() {
@@ -54,15 +56,10 @@ fn servers(dirs: &[PathBuf]) -> (Vec<Server>, Vec<(PathBuf, String)>) {
 }
 
 fn health(v: &Value) -> &'static str {
-    let failed = v["failed"].as_array().map_or(0, Vec::len) as u64;
-    if !v["serving"].as_bool().unwrap_or(true)
-        || failed > v["fault_tolerance"].as_u64().unwrap_or(0)
-    {
-        "FAILED"
-    } else if v["degraded"].as_bool().unwrap_or(false) {
-        "degraded"
-    } else {
-        "healthy"
+    match super::monitor::health(v) {
+        "failed" => "FAILED",
+        "degraded" => "degraded",
+        _ => "healthy",
     }
 }
 
@@ -74,7 +71,7 @@ pub fn run(a: ListArgs) -> Result<()> {
     } else {
         a.control_dir.clone()
     };
-    let (servers, mute) = servers(&dirs);
+    let (servers, mute) = servers(&dirs, &[]);
     let served_by = |uuid: &[u8; 16]| {
         let u = uuid_string(uuid);
         servers

@@ -8,6 +8,7 @@ pub mod examine;
 pub mod fail;
 pub mod journal;
 pub mod list;
+pub mod monitor;
 pub mod remove;
 pub mod replace;
 pub mod scrub;
