@@ -6,6 +6,7 @@
 mod bench;
 mod client;
 mod cmd;
+mod config;
 mod control;
 mod events;
 mod jobs;
@@ -13,8 +14,9 @@ mod notify;
 mod serve;
 mod size;
 
-use anyhow::Result;
-use clap::{Parser, Subcommand};
+use anyhow::{anyhow, Context, Result};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::ffi::OsString;
 
 /// Where `uraid serve` and `uraid bench` keep the embedded default volume.
 pub const DEFAULT_DIR: &str = "uraid-data";
@@ -23,7 +25,10 @@ pub const DEFAULT_DIR: &str = "uraid-data";
 #[command(
     name = "uraid",
     version,
-    about = "Software RAID for NVMe in user space"
+    about = "Software RAID for NVMe in user space",
+    // A later option replaces an earlier one: `uraid serve NAME` puts the config file's
+    // options first and the command line's after them.
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -101,10 +106,101 @@ enum Cmd {
     /// Export the array formed by MEMBERs over NBD (TCP and/or Unix sockets) until SIGINT,
     /// SIGTERM or SIGHUP. With no MEMBERs, serves the embedded default volume under ./uraid-data.
     Serve(serve::ServeArgs),
+    /// The config file (/etc/uraid/uraid.conf): `uraid config check`.
+    Config {
+        #[command(subcommand)]
+        cmd: config::ConfigCmd,
+    },
+}
+
+/// A clap error's message, one line, without its "error: " prefix.
+fn clap_message(e: &clap::Error) -> String {
+    let s = e.to_string();
+    let first = s.lines().next().unwrap_or("").trim();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
+}
+
+/// Whether `argv` is a command line `uraid` takes.
+fn parses(argv: Vec<OsString>) -> Result<(), String> {
+    Cli::try_parse_from(argv)
+        .map(|_| ())
+        .map_err(|e| clap_message(&e))
+}
+
+/// `uraid serve NAME` with NAME not a file: the array NAME found by its superblocks, with
+/// the options the config file gives it (`config::for_name`, `config::serve_args`) and this
+/// command line's own options after them (they win).
+fn from_config(cli: Cli, m: &clap::ArgMatches) -> Result<Cli> {
+    let Cmd::Serve(args) = &cli.cmd else {
+        return Ok(cli);
+    };
+    if args.scan.scan.is_some() || args.members.len() != 1 {
+        return Ok(cli);
+    }
+    let Some((path, cfg, section)) = config::for_name(&args.members[0], args.config.as_deref())?
+    else {
+        return Ok(cli);
+    };
+    let name = section.name.clone();
+    let full = Cli::command();
+    let serve = full
+        .find_subcommand("serve")
+        .context("uraid has a serve command")?;
+    let from_file = config::serve_args(&path, &cfg, &section, serve, &parses)
+        .map_err(|v| anyhow!("{}", v.join("\nuraid: ")))?;
+    // This command line's own options: everything after `serve` but NAME (clap counts a
+    // subcommand's arguments from the subcommand's name, which is argv[1]).
+    let at = m
+        .subcommand_matches("serve")
+        .and_then(|s| s.index_of("members"))
+        .map(|i| i + 1);
+    let own = std::env::args_os()
+        .enumerate()
+        .skip(2)
+        .filter(|(i, _)| Some(*i) != at)
+        .map(|(_, a)| a);
+    let argv: Vec<OsString> = ["uraid".into(), "serve".into()]
+        .into_iter()
+        .chain(from_file)
+        .chain(own)
+        .collect();
+    Cli::try_parse_from(argv).map_err(|e| {
+        anyhow!(
+            "serving [{name}] of {}: {}",
+            path.display(),
+            clap_message(&e)
+        )
+    })
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // Commands that print (status, list, examine ...) end quietly when their reader goes
+    // away (`uraid status | head`), as other Unix tools do; `serve` keeps SIGPIPE ignored
+    // and ignores failed prints (a server must not die of its log reader).
+    let serving = std::env::args_os().nth(1).is_some_and(|a| a == "serve");
+    if serving {
+        // A panic anywhere in a server ends the process (status 101) after its message,
+        // instead of unwinding one thread while the reactors keep running: what it leaves
+        // is what a crash leaves (the next start resyncs, replays the journal).
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            report(info);
+            std::process::exit(101);
+        }));
+    }
+    if !serving {
+        // SAFETY: signal() with SIG_DFL installs no handler code; called before any thread
+        // starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let cli = from_config(cli, &matches).unwrap_or_else(|e| {
+        eprintln!("uraid: {e:#}");
+        std::process::exit(1)
+    });
     let events = events::Events::default();
     init_logging(&cli, &events);
     // `status` and `detail` answer with their exit status too (mdadm --detail --test):
@@ -159,6 +255,16 @@ fn run(cli: Cli, events: events::Events) -> Result<i32> {
         Cmd::Watch(a) => ok(cmd::watch::run(a)),
         Cmd::List(a) => ok(cmd::list::run(a)),
         Cmd::Monitor(a) => cmd::monitor::run(a),
+        Cmd::Config {
+            cmd: config::ConfigCmd::Check { config },
+        } => {
+            let path = config.unwrap_or_else(|| config::DEFAULT_PATH.into());
+            let full = Cli::command();
+            let serve = full
+                .find_subcommand("serve")
+                .context("uraid has a serve command")?;
+            config::check(&path, serve, &parses)
+        }
         Cmd::Bench(args) => {
             let embedded = args.members.is_empty();
             let members = if embedded {

@@ -20,6 +20,24 @@ use uraid_engine::{
 };
 use uraid_nbd::{Config, Server};
 
+/// `println!` that never panics: stdout may be a pipe whose reader went away (`uraid serve
+/// | head`, a closed log reader); a panic there would leave the server half stopped
+/// (`main` also makes any panic in `serve` end the process).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// `eprintln!` that never panics (as `say!`, for stderr).
+macro_rules! esay {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub const DEFAULT_LISTEN: &str = "tcp:127.0.0.1:10809";
 
 #[derive(clap::Args, Clone)]
@@ -114,6 +132,10 @@ pub struct ServeArgs {
     pub log_format: String,
     #[command(flatten)]
     pub scan: crate::cmd::ScanArgs,
+    /// The config file for `uraid serve NAME` (NAME a section of it: that array, with the
+    /// options the file gives; options given here win). Default /etc/uraid/uraid.conf.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Member devices or files. None: the embedded default volume under ./uraid-data.
     pub members: Vec<PathBuf>,
 }
@@ -148,7 +170,7 @@ fn warn(args: &ServeArgs, events: &Events, msg: String) {
         // Through tracing: the JSON layer prints it and the ring layer keeps it.
         tracing::warn!(target: "uraid::assemble", "{msg}");
     } else {
-        eprintln!("uraid: warning: {msg}");
+        esay!("uraid: warning: {msg}");
         events.push(tracing::Level::WARN, "uraid::assemble", msg);
     }
 }
@@ -270,7 +292,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             Listen::Unix(u, _) => server.listen(u.as_raw_fd(), false),
         }
     }
-    println!(
+    say!(
         "uraid: serving '{}' ({} {} members, {} = {} bytes{}) as export '{export}'",
         plan.sb.name,
         g.level,
@@ -280,7 +302,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         if args.read_only { ", read-only" } else { "" }
     );
     for l in &listeners {
-        println!("uraid: listening on {}", uri(l, &export));
+        say!("uraid: listening on {}", uri(l, &export));
     }
     let state = Arc::new(control::State {
         jobs: Arc::new(crate::jobs::Jobs::new(sup.clone())),
@@ -304,13 +326,13 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         }
     };
     if let Some(p) = ctl.path() {
-        println!(
+        say!(
             "uraid: control socket at {} (uraid status, uraid watch, curl --unix-socket)",
             p.display()
         );
     }
     if let Some(a) = metrics_addr {
-        println!("uraid: Prometheus metrics at http://{a}/metrics");
+        say!("uraid: Prometheus metrics at http://{a}/metrics");
     }
     tracing::info!(
         target: "uraid::serve",
@@ -324,7 +346,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         sup.stop();
         return Err(e);
     }
-    println!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
+    say!("uraid: stop with Ctrl-C, SIGTERM or SIGHUP");
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let notifier = crate::notify::Notifier::from_env().map(Arc::new);
@@ -342,7 +364,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         SIGHUP => "SIGHUP",
         _ => "SIGTERM",
     };
-    eprintln!("uraid: {name} received: finishing in-flight requests");
+    esay!("uraid: {name} received: finishing in-flight requests");
     tracing::info!(target: "uraid::serve", "{name} received: stopping");
     stop_deadline(args.io_timeout);
     ctl.stop();
@@ -365,7 +387,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     drop(server);
     drop(array);
     rt.shutdown();
-    eprintln!(
+    esay!(
         "uraid: stopped after {conns} connection(s), {reqs} request(s), {errs} error reply(ies); array flushed{}",
         if resync_due {
             " (resync unfinished: left marked not clean)"
@@ -435,7 +457,7 @@ fn stop_deadline(io_timeout: f64) {
                  I/O is still waiting (a host stall?); exiting without marking the array \
                  clean: the next start resyncs, as after a crash"
             );
-            eprintln!("uraid: stop timed out after {bound:?}: exiting without a clean stop");
+            esay!("uraid: stop timed out after {bound:?}: exiting without a clean stop");
             std::process::exit(1);
         });
     if let Err(e) = spawned {
@@ -573,7 +595,7 @@ fn resume_replaces(
         }
     }
     for line in sup.resume_replaces(found) {
-        println!("uraid: {line}");
+        say!("uraid: {line}");
     }
 }
 
@@ -592,7 +614,7 @@ fn start_spares_and_rebuild(
             match FileDev::open(p) {
                 Ok(dev) => {
                     sup.add_spare(dev, *uuid);
-                    println!("uraid: {} is a hot spare", p.display());
+                    say!("uraid: {} is a hot spare", p.display());
                 }
                 Err(e) => warn(
                     args,
@@ -612,7 +634,7 @@ fn start_spares_and_rebuild(
                 "members to rebuild: rebuild deferred while serving read-only".to_string(),
             );
         } else if sup.ensure_rebuild() {
-            println!(
+            say!(
                 "uraid: '{}': rebuilding member(s) {:?} in the background (uraid status shows \
                  progress)",
                 plan.sb.name,
@@ -638,7 +660,7 @@ fn start_resync_and_daemon(
     // Resync after an unclean stop, in the background on its own thread (recovery/resync.rs).
     match sup.start_resync().context("starting the resync thread")? {
         ResyncStart::NotNeeded => {}
-        ResyncStart::Started => println!(
+        ResyncStart::Started => say!(
             "uraid: '{name}' was not stopped cleanly: resyncing parity in the background \
              (uraid status shows progress)"
         ),

@@ -1514,7 +1514,7 @@ fn serve_tells_systemd_when_it_is_ready_and_what_state_it_is_in() {
     ))
     .unwrap();
     assert!(
-        unit.contains("Type=notify") && unit.contains("ExecStart=/usr/bin/uraid serve --scan %i")
+        unit.contains("Type=notify") && unit.contains("ExecStart=/usr/bin/uraid serve %i")
     );
     let inst = dir.join("uraid@vol.service");
     std::fs::write(
@@ -1661,6 +1661,71 @@ fn monitor_reports_a_failure_and_runs_the_program() {
     assert!(
         alerts.lines().any(|l| l.starts_with("DegradedArray vol")),
         "{alerts}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The config file: `uraid serve vol` serves the array named in a `[vol]` section, found by
+/// its superblocks in the `[defaults]` scan directory after its members were renamed, with
+/// the file's options and the command line's after them; `uraid config check` accepts the
+/// file, and a file with mistakes is refused by both with each mistake's line.
+#[test]
+fn serve_takes_an_array_and_its_options_from_the_config_file() {
+    let dir = tmp("config");
+    let m = create(&dir);
+    let srv = serve(&dir, &m, &[]);
+    qemu_io(&srv.uri(), &pattern_cmds(4, 9, "write"));
+    srv.stop();
+    let disks = dir.join("disks");
+    std::fs::create_dir_all(&disks).unwrap();
+    for (i, p) in m.iter().enumerate() {
+        std::fs::rename(p, disks.join(format!("nvme{}n1", 9 - i))).unwrap();
+    }
+    let conf = dir.join("uraid.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "# test host\n[defaults]\nscan-dir = {}\n\n[vol]\nio-timeout = 10\nread-only = no\n",
+            disks.display()
+        ),
+    )
+    .unwrap();
+    let c = conf.display().to_string();
+    let out = ok(&uraid(&["config", "check", "--config", &c], &dir));
+    assert!(out.contains("1 array(s): vol"), "{out}");
+    let srv = Serve::new(&dir)
+        .args(["--config", &c])
+        .members(["vol"])
+        .start();
+    qemu_io(&srv.uri(), &pattern_cmds(4, 9, "read"));
+    srv.stop();
+    let bad = dir.join("bad.conf");
+    std::fs::write(
+        &bad,
+        "[vol]\nio-timeout = soon\nlisten-on = tcp:0.0.0.0:1\nread-only = maybe\n",
+    )
+    .unwrap();
+    let b = bad.display().to_string();
+    for args in [
+        vec!["config", "check", "--config", &b],
+        vec!["serve", "--config", &b, "vol"],
+    ] {
+        let o = uraid(&args, &dir);
+        let e = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        for (line, what) in [
+            (2, "io-timeout = soon"),
+            (3, "listen-on: not a key"),
+            (4, "read-only: a switch takes yes or no"),
+        ] {
+            assert!(e.contains(&format!("{b}:{line}: {what}")), "{args:?}: {e}");
+        }
+    }
+    let o = uraid(&["serve", "--config", &c, "other"], &dir);
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        o.status.code() == Some(1) && e.contains("has no [other] section"),
+        "{e}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

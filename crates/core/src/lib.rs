@@ -9,6 +9,7 @@ pub mod assemble;
 pub mod badblocks;
 pub mod bitmap;
 pub mod codec;
+pub mod config;
 pub mod format;
 pub mod fuzz;
 pub mod geometry;

@@ -51,3 +51,8 @@ fn bitmap_corpus() {
 fn journal_corpus() {
     replay("journal", uraid_core::fuzz::journal);
 }
+
+#[test]
+fn config_corpus() {
+    replay("config", uraid_core::config::fuzz_config);
+}
