@@ -17,6 +17,7 @@ mod size;
 use anyhow::{anyhow, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 /// Where `uraid serve` and `uraid bench` keep the embedded default volume.
 pub const DEFAULT_DIR: &str = "uraid-data";
@@ -104,13 +105,64 @@ enum Cmd {
     /// With no MEMBERs, uses the embedded default volume under ./uraid-data.
     Bench(bench::BenchArgs),
     /// Export the array formed by MEMBERs over NBD (TCP and/or Unix sockets) until SIGINT,
-    /// SIGTERM or SIGHUP. With no MEMBERs, serves the embedded default volume under ./uraid-data.
+    /// SIGTERM or SIGHUP. `uraid serve NAME`: the array NAME (or UUID) found by its
+    /// superblocks, with the options of the config file's [NAME] section. With no MEMBERs,
+    /// serves the embedded default volume under ./uraid-data.
     Serve(serve::ServeArgs),
     /// The config file (/etc/uraid/uraid.conf): `uraid config check`.
     Config {
         #[command(subcommand)]
         cmd: config::ConfigCmd,
     },
+    /// Writes the man pages (section 8: uraid.8 and uraid-COMMAND.8) and the bash, zsh and
+    /// fish completions, from these argument definitions (scripts/package.sh).
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Directory for the man pages.
+        #[arg(long, value_name = "DIR")]
+        man: PathBuf,
+        /// Directory for the completions (uraid.bash, _uraid, uraid.fish).
+        #[arg(long, value_name = "DIR")]
+        completions: PathBuf,
+    },
+}
+
+/// Man pages for `cmd` and its subcommands (`uraid.8`, `uraid-serve.8`, ...) into `dir`.
+fn write_man(cmd: &clap::Command, dir: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let cmd = cmd.clone().disable_help_subcommand(true);
+    let top = cmd.get_name().to_string();
+    let mut pages = vec![(top.clone(), cmd.clone())];
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        // A page's title is its command's name (a &'static str for clap: this runs once).
+        let name: &'static str = Box::leak(format!("{top}-{}", sub.get_name()).into_boxed_str());
+        pages.push((name.to_string(), sub.clone().name(name)));
+    }
+    for (name, c) in pages {
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(c.version(env!("CARGO_PKG_VERSION")))
+            .section("8")
+            .render(&mut buf)?;
+        std::fs::write(dir.join(format!("{name}.8")), buf)?;
+    }
+    Ok(())
+}
+
+/// `uraid generate-docs`.
+fn generate_docs(man: &std::path::Path, completions: &std::path::Path) -> Result<()> {
+    use clap_complete::Shell;
+    let mut cmd = Cli::command();
+    write_man(&cmd, man)?;
+    std::fs::create_dir_all(completions)?;
+    for (shell, file) in [
+        (Shell::Bash, "uraid.bash"),
+        (Shell::Zsh, "_uraid"),
+        (Shell::Fish, "uraid.fish"),
+    ] {
+        let mut f = std::fs::File::create(completions.join(file))?;
+        clap_complete::generate(shell, &mut cmd, "uraid", &mut f);
+    }
+    Ok(())
 }
 
 /// A clap error's message, one line, without its "error: " prefix.
@@ -255,6 +307,7 @@ fn run(cli: Cli, events: events::Events) -> Result<i32> {
         Cmd::Watch(a) => ok(cmd::watch::run(a)),
         Cmd::List(a) => ok(cmd::list::run(a)),
         Cmd::Monitor(a) => cmd::monitor::run(a),
+        Cmd::GenerateDocs { man, completions } => ok(generate_docs(&man, &completions)),
         Cmd::Config {
             cmd: config::ConfigCmd::Check { config },
         } => {

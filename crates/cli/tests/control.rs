@@ -1513,9 +1513,7 @@ fn serve_tells_systemd_when_it_is_ready_and_what_state_it_is_in() {
         "/../../contrib/systemd/uraid@.service"
     ))
     .unwrap();
-    assert!(
-        unit.contains("Type=notify") && unit.contains("ExecStart=/usr/bin/uraid serve %i")
-    );
+    assert!(unit.contains("Type=notify") && unit.contains("ExecStart=/usr/bin/uraid serve %i"));
     let inst = dir.join("uraid@vol.service");
     std::fs::write(
         &inst,
