@@ -2,7 +2,11 @@
 //! `uraid_core::config`; here each `key = value` line becomes `uraid serve --key value`
 //! (a switch: `--key` for yes, nothing for no), checked line by line with `uraid serve`'s
 //! own argument parser so an error names its line, and the array is found by its
-//! superblocks (`--scan` with the section's `uuid`, else its name).
+//! superblocks (`--scan` with the section's `uuid`, else its name). `[defaults]` lines come
+//! first, then the array's, then the command line's: a later single-value option replaces
+//! an earlier one, a repeated option (listen, scan-dir) adds to it. Refused: `force`, `run`
+//! and `start-dirty-degraded` anywhere; switches, listeners, control, metrics and export in
+//! `[defaults]`.
 
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
@@ -24,8 +28,21 @@ pub enum ConfigCmd {
 }
 
 /// Options a config line may not set: the section says which array (`--scan`), the file is
-/// the config.
-const NOT_KEYS: &[&str] = &["scan", "config", "help"];
+/// the config; starting degraded, dirty-degraded or with stale members is an operator's
+/// decision for one start, never a standing one (a restart after a crash would take it
+/// again).
+const NOT_KEYS: &[&str] = &[
+    "scan",
+    "config",
+    "help",
+    "force",
+    "run",
+    "start-dirty-degraded",
+];
+
+/// Options that belong to one array, not to `[defaults]`: where it listens and is
+/// managed, and switches (an array's `no` cannot undo a default's `yes`).
+const NOT_DEFAULTS: &[&str] = &["listen", "control", "metrics", "export"];
 
 /// Reads and parses `path`, errors as `PATH:LINE: message`.
 pub fn load(path: &Path) -> Result<Config> {
@@ -34,12 +51,17 @@ pub fn load(path: &Path) -> Result<Config> {
     config::parse(&text).map_err(|e| anyhow::anyhow!("{}:{}: {}", path.display(), e.line, e.msg))
 }
 
-/// The `uraid serve` arguments of one config line.
-fn entry_args(serve: &clap::Command, e: &Entry) -> Result<Vec<OsString>, String> {
+/// The `uraid serve` arguments of one config line (`defaults`: a `[defaults]` line).
+fn entry_args(serve: &clap::Command, e: &Entry, defaults: bool) -> Result<Vec<OsString>, String> {
+    if NOT_KEYS.contains(&e.key.as_str()) {
+        return Err(format!(
+            "{}: not allowed in a config file (give --{} on the command line for one start)",
+            e.key, e.key
+        ));
+    }
     let arg = serve
         .get_arguments()
-        .find(|a| a.get_long() == Some(e.key.as_str()))
-        .filter(|_| !NOT_KEYS.contains(&e.key.as_str()));
+        .find(|a| a.get_long() == Some(e.key.as_str()));
     let Some(arg) = arg else {
         return Err(format!(
             "{}: not a key (keys are `uraid serve` options' long names, see uraid serve \
@@ -47,8 +69,15 @@ fn entry_args(serve: &clap::Command, e: &Entry) -> Result<Vec<OsString>, String>
             e.key
         ));
     };
+    let switch = !arg.get_action().takes_values();
+    if defaults && (switch || NOT_DEFAULTS.contains(&e.key.as_str())) {
+        return Err(format!(
+            "{}: belongs in an array's section, not [defaults]",
+            e.key
+        ));
+    }
     let flag = OsString::from(format!("--{}", e.key));
-    if !arg.get_action().takes_values() {
+    if switch {
         return match e.value.as_str() {
             "yes" | "true" | "on" => Ok(vec![flag]),
             "no" | "false" | "off" => Ok(Vec::new()),
@@ -63,8 +92,9 @@ fn check_entry(
     serve: &clap::Command,
     cli: &dyn Fn(Vec<OsString>) -> Result<(), String>,
     e: &Entry,
+    defaults: bool,
 ) -> Result<Vec<OsString>, String> {
-    let args = entry_args(serve, e)?;
+    let args = entry_args(serve, e, defaults)?;
     let mut argv: Vec<OsString> = vec!["uraid".into(), "serve".into()];
     argv.extend(args.iter().cloned());
     argv.extend(["--scan".into(), "x".into()]);
@@ -83,8 +113,13 @@ pub fn serve_args(
 ) -> Result<Vec<OsString>, Vec<String>> {
     let mut out = Vec::new();
     let mut errs = Vec::new();
-    for e in cfg.defaults.iter().chain(s.options()) {
-        match check_entry(serve, cli, e) {
+    let lines = cfg
+        .defaults
+        .iter()
+        .map(|e| (e, true))
+        .chain(s.options().map(|e| (e, false)));
+    for (e, defaults) in lines {
+        match check_entry(serve, cli, e, defaults) {
             Ok(a) => out.extend(a),
             Err(m) => errs.push(format!("{}:{}: {m}", path.display(), e.line)),
         }
@@ -110,7 +145,7 @@ pub fn check(
         errs.push(format!("{}: no [array] section", path.display()));
     }
     for e in &cfg.defaults {
-        if let Err(m) = check_entry(serve, cli, e) {
+        if let Err(m) = check_entry(serve, cli, e, true) {
             errs.push(format!("{}:{}: {m}", path.display(), e.line));
         }
     }
@@ -147,7 +182,8 @@ pub fn for_name(
     name: &Path,
     explicit: Option<&Path>,
 ) -> Result<Option<(PathBuf, Config, Section)>> {
-    if name.exists() {
+    // A path (a '/' in it) is a member, even one that does not exist (a typo).
+    if name.exists() || name.as_os_str().as_encoded_bytes().contains(&b'/') {
         return Ok(None);
     }
     let n = name.to_string_lossy().into_owned();

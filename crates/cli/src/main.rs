@@ -179,6 +179,33 @@ fn parses(argv: Vec<OsString>) -> Result<(), String> {
         .map_err(|e| clap_message(&e))
 }
 
+/// `args` (a subcommand's, after its name) without the one clap's `ArgMatches::index_of`
+/// gave as `at`: clap counts from the subcommand's name (1 is the first argument), counts
+/// `--opt=value` as two and does not count `--`.
+fn without_index(args: Vec<OsString>, at: Option<usize>) -> Vec<OsString> {
+    let mut idx = 1;
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = false;
+    for a in args {
+        if !rest && a == "--" {
+            rest = true;
+            out.push(a);
+            continue;
+        }
+        let b = a.as_encoded_bytes();
+        let width = if !rest && b.starts_with(b"--") && b.contains(&b'=') {
+            2
+        } else {
+            1
+        };
+        if Some(idx) != at {
+            out.push(a);
+        }
+        idx += width;
+    }
+    out
+}
+
 /// `uraid serve NAME` with NAME not a file: the array NAME found by its superblocks, with
 /// the options the config file gives it (`config::for_name`, `config::serve_args`) and this
 /// command line's own options after them (they win).
@@ -204,13 +231,8 @@ fn from_config(cli: Cli, m: &clap::ArgMatches) -> Result<Cli> {
     // subcommand's arguments from the subcommand's name, which is argv[1]).
     let at = m
         .subcommand_matches("serve")
-        .and_then(|s| s.index_of("members"))
-        .map(|i| i + 1);
-    let own = std::env::args_os()
-        .enumerate()
-        .skip(2)
-        .filter(|(i, _)| Some(*i) != at)
-        .map(|(_, a)| a);
+        .and_then(|s| s.index_of("members"));
+    let own = without_index(std::env::args_os().skip(2).collect(), at);
     let argv: Vec<OsString> = ["uraid".into(), "serve".into()]
         .into_iter()
         .chain(from_file)
@@ -229,23 +251,18 @@ fn main() {
     // Commands that print (status, list, examine ...) end quietly when their reader goes
     // away (`uraid status | head`), as other Unix tools do; `serve` keeps SIGPIPE ignored
     // and ignores failed prints (a server must not die of its log reader).
-    let serving = std::env::args_os().nth(1).is_some_and(|a| a == "serve");
-    if serving {
-        // A panic anywhere in a server ends the process (status 101) after its message,
-        // instead of unwinding one thread while the reactors keep running: what it leaves
-        // is what a crash leaves (the next start resyncs, replays the journal).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "serve") {
+        // A panic on the main thread of a server ends the process (status 101) after its
+        // message, instead of unwinding into the runtime's drop while the reactors keep
+        // running (a server half stopped, spinning): what it leaves is what a crash leaves
+        // (the next start resyncs, replays the journal).
         let report = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             report(info);
-            std::process::exit(101);
+            if std::thread::current().name() == Some("main") {
+                std::process::exit(101);
+            }
         }));
-    }
-    if !serving {
-        // SAFETY: signal() with SIG_DFL installs no handler code; called before any thread
-        // starts.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
     }
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

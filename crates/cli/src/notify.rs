@@ -20,12 +20,28 @@ impl Notifier {
         let addr = match bytes.strip_prefix(b"@") {
             Some(name) => {
                 use std::os::linux::net::SocketAddrExt;
-                SocketAddr::from_abstract_name(name).ok()?
+                SocketAddr::from_abstract_name(name)
             }
-            None => SocketAddr::from_pathname(&path).ok()?,
+            None => SocketAddr::from_pathname(&path),
         };
-        let sock = UnixDatagram::unbound().ok()?;
-        Some(Notifier { sock, addr })
+        let made = addr.and_then(|addr| {
+            Ok(Notifier {
+                sock: UnixDatagram::unbound()?,
+                addr,
+            })
+        });
+        match made {
+            Ok(n) => Some(n),
+            Err(e) => {
+                // The service manager waits for READY=1 in vain: say why.
+                tracing::error!(
+                    target: "uraid::serve",
+                    "NOTIFY_SOCKET={}: not usable ({e}); no readiness notification is sent",
+                    path.to_string_lossy()
+                );
+                None
+            }
+        }
     }
 
     /// Sends `msg` (newline-separated `KEY=value` lines). Best effort: a failure is logged,

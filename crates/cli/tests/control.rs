@@ -1653,7 +1653,7 @@ fn monitor_reports_a_failure_and_runs_the_program() {
     assert!(
         alerts
             .lines()
-            .any(|l| l == format!("Fail vol {} failed", m[1].display())),
+            .any(|l| l == format!("Fail vol {}", m[1].display())),
         "{alerts}"
     );
     assert!(
@@ -1700,7 +1700,7 @@ fn serve_takes_an_array_and_its_options_from_the_config_file() {
     let bad = dir.join("bad.conf");
     std::fs::write(
         &bad,
-        "[vol]\nio-timeout = soon\nlisten-on = tcp:0.0.0.0:1\nread-only = maybe\n",
+        "[defaults]\nlisten = tcp:0.0.0.0:1\n[vol]\nio-timeout = soon\nlisten-on = tcp:0.0.0.0:1\nread-only = maybe\nforce = yes\n",
     )
     .unwrap();
     let b = bad.display().to_string();
@@ -1712,9 +1712,11 @@ fn serve_takes_an_array_and_its_options_from_the_config_file() {
         let e = String::from_utf8_lossy(&o.stderr).to_string();
         assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
         for (line, what) in [
-            (2, "io-timeout = soon"),
-            (3, "listen-on: not a key"),
-            (4, "read-only: a switch takes yes or no"),
+            (2, "listen: belongs in an array's section, not [defaults]"),
+            (4, "io-timeout = soon"),
+            (5, "listen-on: not a key"),
+            (6, "read-only: a switch takes yes or no"),
+            (7, "force: not allowed in a config file"),
         ] {
             assert!(e.contains(&format!("{b}:{line}: {what}")), "{args:?}: {e}");
         }

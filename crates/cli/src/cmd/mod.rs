@@ -49,8 +49,8 @@ pub struct ScanArgs {
     #[arg(long, value_name = "NAME|UUID", conflicts_with = "members")]
     pub scan: Option<String>,
     /// A directory whose files and block devices --scan also reads (member files); repeat
-    /// for several.
-    #[arg(long = "scan-dir", value_name = "DIR", requires = "scan")]
+    /// for several. Needs --scan (or `uraid serve NAME`).
+    #[arg(long = "scan-dir", value_name = "DIR")]
     pub scan_dir: Vec<PathBuf>,
 }
 
@@ -58,6 +58,9 @@ pub struct ScanArgs {
 /// device that has not answered within `timeout` is left out.
 pub fn scan_members(s: &ScanArgs, timeout: std::time::Duration) -> Result<Option<Vec<PathBuf>>> {
     let Some(which) = &s.scan else {
+        if !s.scan_dir.is_empty() {
+            bail!("--scan-dir is where --scan NAME|UUID looks; give --scan too");
+        }
         return Ok(None);
     };
     let scan = assemble::scan(&s.scan_dir, true, timeout)?;

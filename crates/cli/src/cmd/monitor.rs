@@ -2,12 +2,13 @@
 //! the status document of each server whose control socket is in the control directories
 //! (or given with `--control`) and reports what changed as typed events, one line each on
 //! stdout and, with `--program`, by running the program with the event's words as
-//! arguments (mdadm's convention: event, array, member device).
+//! arguments (mdadm's convention: event, array, and the member device if there is one).
 //!
 //! Events (`events_between`, the pure part): NewArray (a server appeared; DegradedArray or
 //! FailedArray follow if it is), Stopped (its server is gone), Fail (a member became failed
-//! or missing), RebuildStarted / RebuildFinished (then SpareActive: the device rebuilt is
-//! active), ReplaceStarted / ReplaceFinished, DegradedArray, FailedArray, Recovered (no longer
+//! or missing, or another device took its slot between two looks), RebuildStarted /
+//! RebuildFinished (then SpareActive: the device rebuilt is active), ReplaceStarted /
+//! ReplaceFinished / ReplaceEnded (cancelled or failed), DegradedArray, FailedArray, Recovered (no longer
 //! degraded), SlowMember, ScrubMismatches (a scrub's count of mismatches grew), JournalFailed.
 
 use anyhow::{bail, Result};
@@ -27,12 +28,12 @@ pub struct MonitorArgs {
     /// Seconds between looks.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     interval: f64,
-    /// Run PROGRAM EVENT ARRAY [MEMBER-DEVICE] [DETAIL] for every event (mdadm --program);
-    /// its exit status is logged, never fatal.
+    /// Run PROGRAM EVENT ARRAY [MEMBER-DEVICE] for every event (mdadm --program's
+    /// arguments); its exit status is logged, never fatal.
     #[arg(long, value_name = "PROGRAM")]
     program: Option<PathBuf>,
     /// Look once, report every array that is degraded or failed, and exit (mdadm --oneshot):
-    /// exit status 1 if any is.
+    /// exit status 1 if any is, 2 if no server answered.
     #[arg(long, short = '1')]
     oneshot: bool,
     /// Stop after this many looks (default: run until killed).
@@ -133,15 +134,41 @@ pub fn events_between(prev: Option<&Value>, now: &Value) -> Vec<Event> {
             s["state"].as_str().unwrap_or(""),
         );
         let new_device = p["path"] != s["path"];
+        let out_before = was == "failed" || was == "missing";
+        // A device that left its slot between two looks (a hot spare took over, a rebuild
+        // or a replace finished): the one that failed is named, unless a replace moved
+        // the slot to its new device.
+        if new_device && !out_before && was != "replacing" && !matches!(is, "failed" | "missing") {
+            out.push(
+                Event::new("Fail", now)
+                    .slot(p)
+                    .detail("replaced in its slot"),
+            );
+        }
         match (was, is) {
-            (w, "failed" | "missing") if w != "failed" && w != "missing" => {
+            (_, "failed" | "missing") if !out_before => {
                 out.push(Event::new("Fail", now).slot(p).detail(is))
             }
             (_, "rebuilding") if was != "rebuilding" || new_device => {
                 out.push(Event::new("RebuildStarted", now).slot(s))
             }
-            ("rebuilding", "active") => {
+            ("rebuilding", "active") if !new_device => {
                 // mdadm's pair: the rebuild ended, the device it rebuilt is now active.
+                out.push(Event::new("RebuildFinished", now).slot(s));
+                out.push(Event::new("SpareActive", now).slot(s));
+            }
+            ("replacing", "active") if new_device => out.push(
+                Event::new("ReplaceFinished", now)
+                    .slot(s)
+                    .detail(format!("was {}", p["path"].as_str().unwrap_or("?"))),
+            ),
+            ("replacing", "active") => out.push(
+                Event::new("ReplaceEnded", now)
+                    .slot(s)
+                    .detail("cancelled or failed; the member stays"),
+            ),
+            (_, "active") if new_device => {
+                // Rebuilt onto a new device entirely between two looks.
                 out.push(Event::new("RebuildFinished", now).slot(s));
                 out.push(Event::new("SpareActive", now).slot(s));
             }
@@ -149,11 +176,6 @@ pub fn events_between(prev: Option<&Value>, now: &Value) -> Vec<Event> {
                 Event::new("ReplaceStarted", now)
                     .slot(s)
                     .detail(format!("onto {}", s["replacement"].as_str().unwrap_or("?"))),
-            ),
-            ("replacing", "active") => out.push(
-                Event::new("ReplaceFinished", now)
-                    .slot(s)
-                    .detail(format!("was {}", p["path"].as_str().unwrap_or("?"))),
             ),
             _ => {}
         }
@@ -197,8 +219,9 @@ fn report(e: &Event, program: Option<&PathBuf>) {
     if let Some(p) = program {
         let mut c = std::process::Command::new(p);
         c.arg(e.kind).arg(&e.array);
-        c.arg(e.device.clone().unwrap_or_default());
-        c.arg(&e.detail);
+        if let Some(d) = &e.device {
+            c.arg(d);
+        }
         match c.status() {
             Ok(st) if st.success() => {}
             Ok(st) => eprintln!("uraid monitor: {} {}: {st}", p.display(), e.kind),
@@ -239,6 +262,16 @@ pub fn run(a: MonitorArgs) -> Result<i32> {
             seen.insert(uuid, s.status);
         }
         if a.oneshot {
+            if seen.is_empty() {
+                let mut places: Vec<String> =
+                    dirs.iter().map(|d| d.display().to_string()).collect();
+                places.extend(socks.iter().map(|p| p.display().to_string()));
+                eprintln!(
+                    "uraid monitor: no running server answered in {}",
+                    places.join(", ")
+                );
+                return Ok(2);
+            }
             let mut bad = false;
             for v in seen.values() {
                 match health(v) {
@@ -308,6 +341,30 @@ mod tests {
         assert_eq!(
             kinds(&events_between(Some(&spare), &done)),
             ["RebuildFinished", "SpareActive", "Recovered"]
+        );
+        // A hot spare took the slot between two looks: the failed device is named.
+        let ev = events_between(Some(&ok), &spare);
+        assert_eq!(kinds(&ev), ["Fail", "RebuildStarted", "DegradedArray"]);
+        assert_eq!(ev[0].device.as_deref(), Some("b"));
+        // ... or was even rebuilt already.
+        assert_eq!(
+            kinds(&events_between(Some(&ok), &done)),
+            ["Fail", "RebuildFinished", "SpareActive"]
+        );
+        // A replace that finished, and one that ended without its new device.
+        let replacing = status(&[("active", "a"), ("replacing", "s")], false, &[]);
+        assert_eq!(
+            kinds(&events_between(Some(&done), &replacing)),
+            ["ReplaceStarted"]
+        );
+        let replaced = status(&[("active", "a"), ("active", "r")], false, &[]);
+        assert_eq!(
+            kinds(&events_between(Some(&replacing), &replaced)),
+            ["ReplaceFinished"]
+        );
+        assert_eq!(
+            kinds(&events_between(Some(&replacing), &done)),
+            ["ReplaceEnded"]
         );
         let mut scrubbed = done.clone();
         scrubbed["scrub"] = json!({"state": "finished", "mismatches": 3});
