@@ -108,10 +108,11 @@ pub struct ServeArgs {
     pub priority: String,
     /// Resync, rebuild and scrub rate while clients are active, MB/s of member I/O (md's
     /// sync_speed_min), with --background-budget 0.
-    #[arg(long, value_name = "MB/S", default_value_t = 50)]
+    #[arg(long, value_name = "MB/S", default_value = "50", value_parser = crate::size::parse_rate_mb)]
     pub resync_min: u64,
-    /// Resync rate while clients are idle, MB/s; 0: unlimited (md's sync_speed_max).
-    #[arg(long, value_name = "MB/S", default_value_t = 0)]
+    /// Resync rate while clients are idle, MB/s (or a size per second: 500M, 2G); 0:
+    /// unlimited (md's sync_speed_max).
+    #[arg(long, value_name = "MB/S", default_value = "0", value_parser = crate::size::parse_rate_mb)]
     pub resync_max: u64,
     /// Write-back journal: memory held for acknowledged writes on their way to the members
     /// (data and parity). At this bound new writes wait for the members, as in write-through

@@ -26,6 +26,21 @@ pub fn parse(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is too large"))
 }
 
+/// A rate in MB/s (MiB per second): a plain number is MB/s, a size with a suffix is that
+/// much per second (`500M`, `5G` = 5120 MB/s, `/s` optional), rounded down to whole MB/s
+/// (at least 1 unless it is 0).
+pub fn parse_rate_mb(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t);
+    if t.chars().last().is_some_and(|c| c.is_ascii_alphabetic()) {
+        let b = parse(t)
+            .map_err(|_| format!("'{s}' is not a rate (MB/s: 50, or with a suffix: 500M, 2G)"))?;
+        return Ok(if b == 0 { 0 } else { (b >> 20).max(1) });
+    }
+    t.parse()
+        .map_err(|_| format!("'{s}' is not a rate (MB/s: 50, or with a suffix: 500M, 2G)"))
+}
+
 pub fn human(n: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
         ("T", 1 << 40),
@@ -48,6 +63,17 @@ pub fn human(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_take_plain_mb_or_sizes_per_second() {
+        assert_eq!(parse_rate_mb("50"), Ok(50));
+        assert_eq!(parse_rate_mb("0"), Ok(0));
+        assert_eq!(parse_rate_mb("5G"), Ok(5120));
+        assert_eq!(parse_rate_mb("500M/s"), Ok(500));
+        assert_eq!(parse_rate_mb("64K"), Ok(1));
+        assert!(parse_rate_mb("fast").unwrap_err().contains("not a rate"));
+        assert!(parse_rate_mb("5X").is_err());
+    }
 
     #[test]
     fn parses_suffixes() {

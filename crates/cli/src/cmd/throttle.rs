@@ -13,11 +13,12 @@ pub struct ThrottleArgs {
     /// low, normal or high: how much of the time the budget is used.
     #[arg(long, value_parser = ["low", "normal", "high"])]
     priority: Option<String>,
-    /// Rate while clients are active with budget 0, MB/s of member I/O; 0: unlimited.
-    #[arg(long, value_name = "MB/S")]
+    /// Rate while clients are active with budget 0, MB/s of member I/O (or a size per
+    /// second: 500M, 2G); 0: unlimited.
+    #[arg(long, value_name = "MB/S", value_parser = crate::size::parse_rate_mb)]
     min: Option<u64>,
-    /// Rate while clients are idle, MB/s; 0: unlimited.
-    #[arg(long, value_name = "MB/S")]
+    /// Rate while clients are idle, MB/s (or 500M, 2G); 0: unlimited.
+    #[arg(long, value_name = "MB/S", value_parser = crate::size::parse_rate_mb)]
     max: Option<u64>,
     #[command(flatten)]
     target: Target,
