@@ -30,6 +30,7 @@ doc="$root/usr/share/doc/uraid"
 install -D -m 0644 contrib/uraid.conf.example "$doc/examples/uraid.conf"
 install -D -m 0644 contrib/prometheus/uraid.rules.yml "$doc/examples/prometheus/uraid.rules.yml"
 install -D -m 0644 contrib/prometheus/uraid.rules.test.yml "$doc/examples/prometheus/uraid.rules.test.yml"
+install -D -m 0644 contrib/grafana/uraid.json "$doc/examples/grafana/uraid.json"
 for f in README.md ARCHITECTURE.md docs/format.md docs/control.md docs/invariants.md; do
   install -D -m 0644 "$f" "$doc/$(basename "$f")"
 done

@@ -1534,10 +1534,11 @@ fn serve_tells_systemd_when_it_is_ready_and_what_state_it_is_in() {
 }
 
 /// The alert rules in contrib/prometheus pass `promtool check rules` and their own
-/// `promtool test rules` suite, and every uraid metric they name is a family the server
-/// exports (crates/cli/src/control/metrics.rs) and docs/control.md lists.
+/// `promtool test rules` suite, the Grafana dashboard's queries are valid PromQL, and every
+/// uraid metric either names is a family the server exports
+/// (crates/cli/src/control/metrics.rs) and docs/control.md lists.
 #[test]
-fn alert_rules_pass_promtool_and_name_only_exported_metrics() {
+fn alert_rules_and_dashboard_pass_promtool_and_name_only_exported_metrics() {
     let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let prom = root.join("contrib/prometheus");
     for args in [
@@ -1560,7 +1561,45 @@ fn alert_rules_pass_promtool_and_name_only_exported_metrics() {
     let rules = std::fs::read_to_string(prom.join("uraid.rules.yml")).unwrap();
     let source = std::fs::read_to_string(root.join("crates/cli/src/control/metrics.rs")).unwrap();
     let docs = std::fs::read_to_string(root.join("docs/control.md")).unwrap();
-    let mut named: Vec<&str> = rules
+    // The Grafana dashboard's queries: valid PromQL (as recording rules for promtool).
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("contrib/grafana/uraid.json")).unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let tmp = tmp("dashboard");
+    let recording: String = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("      - record: uraid:panel_{i}\n        expr: '{e}'\n"))
+        .collect();
+    let file = tmp.join("dashboard.rules.yml");
+    std::fs::write(
+        &file,
+        format!("groups:\n  - name: dashboard\n    rules:\n{recording}"),
+    )
+    .unwrap();
+    let o = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "dashboard queries: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+    let all = format!("{rules}\n{}", exprs.join("\n"));
+    let mut named: Vec<&str> = all
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.starts_with("uraid_"))
         .collect();
@@ -1568,12 +1607,18 @@ fn alert_rules_pass_promtool_and_name_only_exported_metrics() {
     named.dedup();
     assert!(named.len() >= 7, "{named:?}");
     for m in named {
+        // A histogram's series are its family's name plus _bucket, _sum or _count.
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|x| m.strip_suffix(x))
+            .filter(|f| source.contains(&format!("name: \"{f}\"")))
+            .unwrap_or(m);
         assert!(
-            source.contains(&format!("name: \"{m}\"")),
+            source.contains(&format!("name: \"{family}\"")),
             "{m}: not exported"
         );
         assert!(
-            docs.contains(&format!("`{m}`")),
+            docs.contains(&format!("`{family}`")),
             "{m}: not in docs/control.md"
         );
     }
