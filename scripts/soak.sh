@@ -21,8 +21,14 @@ end=$(( $(date +%s) + minutes * 60 ))
 seed=$start; failed=0
 while [ "$(date +%s)" -lt "$end" ]; do
   log=$(mktemp)
+  # A batch takes seconds; one past 10 minutes is a hang (soak seed 153130 was one): it is
+  # stopped and reported like a failure (rerun its seeds one by one to find the seed).
   if ! env URAID_SIM_FOCUS="$focus" URAID_SIM_START=$seed "$count_var"=$batch \
-      cargo test -q -p uraid-engine --test interaction "$test_name" >"$log" 2>&1; then
+      timeout 600 cargo test -q -p uraid-engine --test interaction "$test_name" >"$log" 2>&1; then
+    if [ "$(tail -c 200 "$log" | grep -c 'test result')" = 0 ] && ! grep -qE '^seed [0-9]+ ' "$log"; then
+      echo "seed $seed..$((seed + batch - 1)): no result within 600 s (a hang?): rerun each with URAID_SIM_SEED=N and a timeout" >>"$log"
+      echo "soak: batch $seed..$((seed + batch - 1)) hung or crashed (see target/soak/batch-$seed.log)"
+    fi
     mkdir -p target/soak
     cp "$log" "target/soak/batch-$seed.log"
     grep -E '^seed [0-9]+ ' "$log" | cut -c1-400 || tail -20 "$log"

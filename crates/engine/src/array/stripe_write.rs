@@ -248,6 +248,10 @@ impl<D: BlockDev> Array<D> {
             };
         loop {
             let failed = self.check_serving()?;
+            // A member that went behind since (a chunk put on its bad-block list, a new
+            // device in a failed slot) is never read: the plan sees it, so a decode it
+            // forces is one the plan made (an unplanned one makes the plan again, below).
+            excl = excl.union(self.members.at(stripe).behind);
             let shard = |mem: usize| {
                 if failed.contains(mem) {
                     Shard::Lost
@@ -288,7 +292,11 @@ impl<D: BlockDev> Array<D> {
                         // error budget, may be what rules read-modify-write out (a parity
                         // chunk): planned once more with them read before refusing.
                         Err(_) if !excl.minus(excl.minus(noted)).is_empty() => {
-                            excl = excl.minus(noted);
+                            // Not the members behind: those are never read (soak seed
+                            // 153130: member 4 noted unreadable and behind at stripe 4, let
+                            // back in here, made every later plan fetch it, and the
+                            // unplanned decode of it re-planned forever).
+                            excl = excl.minus(noted).union(stale);
                             noted = MemberSet::EMPTY;
                             continue;
                         }
