@@ -26,6 +26,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
   if ! env URAID_SIM_FOCUS="$focus" URAID_SIM_START=$seed "$count_var"=$batch \
       timeout 600 cargo test -q -p uraid-engine --test interaction "$test_name" >"$log" 2>&1; then
     if [ "$(tail -c 200 "$log" | grep -c 'test result')" = 0 ] && ! grep -qE '^seed [0-9]+ ' "$log"; then
+      pkill -f "deps/interaction-.* $test_name" || true  # cargo's child outlives the timeout
       echo "seed $seed..$((seed + batch - 1)): no result within 600 s (a hang?): rerun each with URAID_SIM_SEED=N and a timeout" >>"$log"
       echo "soak: batch $seed..$((seed + batch - 1)) hung or crashed (see target/soak/batch-$seed.log)"
     fi
