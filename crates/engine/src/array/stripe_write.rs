@@ -204,6 +204,17 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
+    /// On an unsynced stripe, notes the members of `excl` that met a media error in this
+    /// operation (resync's unreadable list): not the members failed or behind now, which
+    /// are out for another reason (a chunk on the bad-block list, a new device the rebuild
+    /// has not reached); noted, they would keep the stripe from ever being resynced.
+    fn note_media_errors(&self, stripe: u64, unsynced: bool, excl: MemberSet) {
+        let errors = excl.minus(self.members.at(stripe).stale());
+        if unsynced && !errors.is_empty() {
+            self.recovery.resync.note_unreadable(stripe, errors);
+        }
+    }
+
     /// One stripe operation covering every queued write in `batch`. Caller holds the stripe.
     /// Returns the member writes still to do when they were deferred (write-back journal).
     async fn stripe_write(
@@ -282,11 +293,7 @@ impl<D: BlockDev> Array<D> {
                     let built = self
                         .reconstruct_write(stripe, &mods, fetch, unsynced, &mut excl, &mut parity)
                         .await;
-                    if unsynced && !excl.minus(stale).is_empty() {
-                        self.recovery
-                            .resync
-                            .note_unreadable(stripe, excl.minus(stale).minus(failed));
-                    }
+                    self.note_media_errors(stripe, unsynced, excl);
                     match built? {
                         // Members noted unreadable here earlier, kept out to spare their
                         // error budget, may be what rules read-modify-write out (a parity
@@ -312,11 +319,7 @@ impl<D: BlockDev> Array<D> {
                     let built = self
                         .rmw_write(stripe, &mods, live_parity, unsynced, &mut excl, &mut parity)
                         .await;
-                    if unsynced && !excl.minus(stale).is_empty() {
-                        self.recovery
-                            .resync
-                            .note_unreadable(stripe, excl.minus(stale).minus(failed));
-                    }
+                    self.note_media_errors(stripe, unsynced, excl);
                     built?
                 }
             };
