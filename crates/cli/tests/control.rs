@@ -1461,6 +1461,15 @@ fn scan_assembles_renamed_members_and_refuses_copies_and_ambiguous_names() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `uraid fail SLOT --force` of the array on members `m` through control socket `ctl`.
+fn fail_online(dir: &Path, ctl: &str, m: &[PathBuf], slot: usize) {
+    let slot = slot.to_string();
+    let mut args = vec!["fail", slot.as_str(), "--force", "--control", ctl];
+    let names: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
+    args.extend(names.iter().map(String::as_str));
+    ok(&uraid(&args, dir));
+}
+
 /// Under a `Type=notify` systemd unit (a fake `$NOTIFY_SOCKET` here): READY=1 with MAINPID
 /// only once clients can connect, a STATUS= line that follows the array (a member failed
 /// makes it "degraded"), STOPPING=1 at SIGTERM. And the unit shipped in contrib/ passes
@@ -1495,10 +1504,7 @@ fn serve_tells_systemd_when_it_is_ready_and_what_state_it_is_in() {
     // Ready means served: the export answers.
     qemu_io(&srv.uri(), &["read 0 64k".to_string()]);
     let ctl = format!("unix:{}", srv.ctl.display());
-    let mut fail = vec!["fail", "1", "--force", "--control", &ctl];
-    let names: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
-    fail.extend(names.iter().map(String::as_str));
-    ok(&uraid(&fail, &dir));
+    fail_online(&dir, &ctl, &m, 1);
     let status = recv();
     assert!(
         status.starts_with("STATUS=vol: ") && status.contains("degraded"),
@@ -1676,10 +1682,7 @@ fn monitor_reports_a_failure_and_runs_the_program() {
         }
     };
     wait_for("NewArray array=vol");
-    let mut fail = vec!["fail", "1", "--force", "--control", &ctl];
-    let names: Vec<String> = m.iter().map(|p| p.display().to_string()).collect();
-    fail.extend(names.iter().map(String::as_str));
-    ok(&uraid(&fail, &dir));
+    fail_online(&dir, &ctl, &m, 1);
     wait_for(&format!(
         "Fail array=vol member=1 device={}",
         m[1].display()
