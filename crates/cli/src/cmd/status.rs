@@ -78,13 +78,10 @@ pub fn run(a: &StatusArgs, detail: bool) -> Result<i32> {
 
 /// The exit status from a running server's status document.
 fn live_code(v: &serde_json::Value) -> i32 {
-    let failed = v["failed"].as_array().map_or(0, Vec::len) as u64;
-    if failed > v["fault_tolerance"].as_u64().unwrap_or(0) {
-        EXIT_FAILED
-    } else if v["degraded"].as_bool().unwrap_or(false) {
-        EXIT_DEGRADED
-    } else {
-        EXIT_HEALTHY
+    match super::monitor::health(v) {
+        "failed" => EXIT_FAILED,
+        "degraded" => EXIT_DEGRADED,
+        _ => EXIT_HEALTHY,
     }
 }
 
