@@ -421,6 +421,12 @@ impl Plan {
             self.refused.push(format!("{why}; FORCED into the array"));
             self.sb.states[i] = MemberState::Active;
             self.take(f);
+        } else if self.sb.bitmap_chunk != 0 {
+            self.refused.push(format!(
+                "{why}; once the array serves, `uraid add {}` puts it back into its slot and \
+                 rebuilds only the write-intent regions written since it left (re-add)",
+                f.path.display()
+            ));
         } else {
             self.refused.push(why);
         }

@@ -34,6 +34,33 @@ pub(crate) struct Recovery {
     /// Whether a unit may hold data (the volume's allocation map; unset: every unit); the
     /// flag says whether a unit whose first write is filling it counts.
     allocation: OnceLock<Box<dyn Fn(u64, bool) -> bool + Send + Sync>>,
+    /// Former members put back into their slot (recovery/readd.rs).
+    pub(crate) readd: ReAdds,
+}
+
+/// Members re-added into their own slot (`uraid add` of a device the slot still names,
+/// recovery/readd.rs): per slot and device generation, the write-intent regions dirty when it
+/// came back and its bad-block ranges then. Its rebuild leaves the units of the other regions
+/// as they are on it.
+#[derive(Default)]
+pub(crate) struct ReAdds {
+    pub(crate) entries: Mutex<Vec<ReAdd>>,
+    /// Units a rebuild left as they were on a re-added member (it held them).
+    pub(crate) held: AtomicU64,
+    /// Units a rebuild wrote (regenerated), re-added or not.
+    pub(crate) written: AtomicU64,
+}
+
+/// One re-added member (`ReAdds`).
+#[derive(Debug, Clone)]
+pub(crate) struct ReAdd {
+    pub(crate) slot: usize,
+    /// The slot's device generation it went in as.
+    pub(crate) gen: usize,
+    /// The write-intent bits when it came back (bit r of word r/64: region r dirty).
+    pub(crate) dirty: Arc<[u64]>,
+    /// Its bad-block ranges then (first unit, units): not held either.
+    pub(crate) bad: Vec<(u64, u64)>,
 }
 
 impl Recovery {
@@ -61,6 +88,7 @@ impl Recovery {
             scrub_counts: Default::default(),
             throttle: Default::default(),
             allocation: OnceLock::new(),
+            readd: ReAdds::default(),
         }
     }
 

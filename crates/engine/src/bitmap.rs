@@ -94,6 +94,11 @@ impl WriteIntent {
         self.bits[(r / 64) as usize].load(Ordering::SeqCst) & (1 << (r % 64)) != 0
     }
 
+    /// The bits set now (bit r of word r/64: region r).
+    pub(crate) fn snapshot(&self) -> Vec<u64> {
+        self.bits.iter().map(|w| w.load(Ordering::SeqCst)).collect()
+    }
+
     /// Regions whose bit is set now.
     pub(crate) fn dirty(&self) -> u64 {
         self.bits

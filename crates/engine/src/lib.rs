@@ -42,7 +42,7 @@ pub mod volume;
 
 pub use alloc::ReadPiece;
 pub use array::{
-    Array, ArrayError, ArrayOptions, ArrayStatus, BitmapStatus, Identity, MemberErrors,
+    Added, Array, ArrayError, ArrayOptions, ArrayStatus, BitmapStatus, Identity, MemberErrors,
     MemberStatus, ScrubStatus, StatsSnapshot, WriteBuf,
 };
 pub use buf::{IoBuf, Segments};

@@ -983,6 +983,16 @@ impl Meta {
     pub(crate) fn replace_record(&self, slot: usize) -> Option<uraid_core::format::ReplaceRecord> {
         self.sb.replaces[slot]
     }
+
+    /// The device uuid slot `slot` names (the next round writes it): `REMOVED_SLOT` after
+    /// `remove`, a new device's once one was named there.
+    pub(crate) fn slot_uuid(&self, slot: usize) -> [u8; 16] {
+        match self.ids[slot].uuid {
+            // Absent since assembly: the superblocks' record stands.
+            u if u == [0; 16] => self.sb.slot_uuids[slot],
+            u => u,
+        }
+    }
 }
 
 impl Metadata {

@@ -466,8 +466,8 @@ impl<D: BlockDev> Supervisor<D> {
 
     /// Puts `dev` in place of the lowest failed member and starts its rebuild (caller holds
     /// the add lock). Returns the slot.
-    fn add_member(&self, dev: D, uuid: [u8; 16]) -> Result<usize, Refusal> {
-        let r = futures::executor::block_on(self.volume.add_member(dev, uuid));
+    fn add_member(&self, dev: D, uuid: [u8; 16]) -> Result<crate::Added, Refusal> {
+        let r = futures::executor::block_on(self.volume.add_member_with(dev, uuid));
         // Also after a late error (the map rewrite): the member may be rebuilding already.
         self.ensure_rebuild();
         r.map_err(Refusal::conflict)
@@ -669,16 +669,35 @@ impl Supervisor<FileDev> {
         }
         let _one = lock(&self.adding);
         self.check_new_device(path, force)?;
+        // The failed member's own device (mdadm --re-add): the slot lets go of it first, so
+        // it can be opened (claimed) again.
+        let a = self.volume.array();
+        for i in a.failed().iter() {
+            if a.member_name(i)
+                .is_some_and(|n| assemble::same_file(Path::new(n), path))
+            {
+                a.let_go_of_failed(i);
+            }
+        }
         let dev = open(path)?;
         let uuid = assemble::new_device_uuid();
         if self.volume.array().failed().is_empty() {
             return self.add_as_spare(path, dev, uuid);
         }
-        let slot = self.add_member(dev, uuid)?;
-        Ok(format!(
-            "{} added as member {slot}; it is being rebuilt",
-            path.display()
-        ))
+        let added = self.add_member(dev, uuid)?;
+        let slot = added.slot;
+        Ok(match added.readd {
+            Some(units) => format!(
+                "{} re-added as member {slot} (its former slot): {units} of {} units lie in \
+                 write-intent regions written since it left and are rebuilt; it holds the rest",
+                path.display(),
+                self.volume.geometry().units()
+            ),
+            None => format!(
+                "{} added as member {slot}; it is being rebuilt",
+                path.display()
+            ),
+        })
     }
 
     /// Refuses (without `force`) a device holding a uraid superblock or journal, except a

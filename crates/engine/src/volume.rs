@@ -92,11 +92,24 @@ impl<D: BlockDev> Volume<D> {
     /// then writes every allocation-map page to every live member (the new one's copy was
     /// zeroed) and flushes them. Its rebuild is the caller's to start (`Array::rebuild`).
     pub async fn add_member(self: &Arc<Self>, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
-        let slot = self.array.add_member_online(dev, uuid).await?;
+        self.add_member_with(dev, uuid).await.map(|a| a.slot)
+    }
+
+    /// `add_member`, saying whether the device came back into its own slot (re-add:
+    /// recovery/readd.rs).
+    pub async fn add_member_with(
+        self: &Arc<Self>,
+        dev: D,
+        uuid: [u8; 16],
+    ) -> Result<crate::Added, String> {
+        let added = self.array.add_member_online(dev, uuid).await?;
         self.rewrite_map_pages().await.map_err(|e| {
-            format!("member {slot} added, but writing the allocation map failed: {e}")
+            format!(
+                "member {} added, but writing the allocation map failed: {e}",
+                added.slot
+            )
         })?;
-        Ok(slot)
+        Ok(added)
     }
 
     /// Starts replacing active member `i` by `dev` while it serves (`uraid replace`,

@@ -940,3 +940,109 @@ fn a_rebuild_never_makes_parity_agree_with_a_decode_in_a_hole_whose_trim_is_not_
         }
     }
 }
+
+/// Re-add (recovery/readd.rs): a member failed while serving and given back is rebuilt only
+/// in the write-intent regions written since it left (and, under client writes, reads and a
+/// rebuild at once, every byte stays right); it holds the rest, which is proven by taking
+/// the others away afterwards. A device its slot no longer names comes back as a new
+/// member, rebuilt whole.
+#[test]
+fn a_former_member_comes_back_from_the_bitmap() {
+    for &(level, members) in &[
+        (Level::Raid6, 6),
+        (Level::Raid5, 4),
+        (Level::Raid1, 3),
+        (Level::Raid10, 4),
+    ] {
+        let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
+        let a = vol.array().clone();
+        let size = vol.size();
+        let units = a.geometry().units();
+        let mut model = Model::new(size);
+        let all = payload(8080, size as usize);
+        block_on(vol.write(0, all.clone())).unwrap();
+        model.write(0, &all);
+        // Idle for two passes: every bit clears.
+        block_on(a.bitmap_tick());
+        block_on(a.bitmap_tick());
+        assert_eq!(a.status().bitmap.dirty, 0, "{level}: bits cleared");
+        let slot = 1;
+        let former = a.member_dev(slot).unwrap().share();
+        block_on(a.fail_by_operator(slot, true)).expect("fail");
+        // Written while it is away: a few chunks in one place.
+        let away = payload(8081, 3 * CHUNK as usize);
+        let at = size / 2;
+        block_on(vol.write(at, away.clone())).unwrap();
+        model.write(at, &away);
+        let dirty = a.status().bitmap.dirty;
+        assert!((1..=2).contains(&dirty), "{level}: {dirty} regions dirty");
+        let added = block_on(vol.add_member_with(former, [0x42; 16])).expect("re-add");
+        assert_eq!(added.slot, slot);
+        let owed = added.readd.expect("a re-add");
+        assert!(
+            owed > 0 && owed * 4 < units,
+            "{level}: {owed} of {units} units owed"
+        );
+        let stop = AtomicBool::new(false);
+        let mut rng = Rng::new(6);
+        let (r, model) = block_on(async {
+            let rebuild = a.rebuild(&stop);
+            let client = async {
+                for i in 0..40 {
+                    let (off, len) = random_range(&mut rng, size, 24);
+                    if i % 2 == 0 {
+                        let data = payload(9000 + i, len as usize);
+                        vol.write(off, data.clone()).await.unwrap();
+                        model.write(off, &data);
+                    } else {
+                        let got = vol.read(off, len).await.unwrap().to_vec();
+                        assert!(got == model.read(off, len), "{level}: read during re-add");
+                    }
+                }
+                model
+            };
+            futures::join!(rebuild, client)
+        });
+        r.expect("rebuild");
+        assert!(a.rebuild_state().is_empty(), "{level}: member active again");
+        let st = a.status();
+        assert!(
+            st.rebuild_written <= owed && st.rebuild_written > 0,
+            "{level}: rebuilt {} units, {owed} owed",
+            st.rebuild_written
+        );
+        assert_eq!(
+            st.rebuild_written + st.rebuild_held,
+            units,
+            "{level}: every unit rebuilt or held"
+        );
+        assert!(read_all(&vol) == model.bytes, "{level}: wrong data");
+        block_on(vol.close()).unwrap();
+        let after = member_images(&vol);
+        // What the re-added member holds is right everywhere: the others taken away.
+        check_without_others(&after, &[slot], &model, a.geometry().fault_tolerance());
+
+        // Removed, then given back: the slot no longer names it, so it is a new member.
+        let vol = reassemble(&after, &vec![true; members]).expect("reassembles");
+        let a = vol.array().clone();
+        let former = a.member_dev(slot).unwrap().share();
+        block_on(a.remove_member(slot, true)).expect("remove");
+        let added = block_on(vol.add_member_with(former, [0x43; 16])).expect("add");
+        assert_eq!(
+            (added.slot, added.readd),
+            (slot, None),
+            "{level}: after remove"
+        );
+        let r = block_on(a.rebuild(&stop)).expect("rebuild");
+        assert_eq!(r.units, units);
+        assert_eq!(
+            a.status().rebuild_held,
+            0,
+            "{level}: a new member holds nothing"
+        );
+        assert!(
+            read_all(&vol) == model.bytes,
+            "{level}: wrong data after a full rebuild"
+        );
+    }
+}

@@ -1146,6 +1146,7 @@ fn uuid_of(i: usize, seed: u64) -> [u8; 16] {
 /// Fault and lifecycle actions beside the clients, a few per stage, each at a random moment.
 async fn chaos(st: &Stage, seed: u64) {
     let mut r = Rng::new(seed);
+    let mut re = Rng::new(seed ^ 0x2EADD);
     let a = st.vol.array().clone();
     let g = *a.geometry();
     let tol = g.fault_tolerance();
@@ -1181,9 +1182,22 @@ async fn chaos(st: &Stage, seed: u64) {
         match r.below(9) {
             0 if lost < limit => {
                 if let Some(v) = pick(&mut r) {
+                    // Its device, for a re-add (the same medium: what it holds is kept).
+                    let former = a.member_dev(v).map(|d| d.share());
                     let res = a.fail_by_operator(v, true).await;
                     st.log(format!("operator fails {v}: {res:?}"));
-                    if res.is_ok() && r.below(2) == 0 && may_install {
+                    // (`re` draws the re-add choices: the seeds' schedules from before it
+                    // existed stay as they were.)
+                    let spare = r.below(2) == 0;
+                    if res.is_ok() && !spare && may_install && re.below(2) == 0 {
+                        if let Some(d) = former {
+                            // It comes back into its slot (md's re-add): rebuilt only where
+                            // the write-intent bitmap says it missed writes.
+                            pause(re.below(30)).await;
+                            let res = st.vol.add_member_with(d, uuid_of(99, st.cfg.seed)).await;
+                            st.log(format!("member {v} re-added: {res:?}"));
+                        }
+                    } else if res.is_ok() && spare && may_install {
                         // A hot spare takes the slot soon after (what a server with spares
                         // does), while records made before the failure may be in the log.
                         pause(r.below(30)).await;

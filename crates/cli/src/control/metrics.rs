@@ -416,6 +416,16 @@ const FAMILIES: &[Family] = &[
         samples: |m, s| s.value(&[m.arr()], m.a.scrub.report.repaired),
     },
     Family {
+        name: "uraid_rebuild_units_total",
+        kind: "counter",
+        help: "Units rebuilds regenerated (how=rebuilt), or left as they were on a re-added member that held them (how=held).",
+        when: always,
+        samples: |m, s| {
+            s.value(&m.arr_and("how", "rebuilt"), m.a.rebuild_written);
+            s.value(&m.arr_and("how", "held"), m.a.rebuild_held);
+        },
+    },
+    Family {
         name: "uraid_bitmap_dirty_regions",
         kind: "gauge",
         help: "Write-intent bitmap regions set (writes in them recently; resynced after a crash).",

@@ -129,6 +129,7 @@ pub(super) fn status(state: &State) -> Value {
             "chunk": bm.chunk, "regions": bm.regions, "dirty_regions": bm.dirty,
             "set_rounds": bm.set_rounds, "clear_rounds": bm.clear_rounds,
         },
+        "rebuild_units": { "rebuilt": a.rebuild_written, "held": a.rebuild_held },
         "unsynced_stripes_refused": a.unsynced_stripes_refused,
         "unsynced_stripes_verified": a.unsynced_stripes_verified,
         "scrub": scrub_json(&a.scrub),

@@ -116,12 +116,16 @@ impl<D: BlockDev> Array<D> {
     /// bitmap can be merged from it), then in one superblock round the slot is recorded
     /// rebuilding from unit 0 with `uuid` (the new member gets its superblock too); from
     /// then on writes reach it and the rebuild (`Array::rebuild`) fills it. The caller then
-    /// rewrites the member metadata (`Volume::add_member` does). Returns the slot.
+    /// rewrites the member metadata (`Volume::add_member` does).
+    ///
+    /// A former member the slot still names goes back into its own slot with its own uuid
+    /// instead, and its rebuild regenerates only the write-intent regions dirty since it
+    /// left (recovery/readd.rs; `Added::readd`).
     pub async fn add_member_online(
         self: &std::sync::Arc<Self>,
         dev: D,
         uuid: [u8; 16],
-    ) -> Result<usize, String> {
+    ) -> Result<Added, String> {
         let g = self.geo;
         self.check_new_size(&dev)?;
         if g.fault_tolerance() == 0 {
@@ -138,7 +142,7 @@ impl<D: BlockDev> Array<D> {
             .unwrap_or_else(|| Err("the server is stopping".into()))
     }
 
-    async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<usize, String> {
+    async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<Added, String> {
         let name = dev.name().to_string();
         // A refused add writes nothing to the device; the metadata area is cleared before
         // the superblock lock (a hanging new device must not hold it), and the slot chosen
@@ -146,12 +150,14 @@ impl<D: BlockDev> Array<D> {
         if !self.can_take_member() {
             return Err("the array has no failed or missing member to replace".into());
         }
+        // Read before its superblock is cleared: a former member of its own slot.
+        let former = self.readd_candidate(&dev).await;
         self.clear_metadata_area(&dev).await?;
         // No journal record that wrote a failed slot's old member may be replayed onto the
         // new device (`Journal::retire_slot`): the failures durable, then those records
         // checkpointed away, before the slot is chosen (again, if another failed meanwhile).
         let mut retired = MemberSet::EMPTY;
-        let (mut meta, slot) = loop {
+        let (mut meta, slot, readd) = loop {
             self.failure_barrier().await;
             for i in self.members.failed().minus(retired).iter() {
                 self.journal_retire_slot(i).await;
@@ -161,17 +167,23 @@ impl<D: BlockDev> Array<D> {
             // device may take a slot they wrote.
             self.check_serving().map_err(|e| e.to_string())?;
             let meta = self.meta.lock().await;
+            // A former member goes back into its own slot if that still names it.
+            let back = former.filter(|f| {
+                self.members.is_failed(f.slot)
+                    && self.members.replacement(f.slot).is_none()
+                    && meta.slot_uuid(f.slot) == f.uuid
+            });
             // A slot whose old member failed during a replace is its replacement's.
-            let Some(slot) = self
-                .members
-                .failed()
-                .iter()
-                .find(|&i| self.members.replacement(i).is_none())
-            else {
+            let Some(slot) = back.map(|f| f.slot).or_else(|| {
+                self.members
+                    .failed()
+                    .iter()
+                    .find(|&i| self.members.replacement(i).is_none())
+            }) else {
                 return Err("the array has no failed or missing member to replace".into());
             };
             if retired.contains(slot) {
-                break (meta, slot);
+                break (meta, slot, back.is_some());
             }
         };
         if !self.members.can_install(slot) {
@@ -182,14 +194,59 @@ impl<D: BlockDev> Array<D> {
             ));
         }
         self.failure_on_disk(&mut meta, slot).await;
+        // Its bad-block ranges, which the new device forgets (`start_rebuilding`): a former
+        // member does not hold those chunks.
+        let bad: Vec<(u64, u64)> = self
+            .members
+            .bad_blocks()
+            .ranges()
+            .iter()
+            .filter(|r| r.member == slot)
+            .map(|r| (r.start, r.len))
+            .collect();
         if self.members.install(slot, dev).is_err() {
             return Err(format!("slot {slot}: no room for another device"));
         }
-        tracing::warn!(
-            "member {slot}: {name} added in place of the failed member; it is rebuilt from unit 0"
-        );
+        let gen = self.members.generation(slot);
+        let uuid = match (readd, former) {
+            (true, Some(f)) => f.uuid,
+            _ => uuid,
+        };
         self.start_rebuilding_slot(meta, slot, uuid, &name).await?;
-        Ok(slot)
+        if !readd {
+            tracing::warn!(
+                "member {slot}: {name} added in place of the failed member; it is rebuilt from \
+                 unit 0"
+            );
+            return Ok(Added { slot, readd: None });
+        }
+        // The slot is not failed any more: every write planned from now on reaches it, and
+        // every earlier one set its bits before it was planned (recovery/readd.rs).
+        let units = self.register_readd(slot, gen, bad);
+        tracing::warn!(
+            "member {slot}: {name} re-added (it is the slot's former device): {units} of {} \
+             units are in write-intent regions dirty since it left and are rebuilt; it holds \
+             the rest",
+            self.geo.units()
+        );
+        Ok(Added {
+            slot,
+            readd: Some(units),
+        })
+    }
+
+    /// Lets go of failed member `i`'s device (its exclusive claim), so that the same device
+    /// can be opened again to come back (`uraid add` of a failed member's own path). No
+    /// I/O goes to a failed slot; one still on its way reaches nothing. False: `i` is not
+    /// failed, or is a replace's.
+    pub fn let_go_of_failed(&self, i: usize) -> bool {
+        let ok = i < self.geo.members
+            && self.members.is_failed(i)
+            && self.members.replacement(i).is_none();
+        if ok {
+            self.members.retire(i, self.members.generation(i));
+        }
+        ok
     }
 
     /// Refuses a new device smaller than a member.
@@ -258,6 +315,17 @@ impl<D: BlockDev> Array<D> {
     pub async fn superblock(&self) -> Superblock {
         self.meta.superblock().await
     }
+}
+
+/// What `add_member_online` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Added {
+    /// The slot the device went into.
+    pub slot: usize,
+    /// Some: a former member put back into its own slot (re-add), with the units of the
+    /// write-intent regions dirty since it left (what its rebuild regenerates, at most).
+    /// None: a new member, rebuilt from unit 0.
+    pub readd: Option<u64>,
 }
 
 /// Why `remove` refuses member `i` while it is in service (online and offline alike).

@@ -37,6 +37,7 @@ mod resync;
 mod status;
 mod stripe_io;
 mod stripe_write;
+pub use admin::Added;
 use futures::future::join_all;
 pub use status::{ArrayStatus, BitmapStatus, Identity, MemberErrors, MemberStatus, ScrubStatus};
 use std::future::Future;

@@ -115,6 +115,10 @@ pub struct ArrayStatus {
     pub unsynced_stripes_verified: u64,
     /// Progress of the running (or last) rebuild.
     pub rebuild: ProgressView,
+    /// Units rebuilds regenerated this session, and units they left as they were on a
+    /// re-added member that held them (recovery/readd.rs).
+    pub rebuild_written: u64,
+    pub rebuild_held: u64,
     /// Progress of the running (or last) replace.
     pub replace: ProgressView,
     pub scrub: ScrubStatus,
@@ -225,6 +229,8 @@ impl<D: BlockDev> Array<D> {
             unsynced_stripes_refused: self.recovery.resync.unreadable_reported(),
             unsynced_stripes_verified: self.recovery.resync.verified(),
             rebuild: self.recovery.rebuild_progress.view(),
+            rebuild_written: self.recovery.readd.written.load(Ordering::Relaxed),
+            rebuild_held: self.recovery.readd.held.load(Ordering::Relaxed),
             replace: self.replace_progress(),
             scrub: ScrubStatus {
                 mode,

@@ -11,6 +11,7 @@
 //! reactors (`fan_out`), and progress published through `Progress` (status, metrics,
 //! `uraid watch`), cleared on every exit.
 
+mod readd;
 mod rebuild;
 mod replace;
 mod resync;

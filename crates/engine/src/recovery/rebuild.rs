@@ -51,7 +51,8 @@ pub const PERSIST_EVERY: Duration = Duration::from_secs(2);
 pub struct RebuildReport {
     /// Units rebuilt by this call (skipped ones included).
     pub units: u64,
-    /// Of those, units skipped: nothing allocated there (recovery docs).
+    /// Of those, units skipped: nothing allocated there (recovery docs), or every member
+    /// behind there a re-added one that holds it (readd.rs).
     pub skipped: u64,
     /// Members that hold every unit now (recorded active).
     pub finished: MemberSet,
@@ -160,6 +161,12 @@ impl<D: BlockDev> Array<D> {
             if self.skippable(unit) {
                 return Ok(());
             }
+            // Every member behind here is a re-added one that holds the unit (readd.rs).
+            if self.readd_holds(unit) {
+                self.count_rebuilt(0, 1);
+                return Ok(());
+            }
+            self.count_rebuilt(1, 0);
             let _held = self.lock_stripe(unit).await;
             match self.regenerate(unit, MemberSet::EMPTY).await {
                 // Not reconstructable (read errors past the tolerance, or not in sync): the
@@ -585,7 +592,10 @@ impl<D: BlockDev> Walk<D> for RebuildPass<'_> {
     }
 
     fn worked(&mut self, a: &Array<D>, batch: &[u64]) -> usize {
-        let worked = batch.iter().filter(|&&u| !a.skippable(u)).count();
+        let worked = batch
+            .iter()
+            .filter(|&&u| !a.skippable(u) && !a.readd_holds(u))
+            .count();
         self.report.skipped += (batch.len() - worked) as u64;
         worked
     }
