@@ -976,6 +976,10 @@ fn a_former_member_comes_back_from_the_bitmap() {
         model.write(at, &away);
         let dirty = a.status().bitmap.dirty;
         assert!((1..=2).contains(&dirty), "{level}: {dirty} regions dirty");
+        // Idle, but a member is failed: nothing is cleared (the bits are what it missed).
+        block_on(a.bitmap_tick());
+        block_on(a.bitmap_tick());
+        assert_eq!(a.status().bitmap.dirty, dirty, "{level}: kept while failed");
         let added = block_on(vol.add_member_with(former, [0x42; 16])).expect("re-add");
         assert_eq!(added.slot, slot);
         let owed = added.readd.expect("a re-add");
