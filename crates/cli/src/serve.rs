@@ -16,7 +16,7 @@ use std::time::Duration;
 use std::time::Instant;
 use uraid_engine::supervisor::ResyncStart;
 use uraid_engine::{
-    assemble, ArrayOptions, ErrorPolicy, FileDev, Priority, Runtime, Supervisor, Throttle,
+    assemble, Access, ArrayOptions, ErrorPolicy, FileDev, Priority, Runtime, Supervisor, Throttle,
 };
 use uraid_nbd::{Config, Server};
 
@@ -50,7 +50,8 @@ pub struct ServeArgs {
     /// array's name.
     #[arg(long)]
     pub export: Option<String>,
-    /// Refuse writes (NBD_FLAG_READ_ONLY; writes get EPERM).
+    /// Refuse writes (NBD_FLAG_READ_ONLY; writes get EPERM) and open the members read-only
+    /// (read-write only for one superblock update if the array was not stopped cleanly).
     #[arg(long)]
     pub read_only: bool,
     /// Reactor threads (default: one per core).
@@ -221,7 +222,28 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         frozen_metadata: false,
     };
     // Members first: a member another process holds is refused before any socket is bound.
-    let array = assemble::open_volume(&plan, Some(rt.handle()), opts)?;
+    // Read-only: opened read-only, and nothing is ever written (superblocks frozen: a
+    // failure stays in memory; no read repair), unless the array was not stopped cleanly:
+    // then one superblock round, before the first read, records which members serve while
+    // it is out of sync, and the members are opened read-write for it.
+    let read_only_opens = args.read_only && plan.sb.clean;
+    if args.read_only && !plan.sb.clean {
+        say!(
+            "uraid: '{}' was not stopped cleanly: --read-only opens the members read-write for \
+             the one superblock update that records which members serve while it is out of \
+             sync; no data is written",
+            plan.sb.name
+        );
+    }
+    let array = if read_only_opens {
+        let opts = ArrayOptions {
+            frozen_metadata: true,
+            ..opts
+        };
+        assemble::open_volume_with(&plan, Some(rt.handle()), opts, Access::ReadOnly)?
+    } else {
+        assemble::open_volume(&plan, Some(rt.handle()), opts)?
+    };
     array.array().set_deferred_limit(args.write_back_memory);
     // Then the control socket, before any NBD socket: nothing has been served if it fails.
     // The default one is optional (a non-root user cannot create /run/uraid): without it the

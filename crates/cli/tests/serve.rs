@@ -593,3 +593,87 @@ fn idle_clients_do_not_hold_up_shutdown() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve --read-only` opens the members read-only and writes nothing: it serves with a
+/// write-protected member (a read-only loop device) and every member file is byte for byte
+/// what it was, superblocks included. Without `--read-only` that member is refused at once,
+/// named with its slot, and the way out is given.
+#[test]
+fn read_only_serves_write_protected_members_and_writes_nothing() {
+    let dir = tmp("readonly");
+    let m = create(&dir, 4, "16M");
+    let srv = serve(&dir, &m, &[]);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 7 0 1M", &srv.uri()]));
+    srv.stop();
+    let before: Vec<Vec<u8>> = m.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let lo = Command::new("losetup")
+        .args(["-r", "-f", "--show"])
+        .arg(&m[3])
+        .output();
+    let loopdev = match lo {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        other => {
+            eprintln!("SKIPPED read_only_serves_write_protected_members: losetup: {other:?}");
+            return;
+        }
+    };
+    let members = [
+        m[0].display().to_string(),
+        m[1].display().to_string(),
+        m[2].display().to_string(),
+        loopdev.clone(),
+    ];
+    // Bounded: a server that starts anyway is stopped by the timeout, and the test fails.
+    let listen = format!("unix:{}", dir.join("rw.sock").display());
+    let refused = Command::new("timeout")
+        .args([
+            "20",
+            env!("CARGO_BIN_EXE_uraid"),
+            "serve",
+            "--listen",
+            &listen,
+        ])
+        .args(["--control", "none"])
+        .args(&members)
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let srv = Serve::new(&dir)
+        .args(["--read-only"])
+        .members(&members)
+        .start();
+    let read = Command::new("qemu-io")
+        .args([
+            "-r",
+            "-f",
+            "raw",
+            "-c",
+            "read -P 7 0 1M",
+            "-c",
+            "read -P 0 1M 1M",
+        ])
+        .arg(srv.uri())
+        .output();
+    srv.stop();
+    run(Command::new("losetup").args(["-d", &loopdev]));
+    let e = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert_eq!(refused.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(&format!("member 3 ({loopdev}) is write-protected"))
+            && e.contains("--read-only"),
+        "{e}"
+    );
+    let read = read.unwrap();
+    assert!(
+        read.status.success() && !String::from_utf8_lossy(&read.stdout).contains("Pattern"),
+        "{read:?}"
+    );
+    for (p, b) in m.iter().zip(&before) {
+        assert!(
+            std::fs::read(p).unwrap() == *b,
+            "{} changed under a read-only server",
+            p.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

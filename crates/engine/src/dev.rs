@@ -231,6 +231,36 @@ pub enum OpenError {
     Busy { path: String, holder: Holder },
     #[error("{path}: {err}")]
     Io { path: String, err: io::Error },
+    /// A block device opened for writing is write-protected (its read-only flag).
+    #[error("{path} is write-protected (a read-only block device: blockdev --getro says 1)")]
+    ReadOnly { path: String },
+}
+
+/// What to do about a write-protected member (`OpenError::ReadOnly`).
+pub const READ_ONLY_HINT: &str =
+    "uraid writes to its members: make it writable (blockdev --setrw), or serve --read-only";
+
+/// A member I/O error for the log: EPERM and EROFS say what they usually mean here (a
+/// write-protected device, or one remounted read-only underneath).
+pub(crate) fn explain(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EROFS) => {
+            format!("{e} (the device refuses writes: write-protected or read-only)")
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// `BLKROGET` (linux/fs.h: `_IO(0x12, 94)`): the block device's read-only flag.
+const BLKROGET: libc::c_ulong = 0x125e;
+
+/// Whether block device `file` is write-protected (false when that cannot be asked).
+fn block_read_only(file: &File) -> bool {
+    let mut ro: libc::c_int = 0;
+    // SAFETY: BLKROGET writes one int through the pointer, which is valid and aligned for
+    // the duration of the call; the descriptor is ours.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKROGET, &mut ro as *mut libc::c_int) };
+    r == 0 && ro != 0
 }
 
 /// Opens `path` (O_DIRECT if `direct`) and claims it for this process: block devices with
@@ -270,6 +300,13 @@ pub fn open_exclusive(path: &Path, access: Access, direct: bool) -> Result<File,
         }
         Err(e) => return Err(io_err(e)),
     };
+    // Linux opens a read-only block device for writing and fails each write with EPERM:
+    // the member would fail at the first write. Said now, by name.
+    if block && access == Access::ReadWrite && block_read_only(&file) {
+        return Err(OpenError::ReadOnly {
+            path: path.display().to_string(),
+        });
+    }
     if !block {
         // SAFETY: flock on a file descriptor we own; it takes no pointers.
         let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };

@@ -495,7 +495,11 @@ async fn write_round<D: BlockDev>(
                 meta.ids[i].events = meta.sb.events;
             }
             Err(e) => {
-                tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
+                tracing::error!(
+                    "member {i} ({}): superblock update failed: {}; marking it faulty",
+                    members.name(i).unwrap_or("?"),
+                    crate::dev::explain(&e)
+                );
                 members.mark_failed(i);
                 newly = true;
             }
@@ -519,8 +523,9 @@ impl Metadata {
         }
         if members.mark_failed(member) {
             tracing::error!(
-                "member {member} ({}) failed: {err}; marking it faulty",
-                members.name(member).unwrap_or("?")
+                "member {member} ({}) failed: {}; marking it faulty",
+                members.name(member).unwrap_or("?"),
+                crate::dev::explain(err)
             );
         }
         self.failure_barrier(members).await;
@@ -672,7 +677,11 @@ impl Metadata {
                     meta.ids[i].events = meta.sb.events;
                 }
                 Err(e) => {
-                    tracing::error!("member {i}: superblock update failed: {e}; marking it faulty");
+                    tracing::error!(
+                        "member {i} ({}): superblock update failed: {}; marking it faulty",
+                        members.name(i).unwrap_or("?"),
+                        crate::dev::explain(&e)
+                    );
                     members.mark_failed(i);
                 }
             }

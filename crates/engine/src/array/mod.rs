@@ -1079,8 +1079,12 @@ impl<D: BlockDev> Array<D> {
         ArrayError::Unreadable { members }
     }
 
-    /// Writes reconstructed bytes over a chunk that had a media error.
+    /// Writes reconstructed bytes over a chunk that had a media error (not with frozen
+    /// metadata: nothing is written then, the members may be open read-only).
     async fn rewrite(&self, m: usize, at: u64, data: &IoBuf) {
+        if self.meta_frozen() {
+            return;
+        }
         match self.members.write(m, at, buf::copy_of(data)).await {
             Ok(()) => {
                 self.members.count_corrected(m);

@@ -38,8 +38,15 @@ pub enum AssembleError {
     Io { path: String, err: io::Error },
     #[error("{path}: {err}")]
     Format { path: String, err: FormatError },
+    /// A member that is write-protected, opened for writing.
+    #[error(
+        "{} is write-protected (a read-only block device: blockdev --getro says 1); {}",
+        who(*member, path),
+        crate::dev::READ_ONLY_HINT
+    )]
+    ReadOnly { member: usize, path: String },
     /// A member another process holds (a running `uraid serve` or `bench`, a mount, md/dm).
-    #[error("member {member} ({path}) is in use {holder}")]
+    #[error("{} is in use {holder}", who(*member, path))]
     Busy {
         member: usize,
         path: String,
@@ -87,6 +94,16 @@ pub(super) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> AssembleError + '
     move |err| AssembleError::Io {
         path: path.display().to_string(),
         err,
+    }
+}
+
+/// "member N (PATH)", or PATH alone for a device that is not a member slot (`usize::MAX`:
+/// a journal, a spare, a device being created).
+fn who(member: usize, path: &str) -> String {
+    if member == usize::MAX {
+        path.to_string()
+    } else {
+        format!("member {member} ({path})")
     }
 }
 

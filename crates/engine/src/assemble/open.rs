@@ -35,6 +35,7 @@ pub(super) fn member_open_err(member: usize) -> impl FnOnce(OpenError) -> Assemb
             holder,
         },
         OpenError::Io { path, err } => AssembleError::Io { path, err },
+        OpenError::ReadOnly { path } => AssembleError::ReadOnly { member, path },
     }
 }
 
