@@ -46,7 +46,11 @@ pub fn post(sock: &Path, path: &str) -> Result<String> {
     let v: Value = serde_json::from_str(&body)
         .with_context(|| format!("{}: response is not JSON", sock.display()))?;
     if code != 202 {
-        bail!("{}", v["error"].as_str().unwrap_or("?"));
+        let e = v["error"].as_str().unwrap_or("?");
+        bail!(
+            "{}",
+            e.strip_suffix(crate::control::FORCE_HINT).unwrap_or(e)
+        );
     }
     Ok(v["message"].as_str().unwrap_or("done").to_string())
 }

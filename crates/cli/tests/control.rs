@@ -1048,6 +1048,16 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
     ]);
     assert!(bad.contains("low, normal or high"), "{bad}");
     assert_eq!(status_json(&srv)["throttle"]["priority"], "low");
+    // Out of range on the command line: refused there, by the CLI's flag names.
+    let o = run_uraid(with(&["throttle", "--budget", "70000"], &srv.ctl, &ms));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("--budget"), "{e}");
+    let e = one_line_error(&run_uraid(with(
+        &["throttle", "--min", "2000000000"],
+        &srv.ctl,
+        &ms,
+    )));
+    assert!(e.contains("--min") && !e.contains("min="), "{e}");
 
     // A spare added online, then removed: set aside and its superblock erased.
     let out = ok(&run_uraid(with(&["add", &sp], &srv.ctl, &ms)));
@@ -1069,9 +1079,18 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
     // with it, failed, then removed.
     let e = one_line_error(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
     assert!(
-        e.contains("member 1 is in service") && e.contains("--force"),
+        e.contains("member 1 is in service") && e.contains("--force") && !e.contains("force=1"),
         "{e}"
     );
+    // A client of the socket itself is told its own parameter.
+    let bad = curl(&[
+        "-X",
+        "POST",
+        "--unix-socket",
+        &ctl,
+        "http://uraid/remove?member=1",
+    ]);
+    assert!(bad.contains("--force") && bad.contains("force=1"), "{bad}");
     assert_eq!(status_json(&srv)["slots"][1]["state"], "active");
     let out = ok(&run_uraid(with(&["remove", "1", "--force"], &srv.ctl, &ms)));
     assert!(out.contains("member 1") && out.contains("removed"), "{out}");

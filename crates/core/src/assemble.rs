@@ -59,7 +59,8 @@ pub enum PlanError {
         "not starting {level} array '{name}' degraded: {absent} not among the devices given \
          or refused (above), though the array has {them} in service. Give every member, or \
          pass --run to start without {them} (mdadm --run); once the array writes, {them} \
-         {is} recorded failed, and `uraid add` takes a device back (rebuilt)"
+         {is} recorded failed, and `uraid add` of it while the array serves puts it back \
+         (re-add: rebuilt where it missed writes)"
     )]
     Incomplete {
         level: Level,

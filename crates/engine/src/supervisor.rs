@@ -717,7 +717,7 @@ impl Supervisor<FileDev> {
                 return Ok(());
             }
             return Err(Refusal::conflict(format!(
-                "{} holds a uraid superblock (array '{}', member {}); force=1 overwrites it",
+                "{} holds a uraid superblock (array '{}', member {}); --force overwrites it",
                 path.display(),
                 sb.name,
                 sb.index
@@ -725,7 +725,7 @@ impl Supervisor<FileDev> {
         }
         if assemble::read_journal_super(path).is_ok() {
             return Err(Refusal::conflict(format!(
-                "{} holds a uraid journal; force=1 overwrites it",
+                "{} holds a uraid journal; --force overwrites it",
                 path.display()
             )));
         }

@@ -8,8 +8,8 @@ use uraid_engine::assemble;
 #[derive(clap::Args)]
 pub struct ThrottleArgs {
     /// Stripes in flight while clients are active; 0: the --min rate instead.
-    #[arg(long, value_name = "STRIPES")]
-    budget: Option<usize>,
+    #[arg(long, value_name = "STRIPES", value_parser = clap::value_parser!(u64).range(0..=65536))]
+    budget: Option<u64>,
     /// low, normal or high: how much of the time the budget is used.
     #[arg(long, value_parser = ["low", "normal", "high"])]
     priority: Option<String>,
@@ -33,6 +33,11 @@ pub fn run(a: ThrottleArgs) -> Result<()> {
         max,
         target,
     } = a;
+    for (flag, v) in [("--min", min), ("--max", max)] {
+        if v.is_some_and(|m| m > 1 << 30) {
+            bail!("{flag}: at most 1073741824 MB/s (0: unlimited)");
+        }
+    }
     let (members, embedded) = target_members(&target)?;
     let plan = assemble::plan(&members)?;
     let Some(sock) = live_socket(&plan, &target, embedded)? else {

@@ -31,6 +31,10 @@ pub use listen::{
     bind_metrics, bind_unix, default_path, is_live, parse_endpoint, remove_stale_socket,
 };
 
+/// Appended to a refusal that names `--force`, for a client of the socket itself (curl);
+/// `uraid` strips it again (client.rs).
+pub const FORCE_HINT: &str = " (over the control socket: the force=1 parameter)";
+
 use crate::events::Events;
 use anyhow::{Context, Result};
 use std::net::TcpListener;

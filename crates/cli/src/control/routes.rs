@@ -110,6 +110,10 @@ fn throttle_words(t: &uraid_engine::Throttle) -> String {
 fn command(state: &State, h: &Head) -> Response {
     match run_command(state, h) {
         Ok(Ok(msg)) => Response::json(202, &json!({ "ok": true, "message": msg })),
+        // Refusals name the CLI's flags; a client of the socket itself passes force=1.
+        Ok(Err((status, msg))) if msg.contains("--force") => {
+            Response::error(status, &format!("{msg}{}", super::FORCE_HINT))
+        }
         Ok(Err((status, msg))) => Response::error(status, &msg),
         Err(r) => r,
     }
