@@ -781,3 +781,40 @@ fn a_default_control_socket_another_server_holds_is_refused() {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `examine --scan` (mdadm --examine --scan): one uraid.conf section per array the scan
+/// finds, by name with its uuid line, that `uraid config check` accepts as written.
+#[test]
+fn examine_scan_prints_config_sections_for_every_array_found() {
+    let dir = tmp("exscan");
+    ok(&uraid(
+        &[
+            "create", "--level", "5", "--size", "16M", "-N", "alpha", "a0", "a1", "a2",
+        ],
+        &dir,
+    ));
+    ok(&uraid(
+        &[
+            "create", "--level", "1", "--size", "16M", "-N", "beta", "b0", "b1",
+        ],
+        &dir,
+    ));
+    let uuid = |m: &str| {
+        let j: serde_json::Value =
+            serde_json::from_str(&ok(&uraid(&["examine", "--json", m], &dir))).unwrap();
+        j["array_uuid"].as_str().unwrap().to_string()
+    };
+    let out = ok(&uraid(&["examine", "--scan", "--scan-dir", "."], &dir));
+    for (name, m) in [("alpha", "a0"), ("beta", "b0")] {
+        assert!(
+            out.contains(&format!("[{name}]\nuuid = {}\n", uuid(m))),
+            "{out}"
+        );
+    }
+    std::fs::write(dir.join("u.conf"), &out).unwrap();
+    let check = ok(&uraid(&["config", "check", "--config", "u.conf"], &dir));
+    assert!(check.contains("2 array(s): alpha, beta"), "{check}");
+    let e = uraid(&["examine"], &dir);
+    assert!(!e.status.success(), "a member or --scan is required");
+    let _ = std::fs::remove_dir_all(&dir);
+}

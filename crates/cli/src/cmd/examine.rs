@@ -10,15 +10,33 @@ use uraid_engine::assemble;
 
 #[derive(clap::Args)]
 pub struct ExamineArgs {
-    member: PathBuf,
+    /// The member (or journal device) to examine.
+    #[arg(required_unless_present = "scan")]
+    member: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+    /// Every array whose devices a scan finds, as uraid.conf sections (mdadm --examine
+    /// --scan): the block devices in /proc/partitions and the --scan-dir directories.
+    #[arg(long, conflicts_with = "member")]
+    scan: bool,
+    /// A directory whose files and block devices --scan also reads (member files); repeat
+    /// for several.
+    #[arg(long = "scan-dir", value_name = "DIR", requires = "scan")]
+    scan_dir: Vec<PathBuf>,
 }
 
 /// `uraid examine`: the superblock, or a journal device's header when the device holds no
-/// superblock.
+/// superblock; with `--scan`, config sections for every array found.
 pub fn run(a: ExamineArgs) -> Result<()> {
-    let ExamineArgs { member, json } = a;
+    let ExamineArgs {
+        member,
+        json,
+        scan,
+        scan_dir,
+    } = a;
+    let Some(member) = member.filter(|_| !scan) else {
+        return print_scan(&scan_dir, json);
+    };
     if let (Err(_), Ok(j)) = (
         assemble::read_superblock(&member),
         assemble::read_journal_super(&member),
@@ -231,4 +249,58 @@ pub fn sb_state(sb: &Superblock, i: usize) -> &'static str {
     } else {
         "active"
     }
+}
+
+/// `examine --scan`: a `[NAME]` section with its `uuid` line per array found, preceded by
+/// comments naming its level and devices (what to paste into /etc/uraid/uraid.conf), or
+/// the same as JSON.
+fn print_scan(dirs: &[PathBuf], json: bool) -> Result<()> {
+    let scan = assemble::scan(dirs, true, assemble::DISCOVERY_TIMEOUT)?;
+    if json {
+        let v: Vec<serde_json::Value> = scan
+            .arrays
+            .iter()
+            .map(|f| {
+                json!({
+                    "name": f.sb.name,
+                    "array_uuid": uuid_string(&f.uuid),
+                    "level": f.sb.geometry.level.to_string(),
+                    "members": f.sb.geometry.members,
+                    "devices": f.devices.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>(),
+                    "journals": f.journals.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "# uraid examine --scan: {} array(s) among {} device(s) in {}",
+        scan.arrays.len(),
+        scan.scanned,
+        scan.places.join(", ")
+    );
+    for f in &scan.arrays {
+        let g = f.sb.geometry;
+        let devs: Vec<String> = f
+            .devices
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .chain(f.journals.iter().map(|(p, _)| p.display().to_string()))
+            .collect();
+        println!();
+        println!(
+            "# {} {} members, {} device(s) found now: {}",
+            g.level,
+            g.members,
+            devs.len(),
+            devs.join(" ")
+        );
+        println!("[{}]", f.sb.name);
+        println!("uuid = {}", uuid_string(&f.uuid));
+    }
+    for p in &scan.unanswered {
+        eprintln!("uraid: {}: did not answer; not examined", p.display());
+    }
+    Ok(())
 }
