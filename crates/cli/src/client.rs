@@ -214,6 +214,19 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
     for s in &slots {
         print_slot(s, detail);
     }
+    // The drives that left (which to pull), while this server runs.
+    for d in v["departed"].as_array().into_iter().flatten() {
+        let by = d["by"]
+            .as_str()
+            .map_or(String::new(), |b| format!(", slot taken by {b}"));
+        println!(
+            "      [{:>2}] was      {} ({}{by}, {})",
+            d["slot"].as_u64().unwrap_or(0),
+            d["device"].as_str().unwrap_or("?"),
+            d["how"].as_str().unwrap_or("?"),
+            utc(d["at"].as_u64().unwrap_or(0))
+        );
+    }
     if detail {
         print_requests(v);
     }
@@ -436,6 +449,12 @@ pub fn background_lines(v: &Value) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// `secs` since the Unix epoch, RFC 3339 in UTC.
+fn utc(secs: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 #[cfg(test)]

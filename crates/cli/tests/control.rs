@@ -971,6 +971,25 @@ fn raid6_loses_two_members_under_fio_verify_and_recovers_on_spares() {
         if slots.iter().all(|x| x == "active") && j["background"].as_array().unwrap().is_empty() {
             assert_eq!(j["spares"].as_array().unwrap().len(), 0, "{j}");
             assert!(!j["degraded"].as_bool().unwrap(), "{j}");
+            // The failed drives are still named, with the spare that took each slot.
+            let gone: Vec<(u64, &str, &str)> = j["departed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| {
+                    let how = d["how"].as_str().unwrap();
+                    (
+                        d["slot"].as_u64().unwrap(),
+                        d["device"].as_str().unwrap(),
+                        how,
+                    )
+                })
+                .collect();
+            assert_eq!(
+                gone,
+                vec![(1, ms[1].as_str(), "failed"), (4, ms[4].as_str(), "failed")],
+                "{j}"
+            );
             break;
         }
         assert!(
@@ -1096,6 +1115,8 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
     assert!(out.contains("member 1") && out.contains("removed"), "{out}");
     let j = status_json(&srv);
     assert_eq!(j["slots"][1]["state"], "removed", "{j}");
+    assert_eq!(j["departed"][0]["device"], ms[1].as_str(), "{j}");
+    assert_eq!(j["departed"][0]["how"], "removed", "{j}");
     let e = one_line_error(&run_uraid(with(&["remove", "2"], &srv.ctl, &ms)));
     assert!(e.contains("member 2 is in service"), "{e}");
     let e = one_line_error(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
@@ -1209,6 +1230,19 @@ fn a_member_is_replaced_while_serving_and_offline() {
     qemu_io(&srv.uri(), &pattern_cmds(4, 50, "write"));
     let ev = curl(&["--unix-socket", &s(&srv.ctl), "http://uraid/events"]);
     assert!(ev.contains("member 2 replaced"), "{ev}");
+    // The drive that left is still named (which to pull), and status of the old device
+    // says it is not in the array any more.
+    let st = ok(&run_uraid(with(&["status"], &srv.ctl, &m)));
+    assert!(
+        st.contains(&format!(
+            "[ 2] was      {} (replaced, slot taken by {}",
+            s(&m[2]),
+            s(&new2)
+        )) && st.contains(&format!("note: {} is not in this array now", s(&m[2]))),
+        "{st}"
+    );
+    let j = status_json(&srv);
+    assert_eq!(j["departed"][0]["how"], "replaced", "{j}");
     srv.stop();
     let mut members = m.clone();
     members[2] = new2.clone();

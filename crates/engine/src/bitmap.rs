@@ -47,6 +47,8 @@ pub(crate) struct WriteIntent {
     /// Held by a clearing pass from its selection to its last page write.
     pass: tokio::sync::Mutex<()>,
     frozen: bool,
+    /// Holds on clearing (`hold_clears`): while not zero, no bit is cleared.
+    holds: AtomicU32,
     /// Page writes that set and that cleared bits (status, metrics, tests).
     pub(crate) set_rounds: AtomicU64,
     pub(crate) clear_rounds: AtomicU64,
@@ -77,6 +79,7 @@ impl WriteIntent {
             io: tokio::sync::Mutex::new(()),
             pass: tokio::sync::Mutex::new(()),
             frozen,
+            holds: AtomicU32::new(0),
             set_rounds: AtomicU64::new(0),
             clear_rounds: AtomicU64::new(0),
         }
@@ -122,6 +125,15 @@ impl WriteIntent {
         if w.load(Ordering::SeqCst) & bit == 0 {
             w.fetch_or(bit, Ordering::SeqCst);
         }
+    }
+}
+
+/// A hold on clearing bits (`WriteIntent::hold_clears`), released when dropped.
+pub(crate) struct ClearHold<'a>(&'a WriteIntent);
+
+impl Drop for ClearHold<'_> {
+    fn drop(&mut self) {
+        self.0.holds.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -264,9 +276,22 @@ impl WriteIntent {
         .await;
     }
 
+    /// No bit is cleared until the guard is dropped (a re-add copies the bits while a slot
+    /// stops being failed: recovery/readd.rs). A pass already past its last check when this
+    /// is called had seen the failed slot (or no hold) under the I/O lock, which this waits
+    /// for.
+    pub(crate) async fn hold_clears(&self) -> ClearHold<'_> {
+        self.holds.fetch_add(1, Ordering::SeqCst);
+        drop(self.io.lock().await);
+        ClearHold(self)
+    }
+
     /// Clears the bits of regions that are idle: no write in flight, none completed since
     /// the previous call (unless `at_close`, after the final flush of a stop), and nothing
-    /// left for resync (`resync`). Flushes the members first. The server calls this every
+    /// left for resync (`resync`). Flushes the members first. Nothing is cleared while a
+    /// member is failed or missing, while a hold is on (`hold_clears`), or while `blocked`
+    /// (the journal's orphans: records whose member writes were dropped unfinished), each
+    /// checked again under the I/O lock right before the clear. The server calls this every
     /// few seconds (`Array::bitmap_tick`); `Array::close` calls it before recording a clean
     /// stop.
     pub(crate) async fn clear_idle<D: BlockDev>(
@@ -275,10 +300,13 @@ impl WriteIntent {
         members: &Members<D>,
         resync: &ResyncState,
         at_close: bool,
+        blocked: impl Fn() -> bool,
     ) -> u64 {
         let wi = self;
         // A session that wrote nothing writes no bitmap either; a degraded one clears nothing.
-        if !wi.enabled() || wi.frozen || !meta.is_dirty() || !members.failed().is_empty() {
+        let held =
+            || !members.failed().is_empty() || wi.holds.load(Ordering::SeqCst) != 0 || blocked();
+        if !wi.enabled() || wi.frozen || !meta.is_dirty() || held() {
             return 0;
         }
         // One pass at a time: a second pass's swap of the touched flags would hide a write
@@ -309,10 +337,13 @@ impl WriteIntent {
         // while a member is failed or missing (md's rule): its last writes may never have
         // become durable, and a forced reassembly could bring it back.
         meta.flush_members(members).await;
-        if members.check_serving(&self.geo).is_err() || !members.failed().is_empty() {
+        if members.check_serving(&self.geo).is_err() || held() {
             return 0;
         }
         let _io = wi.io.lock().await;
+        if held() {
+            return 0;
+        }
         let mut cleared = Vec::new();
         for r in cand {
             let (wn, bit) = ((r / 64) as usize, 1u64 << (r % 64));

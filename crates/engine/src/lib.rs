@@ -47,7 +47,7 @@ pub use array::{
 };
 pub use buf::{IoBuf, Segments};
 pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
-pub use members::{ErrorPolicy, MemberState};
+pub use members::{Departed, ErrorPolicy, MemberState};
 pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
 pub use recovery::{

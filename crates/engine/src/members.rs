@@ -473,7 +473,29 @@ pub struct Members<D: BlockDev> {
     /// write-back FLUSH).
     unjournaled: AtomicU64,
     unjournaled_flushed: AtomicU64,
+    /// Devices that left their slot this session (`Departed`), oldest first, at most
+    /// `DEPARTED_KEPT`.
+    departed: Mutex<Vec<Departed>>,
 }
+
+/// A device that left its slot while the array served (status: which drive to pull). Kept
+/// in memory for the server's lifetime; the superblocks name only current devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Departed {
+    pub slot: usize,
+    /// The device (its path).
+    pub device: String,
+    /// "failed" (a new device or spare took its slot), "replaced" (`uraid replace`), or
+    /// "removed" (`uraid remove`).
+    pub how: &'static str,
+    /// The device that took the slot, if one did.
+    pub by: Option<String>,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
+/// How many departures `Members` keeps (the oldest go first).
+pub const DEPARTED_KEPT: usize = 64;
 
 /// errno values that mean "this sector could not be read" rather than "the device is gone".
 fn media_error(e: &io::Error) -> bool {
@@ -515,7 +537,50 @@ impl<D: BlockDev> Members<D> {
             policy,
             unjournaled: AtomicU64::new(0),
             unjournaled_flushed: AtomicU64::new(0),
+            departed: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Notes that generation `old` of slot `i` left the slot (`how`), the slot's current
+    /// device having taken it if `by`.
+    fn depart(&self, i: usize, old: usize, how: &'static str, by: bool) {
+        let Some(device) = self.slots[i].gens[old]
+            .get()
+            .and_then(|(d, _)| d.as_ref())
+            .map(|d| d.name().to_string())
+        else {
+            return;
+        };
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let d = Departed {
+            slot: i,
+            device,
+            how,
+            by: by.then(|| self.name(i).map(str::to_string)).flatten(),
+            at,
+        };
+        let mut v = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        if v.len() >= DEPARTED_KEPT {
+            v.remove(0);
+        }
+        v.push(d);
+    }
+
+    /// The devices that left their slot this session, oldest first.
+    pub fn departed(&self) -> Vec<Departed> {
+        self.departed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Slot `i`'s device is removed (`uraid remove`): noted, then let go of.
+    pub(crate) fn remove_device(&self, i: usize) {
+        let g = self.generation(i);
+        self.depart(i, g, "removed", false);
+        self.retire(i, g);
     }
 
     /// A member data-area write that does not go through the journal is about to be issued
@@ -824,6 +889,21 @@ impl<D: BlockDev> Members<D> {
         let guard = self.devices_lock();
         let (old, _) = unpack(slot.cur.swap(pack(next, None), Ordering::AcqRel));
         drop(guard);
+        if !self.slots[i].gens[old]
+            .get()
+            .is_some_and(|(d, _)| d.is_some())
+        {
+            return Ok(());
+        }
+        // A former member put back into its slot (re-add) is not a departure.
+        if self.name(i)
+            != self.slots[i].gens[old]
+                .get()
+                .and_then(|(d, _)| d.as_ref())
+                .map(|d| d.name())
+        {
+            self.depart(i, old, "failed", true);
+        }
         self.retire(i, old);
         Ok(())
     }
@@ -927,6 +1007,13 @@ impl<D: BlockDev> Members<D> {
             .is_ok();
         drop(guard);
         if swapped {
+            // Its replacement takes over a member that failed during the replace, or ends it.
+            let how = if self.is_failed(i) {
+                "failed"
+            } else {
+                "replaced"
+            };
+            self.depart(i, old, how, true);
             self.retire(i, old);
         }
         swapped

@@ -607,7 +607,8 @@ impl Metadata {
             };
             // A member being rebuilt that this round records failed loses its checkpoint,
             // which bounded the units it served: from now on it counts as served.
-            // (Not a device given to the slot this session: it holds only checked decodes.)
+            // (Not a device given to the slot this session: it holds only checked decodes,
+            // or, re-added, its own chunks of regions that were in sync: recovery/readd.rs.)
             for i in failed.minus(kept).iter() {
                 if meta.sb.is_rebuilding(i) && meta.sb.rebuilt[i] > 0 && members.generation(i) == 0
                 {

@@ -464,8 +464,8 @@ impl<D: BlockDev> Supervisor<D> {
         at.map(|k| spares.remove(k).0)
     }
 
-    /// Puts `dev` in place of the lowest failed member and starts its rebuild (caller holds
-    /// the add lock). Returns the slot.
+    /// Puts `dev` in place of the lowest failed member (a former member: into its own
+    /// slot) and starts its rebuild (caller holds the add lock). Returns the slot.
     fn add_member(&self, dev: D, uuid: [u8; 16]) -> Result<crate::Added, Refusal> {
         let r = futures::executor::block_on(self.volume.add_member_with(dev, uuid));
         // Also after a late error (the map rewrite): the member may be rebuilding already.
@@ -657,8 +657,9 @@ impl<D: BlockDev> Supervisor<D> {
 
 /// Commands that name devices by path (opened here as `FileDev`).
 impl Supervisor<FileDev> {
-    /// Adds the device at `path` in place of the lowest failed member and starts its
-    /// rebuild (mdadm --add on a running array), or, with no member failed, as a hot spare.
+    /// Adds the device at `path` in place of the lowest failed member (a former member:
+    /// into its own slot, a re-add) and starts its rebuild (mdadm --add on a running
+    /// array), or, with no member failed, as a hot spare.
     /// Refused: a read-only server, a device that holds a uraid superblock or journal
     /// (unless `force`), one in use.
     pub fn add(self: &Arc<Self>, path: &Path, force: bool) -> Result<String, Refusal> {
@@ -671,8 +672,14 @@ impl Supervisor<FileDev> {
         self.check_new_device(path, force)?;
         // The failed member's own device (mdadm --re-add): the slot lets go of it first, so
         // it can be opened (claimed) again.
+        // Not a slot whose replace runs: its replacement may be taking it over right now.
         let a = self.volume.array();
-        for i in a.failed().iter() {
+        let replacing: Vec<usize> = lock(&self.replace)
+            .iter()
+            .filter(|(_, j)| j.running())
+            .map(|(s, _)| *s)
+            .collect();
+        for i in a.failed().iter().filter(|i| !replacing.contains(i)) {
             if a.member_name(i)
                 .is_some_and(|n| assemble::same_file(Path::new(n), path))
             {
@@ -701,8 +708,9 @@ impl Supervisor<FileDev> {
     }
 
     /// Refuses (without `force`) a device holding a uraid superblock or journal, except a
-    /// former member of this array (failed, replaced or removed): it comes back as a new
-    /// member, its old data never used.
+    /// former member of this array (failed, replaced or removed): it comes back into its own
+    /// slot if that still names it (re-add: its data outside the dirty write-intent regions
+    /// kept, recovery/readd.rs), else as a new member, its old data never used.
     fn check_new_device(&self, path: &Path, force: bool) -> Result<(), Refusal> {
         if force {
             return Ok(());

@@ -88,7 +88,7 @@ impl<D: BlockDev> Volume<D> {
         self.array.flush().await
     }
 
-    /// Puts `dev` into the lowest failed slot while serving (`Array::add_member_online`),
+    /// Puts `dev` into the lowest failed slot (a former member: its own) while serving (`Array::add_member_online`),
     /// then writes every allocation-map page to every live member (the new one's copy was
     /// zeroed) and flushes them. Its rebuild is the caller's to start (`Array::rebuild`).
     pub async fn add_member(self: &Arc<Self>, dev: D, uuid: [u8; 16]) -> Result<usize, String> {

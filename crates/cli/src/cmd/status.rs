@@ -42,11 +42,24 @@ pub fn run(a: &StatusArgs, detail: bool) -> Result<i32> {
         _ => None,
     };
     let code = match live {
-        Some((v, p)) => {
+        Some((mut v, p)) => {
+            let gone = not_in(&v, &members);
             if a.json {
+                v["given_not_members"] = json!(gone
+                    .iter()
+                    .map(|g| g.display().to_string())
+                    .collect::<Vec<_>>());
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 client::print_live(&v, &p, detail);
+                for g in &gone {
+                    println!(
+                        "      note: {} is not in this array now (no slot, replacement or spare \
+                         of the running server has it: replaced, removed, or failed and taken \
+                         over)",
+                        g.display()
+                    );
+                }
             }
             live_code(&v)
         }
@@ -74,6 +87,42 @@ pub fn run(a: &StatusArgs, detail: bool) -> Result<i32> {
         }
     };
     Ok(code)
+}
+
+/// The devices given (`members`) that the running server's status document `v` does not
+/// use: no slot, replacement or spare has them.
+fn not_in(v: &serde_json::Value, members: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
+    let mut used: Vec<&str> = Vec::new();
+    for s in v["slots"].as_array().into_iter().flatten() {
+        used.extend(s["path"].as_str());
+        used.extend(s["replacement"].as_str());
+    }
+    used.extend(
+        v["spares"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str()),
+    );
+    if let Some(j) = v["journal"]["device"].as_str() {
+        used.push(j);
+    }
+    // The server names devices as it was given them: a relative path is the server's.
+    let cwd = v["pid"]
+        .as_u64()
+        .and_then(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).ok());
+    let used: Vec<std::path::PathBuf> = used
+        .iter()
+        .map(|u| match &cwd {
+            Some(c) if std::path::Path::new(u).is_relative() => c.join(u),
+            _ => std::path::PathBuf::from(u),
+        })
+        .collect();
+    members
+        .iter()
+        .filter(|m| !used.iter().any(|u| assemble::same_file(u, m)))
+        .cloned()
+        .collect()
 }
 
 /// The exit status from a running server's status document.

@@ -130,6 +130,9 @@ pub(super) fn status(state: &State) -> Value {
             "set_rounds": bm.set_rounds, "clear_rounds": bm.clear_rounds,
         },
         "rebuild_units": { "rebuilt": a.rebuild_written, "held": a.rebuild_held },
+        "departed": a.departed.iter().map(|d| json!({
+            "slot": d.slot, "device": d.device, "how": d.how, "by": d.by, "at": d.at,
+        })).collect::<Vec<_>>(),
         "unsynced_stripes_refused": a.unsynced_stripes_refused,
         "unsynced_stripes_verified": a.unsynced_stripes_verified,
         "scrub": scrub_json(&a.scrub),

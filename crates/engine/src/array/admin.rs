@@ -5,7 +5,7 @@
 use super::Array;
 use crate::dev::BlockDev;
 use crate::metadata::Meta;
-use uraid_core::format::Superblock;
+use uraid_core::format::{Superblock, SB_SIZE, SB_SLOTS};
 use uraid_core::MemberSet;
 
 impl<D: BlockDev> Array<D> {
@@ -103,7 +103,7 @@ impl<D: BlockDev> Array<D> {
             let name = a.members.name(i).unwrap_or("?").to_string();
             a.meta.remove_slot(&a.members, &mut meta, i).await;
             // The server lets go of the device (it can be added again, or used elsewhere).
-            a.members.retire(i, a.members.generation(i));
+            a.members.remove_device(i);
             tracing::warn!("member {i} ({name}) removed from the array");
             Ok(format!("member {i} ({name}, {was}) removed"))
         })
@@ -112,7 +112,7 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Puts `dev` into the lowest failed slot of the running array (`uraid add` on a server,
-    /// or a hot spare taking over), durably: its metadata area is zeroed (no stale map or
+    /// or a hot spare taking over), durably (a former member: see below): its metadata area is zeroed (no stale map or
     /// bitmap can be merged from it), then in one superblock round the slot is recorded
     /// rebuilding from unit 0 with `uuid` (the new member gets its superblock too); from
     /// then on writes reach it and the rebuild (`Array::rebuild`) fills it. The caller then
@@ -144,15 +144,23 @@ impl<D: BlockDev> Array<D> {
 
     async fn add_member_here(&self, dev: D, uuid: [u8; 16]) -> Result<Added, String> {
         let name = dev.name().to_string();
-        // A refused add writes nothing to the device; the metadata area is cleared before
-        // the superblock lock (a hanging new device must not hold it), and the slot chosen
-        // under it.
+        // The metadata area is cleared before the superblock lock (a hanging new device
+        // must not hold it), and the slot chosen under it.
         if !self.can_take_member() {
             return Err("the array has no failed or missing member to replace".into());
         }
-        // Read before its superblock is cleared: a former member of its own slot.
-        let former = self.readd_candidate(&dev).await;
-        self.clear_metadata_area(&dev).await?;
+        // A former member of its own slot (read before anything is cleared): its superblocks
+        // stay until the slot is chosen (a refused re-add leaves it what it was, forcible
+        // into a later assembly), its map and bitmap copies go (never merged stale). No bit
+        // is cleared from now until its rebuild has copied them (recovery/readd.rs).
+        let mut former = self.readd_candidate(&dev).await;
+        let mut hold = None;
+        if former.is_some() {
+            hold = Some(self.intent.hold_clears().await);
+            self.clear_member_metadata(&dev).await?;
+        } else {
+            self.clear_metadata_area(&dev).await?;
+        }
         // No journal record that wrote a failed slot's old member may be replayed onto the
         // new device (`Journal::retire_slot`): the failures durable, then those records
         // checkpointed away, before the slot is chosen (again, if another failed meanwhile).
@@ -173,6 +181,13 @@ impl<D: BlockDev> Array<D> {
                     && self.members.replacement(f.slot).is_none()
                     && meta.slot_uuid(f.slot) == f.uuid
             });
+            if former.is_some() && back.is_none() {
+                // Its slot changed meanwhile: a new member after all, cleared whole first.
+                drop(meta);
+                (former, hold) = (None, None);
+                self.clear_metadata_area(&dev).await?;
+                continue;
+            }
             // A slot whose old member failed during a replace is its replacement's.
             let Some(slot) = back.map(|f| f.slot).or_else(|| {
                 self.members
@@ -220,9 +235,11 @@ impl<D: BlockDev> Array<D> {
             );
             return Ok(Added { slot, readd: None });
         }
-        // The slot is not failed any more: every write planned from now on reaches it, and
-        // every earlier one set its bits before it was planned (recovery/readd.rs).
+        // The slot is not failed any more: every write planned from now on reaches it, every
+        // earlier one set its bits before it was planned, and none was cleared since it
+        // failed (recovery/readd.rs).
         let units = self.register_readd(slot, gen, bad);
+        drop(hold);
         tracing::warn!(
             "member {slot}: {name} re-added (it is the slot's former device): {units} of {} \
              units are in write-intent regions dirty since it left and are rebuilt; it holds \
@@ -260,6 +277,17 @@ impl<D: BlockDev> Array<D> {
             ));
         }
         Ok(())
+    }
+
+    /// Zeroes and flushes a former member's bitmap and allocation-map copies (between its
+    /// superblocks and the data area): none can be merged stale at an assembly before they
+    /// are rewritten. Its superblocks stay.
+    pub(crate) async fn clear_member_metadata(&self, dev: &D) -> Result<(), String> {
+        let at = (SB_SIZE * SB_SLOTS) as u64;
+        let zeros = crate::buf::alloc((self.members.data_offset() - at) as usize);
+        let (r, _) = dev.write(at, zeros).await;
+        r.and(dev.flush().await)
+            .map_err(|e| format!("{}: clearing its map and bitmap copies: {e}", dev.name()))
     }
 
     /// Zeroes and flushes a new device's bytes before the data area: no stale superblock,

@@ -53,6 +53,14 @@ impl<D: BlockDev> Array<D> {
         self.journal.get().filter(|j| j.active())
     }
 
+    /// Whether journal records dropped before their member writes completed wait to be
+    /// written again (`Journal::has_orphans`): their stripes may be torn, so no write-intent
+    /// bit is cleared meanwhile (and a member failed before they are written again misses
+    /// them inside a dirty region, where a re-add rebuilds).
+    pub(crate) fn journal_orphans(&self) -> bool {
+        self.journal.get().is_some_and(|j| j.has_orphans())
+    }
+
     /// The journal device, if one is attached (tests snapshot it).
     pub fn journal_dev(&self) -> Option<&D> {
         self.journal.get().map(|j| j.dev())

@@ -406,7 +406,9 @@ impl<D: BlockDev> Array<D> {
                 rt.spawn_on(0, move || async move {
                     let n = a
                         .intent
-                        .clear_idle(&a.meta, &a.members, &a.recovery.resync, false)
+                        .clear_idle(&a.meta, &a.members, &a.recovery.resync, false, || {
+                            a.journal_orphans()
+                        })
                         .await;
                     a.journal_checkpoint().await;
                     n
@@ -417,7 +419,13 @@ impl<D: BlockDev> Array<D> {
             None => {
                 let n = self
                     .intent
-                    .clear_idle(&self.meta, &self.members, &self.recovery.resync, false)
+                    .clear_idle(
+                        &self.meta,
+                        &self.members,
+                        &self.recovery.resync,
+                        false,
+                        || self.journal_orphans(),
+                    )
                     .await;
                 self.journal_checkpoint().await;
                 n
@@ -429,7 +437,13 @@ impl<D: BlockDev> Array<D> {
     /// a session that wrote nothing, or while degraded).
     pub(crate) async fn bitmap_close(&self) -> u64 {
         self.intent
-            .clear_idle(&self.meta, &self.members, &self.recovery.resync, true)
+            .clear_idle(
+                &self.meta,
+                &self.members,
+                &self.recovery.resync,
+                true,
+                || self.journal_orphans(),
+            )
             .await
     }
 

@@ -121,6 +121,9 @@ pub struct ArrayStatus {
     pub rebuild_held: u64,
     /// Progress of the running (or last) replace.
     pub replace: ProgressView,
+    /// Devices that left their slot while this server ran (failed and taken over, replaced,
+    /// removed), oldest first.
+    pub departed: Vec<crate::members::Departed>,
     pub scrub: ScrubStatus,
     /// The throttle background work applies now.
     pub throttle: Throttle,
@@ -232,6 +235,7 @@ impl<D: BlockDev> Array<D> {
             rebuild_written: self.recovery.readd.written.load(Ordering::Relaxed),
             rebuild_held: self.recovery.readd.held.load(Ordering::Relaxed),
             replace: self.replace_progress(),
+            departed: self.members.departed(),
             scrub: ScrubStatus {
                 mode,
                 report,

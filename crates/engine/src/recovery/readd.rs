@@ -9,14 +9,21 @@
 //!   bitmap, and its own superblock saying it was active (a device that left while being
 //!   rebuilt holds only part of its slot). Anything else is added as a new member.
 //! * While a slot is failed or missing no write-intent bit is cleared (`WriteIntent::
-//!   clear_idle`), and every write sets its regions' bits before it is planned. So every
-//!   write the device missed, and every write it may have lost unflushed, is in a region
-//!   whose bit is set until the device comes back; a region clear then was flushed on it
-//!   before it left and not written since.
-//! * The bits are copied *after* the slot stops being failed (`Metadata::name_rebuilding`):
-//!   a write planned before that skipped the device but set its bits before it was planned,
-//!   so the copy has them; a write planned after it reaches the device. Bits cleared later
-//!   do not matter: the copy is what the rebuild consults.
+//!   clear_idle`, checked again under its I/O lock right before a clear), nor while the
+//!   journal holds orphans (records dropped before their member writes completed: written
+//!   again later, without the client's bits held). Every client write sets its regions'
+//!   bits before it is planned. So every write the device missed, and every write it may
+//!   have lost unflushed, is in a region whose bit is set when it comes back; a region
+//!   clear then was flushed on it before it left and not written since.
+//! * From before the slot stops being failed until the bits are copied, no bit is cleared
+//!   either (`WriteIntent::hold_clears`); the copy is taken *after* the slot stops being
+//!   failed (`Metadata::name_rebuilding`): a write planned before that skipped the device
+//!   but set its bits before it was planned, so the copy has them; a write planned after it
+//!   reaches the device. Bits cleared after the copy do not matter: the copy is what the
+//!   rebuild consults.
+//! * Its superblocks stay until the slot is chosen under the superblock lock (a refused
+//!   re-add leaves the device as it was, which a forced assembly may still want); its map
+//!   and bitmap copies are zeroed first (never merged stale), and rewritten once it is in.
 //! * The device is then rebuilding from unit 0 like any new member (reads use it only below
 //!   its checkpoint). The rebuild regenerates every unit in a region dirty in the copy or on
 //!   the slot's bad-block list then, and leaves the others as they are on it (`holds`),
