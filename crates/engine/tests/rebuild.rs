@@ -1050,3 +1050,63 @@ fn a_former_member_comes_back_from_the_bitmap() {
         );
     }
 }
+
+/// Re-add against the bitmap daemon (recovery/readd.rs): bitmap passes run all through the
+/// add (before, during and after the slot stops being failed, and while the map pages are
+/// rewritten), the returning device's metadata writes slow; the rebuild still regenerates
+/// what it missed, which reading with the others taken away shows. (On one executor the
+/// passes meet the add only at its awaits; the window `WriteIntent::hold_clears` closes,
+/// between the slot's failure ending and the copy of the bits, is not reached here: this
+/// checks that passes running beside a re-add change nothing it relies on.)
+#[test]
+fn a_re_add_beside_the_bitmap_daemon_still_rebuilds_what_it_missed() {
+    let (level, members) = (Level::Raid5, 4);
+    let (vol, _) = mem_array(level, members, CHUNK, ROWS * CHUNK, None);
+    let a = vol.array().clone();
+    let size = vol.size();
+    let mut model = Model::new(size);
+    let all = payload(7070, size as usize);
+    block_on(vol.write(0, all.clone())).unwrap();
+    model.write(0, &all);
+    block_on(a.bitmap_tick());
+    block_on(a.bitmap_tick());
+    assert_eq!(a.status().bitmap.dirty, 0);
+    let slot = 2;
+    let former = a.member_dev(slot).unwrap().share();
+    block_on(a.fail_by_operator(slot, true)).expect("fail");
+    let away = payload(7071, 2 * CHUNK as usize);
+    block_on(vol.write(size / 3, away.clone())).unwrap();
+    model.write(size / 3, &away);
+    block_on(a.bitmap_tick());
+    assert!(a.status().bitmap.dirty > 0);
+    former.faults.slow_meta_writes.store(400, Ordering::SeqCst);
+    let done = AtomicBool::new(false);
+    let added = block_on(async {
+        let add = async {
+            let r = vol.add_member_with(former, [0x44; 16]).await;
+            done.store(true, Ordering::SeqCst);
+            r
+        };
+        let ticks = async {
+            let mut n = 0u64;
+            while !done.load(Ordering::SeqCst) {
+                // A client write elsewhere (the array dirty again), then the periodic pass
+                // and safe mode's (which clears every idle region at once).
+                a.bitmap_tick().await;
+                n += 1;
+                uraid_engine::reactor::yield_now().await;
+            }
+            n
+        };
+        futures::join!(add, ticks)
+    });
+    let (added, ticks) = added;
+    assert!(ticks > 2, "the daemon ran during the add ({ticks} passes)");
+    assert_eq!(added.expect("re-add").slot, slot);
+    let stop = AtomicBool::new(false);
+    block_on(a.rebuild(&stop)).expect("rebuild");
+    assert!(a.status().rebuild_held > 0, "a re-add, not a full rebuild");
+    block_on(vol.close()).unwrap();
+    let after = member_images(&vol);
+    check_without_others(&after, &[slot], &model, 1);
+}
