@@ -231,7 +231,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         say!(
             "uraid: '{}' was not stopped cleanly: --read-only opens the members read-write for \
              the one superblock update that records which members serve while it is out of \
-             sync; no data is written",
+             sync (and journal replay, failures, read repair)",
             plan.sb.name
         );
     }

@@ -1117,6 +1117,11 @@ fn members_and_spares_are_removed_and_the_throttle_changes_while_serving() {
     assert_eq!(j["slots"][1]["state"], "removed", "{j}");
     assert_eq!(j["departed"][0]["device"], ms[1].as_str(), "{j}");
     assert_eq!(j["departed"][0]["how"], "removed", "{j}");
+    let st = exits(&run_uraid(with(&["status"], &srv.ctl, &ms)), 1);
+    assert!(
+        st.contains(&format!("note: {} is not in this array now", ms[1])),
+        "{st}"
+    );
     let e = one_line_error(&run_uraid(with(&["remove", "2"], &srv.ctl, &ms)));
     assert!(e.contains("member 2 is in service"), "{e}");
     let e = one_line_error(&run_uraid(with(&["remove", "1"], &srv.ctl, &ms)));
@@ -1880,6 +1885,8 @@ fn a_briefly_missing_member_is_re_added_from_the_bitmap() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(j["slots"][5]["state"], "active", "{j}");
+    // It came back: not a departure.
+    assert_eq!(j["departed"].as_array().map(Vec::len), Some(0), "{j}");
     let rebuilt = j["rebuild_units"]["rebuilt"].as_u64().unwrap();
     let held = j["rebuild_units"]["held"].as_u64().unwrap();
     let units = rebuilt + held;

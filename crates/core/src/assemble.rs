@@ -415,6 +415,13 @@ impl Plan {
                 f.sb.rebuilt[i],
                 self.sb.geometry.units()
             ));
+        } else if self.sb.is_rebuilding(i) {
+            // The array records its slot being rebuilt (a re-add whose naming round it
+            // missed): what it holds is decided by that rebuild, never forced in as active.
+            self.refused.push(format!(
+                "{why}; the array records its slot being rebuilt, so it is not taken even with \
+                 --force"
+            ));
         } else if force && !startable && self.slots[i].is_none() {
             self.notes.push(Note::Warn(format!(
                 "--force: {why}; taking it anyway (its data may be out of date)"

@@ -237,8 +237,8 @@ pub enum OpenError {
 }
 
 /// What to do about a write-protected member (`OpenError::ReadOnly`).
-pub const READ_ONLY_HINT: &str =
-    "uraid writes to its members: make it writable (blockdev --setrw), or serve --read-only";
+pub const READ_ONLY_HINT: &str = "uraid writes to its members: make it writable (blockdev \
+     --setrw), or serve --read-only (an array stopped cleanly: nothing is written then)";
 
 /// A member I/O error for the log: EPERM and EROFS say what they usually mean here (a
 /// write-protected device, or one remounted read-only underneath).

@@ -856,7 +856,8 @@ impl Metadata {
     /// Before failed slot `slot` gets a new device: its failure is on disk (state failed, no
     /// rebuild checkpoint, its old uuid), writing a round if it is not yet, so a crash
     /// before the round that names the new device leaves the slot failed, never trusting
-    /// the new device.
+    /// the new device. (A slot absent since assembly with nothing written yet is kept as the
+    /// superblocks had it, active: its device's data is current then.)
     pub(crate) async fn failure_on_disk<D: BlockDev>(
         &self,
         members: &Members<D>,
@@ -874,8 +875,11 @@ impl Metadata {
     /// Names device `uuid` in slot `slot`, which was just given it (`failure_on_disk` ran
     /// first, its metadata area is zeroed), rebuilding from unit 0, in one round. The device
     /// gets its first superblock from that round (`sb_slot: 1`: it is written to slot 0), so
-    /// a torn round leaves it without any: missing, never trusted. A device that fails the
-    /// round leaves the slot failed (`members.is_failed(slot)` afterwards).
+    /// a torn round leaves it without any: missing, never trusted. A re-added device
+    /// (recovery/readd.rs) keeps its old superblock in slot 1 meanwhile: at least two events
+    /// behind the round, or in a slot that round records rebuilding, so never taken (nor
+    /// forced) as active. A device that fails the round leaves the slot failed
+    /// (`members.is_failed(slot)` afterwards).
     pub(crate) async fn name_rebuilding<D: BlockDev>(
         &self,
         members: &Members<D>,

@@ -295,12 +295,14 @@ impl<D: BlockDev> Supervisor<D> {
         Ok(true)
     }
 
-    /// Starts a scrub in `mode`. Refused while one runs, on a degraded array, and (repair)
-    /// on a read-only server.
+    /// Starts a scrub in `mode`. Refused while one runs, on a degraded array, and on a
+    /// read-only server.
     pub fn start_scrub(&self, mode: ScrubMode) -> Result<String, Refusal> {
-        if mode == ScrubMode::Repair && self.read_only {
+        if self.read_only {
+            // A check writes too: chunks it cannot read are rebuilt in place, and a stripe
+            // not yet resynced is resynced first (md runs no check on a read-only array).
             return Err(Refusal::conflict(
-                "the server is read-only: scrub repair writes",
+                "the server is read-only: a scrub writes (it rewrites what it cannot read)",
             ));
         }
         let a = self.volume.array();

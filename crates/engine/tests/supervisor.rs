@@ -101,7 +101,7 @@ fn refusals_carry_the_operators_messages() {
     for (r, msg) in [
         (
             ro.start_scrub(ScrubMode::Repair),
-            "the server is read-only: scrub repair writes",
+            "the server is read-only: a scrub writes (it rewrites what it cannot read)",
         ),
         (
             ro.fail(1, false),

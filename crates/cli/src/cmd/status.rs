@@ -94,7 +94,9 @@ pub fn run(a: &StatusArgs, detail: bool) -> Result<i32> {
 fn not_in(v: &serde_json::Value, members: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
     let mut used: Vec<&str> = Vec::new();
     for s in v["slots"].as_array().into_iter().flatten() {
-        used.extend(s["path"].as_str());
+        if s["state"] != "removed" {
+            used.extend(s["path"].as_str());
+        }
         used.extend(s["replacement"].as_str());
     }
     used.extend(

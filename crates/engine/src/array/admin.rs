@@ -112,15 +112,16 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Puts `dev` into the lowest failed slot of the running array (`uraid add` on a server,
-    /// or a hot spare taking over), durably (a former member: see below): its metadata area is zeroed (no stale map or
+    /// or a hot spare taking over), durably: its metadata area is zeroed (no stale map or
     /// bitmap can be merged from it), then in one superblock round the slot is recorded
     /// rebuilding from unit 0 with `uuid` (the new member gets its superblock too); from
     /// then on writes reach it and the rebuild (`Array::rebuild`) fills it. The caller then
     /// rewrites the member metadata (`Volume::add_member` does).
     ///
     /// A former member the slot still names goes back into its own slot with its own uuid
-    /// instead, and its rebuild regenerates only the write-intent regions dirty since it
-    /// left (recovery/readd.rs; `Added::readd`).
+    /// instead (only its map and bitmap copies zeroed: its superblocks stay until the round
+    /// overwrites one), and its rebuild regenerates only the write-intent regions dirty since
+    /// it left (recovery/readd.rs; `Added::readd`).
     pub async fn add_member_online(
         self: &std::sync::Arc<Self>,
         dev: D,
@@ -150,7 +151,7 @@ impl<D: BlockDev> Array<D> {
             return Err("the array has no failed or missing member to replace".into());
         }
         // A former member of its own slot (read before anything is cleared): its superblocks
-        // stay until the slot is chosen (a refused re-add leaves it what it was, forcible
+        // stay until the slot is chosen (a re-add refused before then leaves its superblocks, forcible
         // into a later assembly), its map and bitmap copies go (never merged stale). No bit
         // is cleared from now until its rebuild has copied them (recovery/readd.rs).
         let mut former = self.readd_candidate(&dev).await;
@@ -219,7 +220,7 @@ impl<D: BlockDev> Array<D> {
             .filter(|r| r.member == slot)
             .map(|r| (r.start, r.len))
             .collect();
-        if self.members.install(slot, dev).is_err() {
+        if self.members.install(slot, dev, readd).is_err() {
             return Err(format!("slot {slot}: no room for another device"));
         }
         let gen = self.members.generation(slot);
@@ -305,7 +306,8 @@ impl<D: BlockDev> Array<D> {
         self.meta.failure_on_disk(&self.members, meta, slot).await;
     }
 
-    /// Slot `slot` was just given its new device (its metadata area zeroed): it is recorded
+    /// Slot `slot` was just given its new device (its metadata area zeroed; a re-added one's
+    /// map and bitmap copies): it is recorded
     /// rebuilding from unit 0 with device uuid `uuid` in one round
     /// (`Metadata::name_rebuilding`), the superblock lock released, then every bitmap copy
     /// is made equal to memory. The caller rewrites the map pages.

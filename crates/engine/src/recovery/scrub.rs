@@ -10,7 +10,8 @@
 //!   culprit.
 //! * `repair` rewrites a located chunk with what it should hold; an unlocatable column gets
 //!   its parity recomputed from the data (mirrors: the first copy written over the others),
-//!   as md's repair does, and is reported as such. `check` writes nothing.
+//!   as md's repair does, and is reported as such. `check` writes no mismatch over (it does
+//!   rewrite chunks it could not read, below, and resync a stripe not yet in sync first).
 //! * Scrub needs every member (a degraded array has no redundancy to check against; rebuild
 //!   first): it refuses to start on a degraded array and stops if a member fails. A chunk
 //!   that cannot be read (media error) is reconstructed and rewritten by the read path's
