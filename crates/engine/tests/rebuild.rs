@@ -283,7 +283,7 @@ fn a_rebuild_never_makes_parity_agree_with_a_survivor_decoded_from_unsynced_pari
 #[test]
 fn a_member_failed_and_replaced_while_serving() {
     for &(level, members) in &[(Level::Raid6, 6), (Level::Raid5, 4), (Level::Raid1, 3)] {
-        let (images, mut model) = written(level, members, 31);
+        let (images, model) = written(level, members, 31);
         let vol = reassemble(&images, &vec![true; members]).expect("reassembles");
         let a = vol.array().clone();
         block_on(a.fail_by_operator(1, true)).expect("fail");
@@ -294,25 +294,9 @@ fn a_member_failed_and_replaced_while_serving() {
         assert_eq!(slot, 1);
         assert_eq!(a.rebuild_state(), vec![(1, 0)]);
         let stop = AtomicBool::new(false);
-        let mut rng = Rng::new(5);
-        let size = vol.size();
+        let what = format!("{level}: rebuild");
         let (r, model) = block_on(async {
-            let rebuild = a.rebuild(&stop);
-            let client = async {
-                for i in 0..60 {
-                    let (off, len) = random_range(&mut rng, size, 24);
-                    if i % 2 == 0 {
-                        let data = payload(5000 + i, len as usize);
-                        vol.write(off, data.clone()).await.unwrap();
-                        model.write(off, &data);
-                    } else {
-                        let got = vol.read(off, len).await.unwrap().to_vec();
-                        assert!(got == model.read(off, len), "{level}: read during rebuild");
-                    }
-                }
-                model
-            };
-            futures::join!(rebuild, client)
+            futures::join!(a.rebuild(&stop), client_load(&vol, model, 5, 60, &what))
         });
         r.expect("rebuild");
         assert!(a.rebuild_state().is_empty());
@@ -331,6 +315,32 @@ fn a_member_failed_and_replaced_while_serving() {
             "{level}: old member refused"
         );
     }
+}
+
+/// `n` client operations on `vol` (writes and reads by turns, ranges from seed `seed`), the
+/// writes applied to `model` and every read checked against it (`what` names the test);
+/// returns the model.
+async fn client_load(
+    vol: &uraid_engine::Volume<MemDev>,
+    mut model: Model,
+    seed: u64,
+    n: u64,
+    what: &str,
+) -> Model {
+    let mut rng = Rng::new(seed);
+    let size = vol.size();
+    for i in 0..n {
+        let (off, len) = random_range(&mut rng, size, 24);
+        if i % 2 == 0 {
+            let data = payload(seed * 1000 + i, len as usize);
+            vol.write(off, data.clone()).await.unwrap();
+            model.write(off, &data);
+        } else {
+            let got = vol.read(off, len).await.unwrap().to_vec();
+            assert!(got == model.read(off, len), "{what}: read during the walk");
+        }
+    }
+    model
 }
 
 /// Member state is one rule: `Members::at(unit)` (every read and reconstruct decision),
@@ -988,24 +998,9 @@ fn a_former_member_comes_back_from_the_bitmap() {
             "{level}: {owed} of {units} units owed"
         );
         let stop = AtomicBool::new(false);
-        let mut rng = Rng::new(6);
+        let what = format!("{level}: re-add");
         let (r, model) = block_on(async {
-            let rebuild = a.rebuild(&stop);
-            let client = async {
-                for i in 0..40 {
-                    let (off, len) = random_range(&mut rng, size, 24);
-                    if i % 2 == 0 {
-                        let data = payload(9000 + i, len as usize);
-                        vol.write(off, data.clone()).await.unwrap();
-                        model.write(off, &data);
-                    } else {
-                        let got = vol.read(off, len).await.unwrap().to_vec();
-                        assert!(got == model.read(off, len), "{level}: read during re-add");
-                    }
-                }
-                model
-            };
-            futures::join!(rebuild, client)
+            futures::join!(a.rebuild(&stop), client_load(&vol, model, 6, 40, &what))
         });
         r.expect("rebuild");
         assert!(a.rebuild_state().is_empty(), "{level}: member active again");
