@@ -136,6 +136,25 @@ fn create_refuses_a_member_another_process_has_locked() {
         "{e}"
     );
     drop(held);
+    // A journal device in use is named as itself, not as a member slot.
+    std::fs::File::create(dir.join("j"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let held = std::fs::File::open(dir.join("j")).unwrap();
+    // SAFETY: as above.
+    let r = unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(r, 0);
+    let e = one_line_error(&uraid(
+        &["journal", "add", "--journal", "j", "a", "b", "c"],
+        &dir,
+    ));
+    assert!(
+        e.starts_with(&format!("uraid: j is in use by pid {}", std::process::id()))
+            && !e.contains("member"),
+        "{e}"
+    );
+    drop(held);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
