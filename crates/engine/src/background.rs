@@ -59,8 +59,8 @@ pub(crate) struct ReAdd {
     pub(crate) gen: usize,
     /// The write-intent bits when it came back (bit r of word r/64: region r dirty).
     pub(crate) dirty: Arc<[u64]>,
-    /// Its bad-block ranges then (first unit, units): not held either.
-    pub(crate) bad: Vec<(u64, u64)>,
+    /// The bad-block lists then: its slot's chunks there are not held either.
+    pub(crate) bad: uraid_core::badblocks::BadBlocks,
 }
 
 impl Recovery {

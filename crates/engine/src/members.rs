@@ -476,9 +476,6 @@ pub struct Members<D: BlockDev> {
     /// Devices that left their slot this session (`Departed`), oldest first, at most
     /// `DEPARTED_KEPT`.
     departed: Mutex<Vec<Departed>>,
-    /// Slots whose current device was noted removed (`remove_device`): the device that
-    /// takes the slot next does not note it again.
-    removed_noted: AtomicU64,
 }
 
 /// A device that left its slot while the array served (status: which drive to pull). Kept
@@ -541,7 +538,6 @@ impl<D: BlockDev> Members<D> {
             unjournaled: AtomicU64::new(0),
             unjournaled_flushed: AtomicU64::new(0),
             departed: Mutex::new(Vec::new()),
-            removed_noted: AtomicU64::new(0),
         }
     }
 
@@ -584,7 +580,6 @@ impl<D: BlockDev> Members<D> {
     pub(crate) fn remove_device(&self, i: usize) {
         let g = self.generation(i);
         self.depart(i, g, "removed", false);
-        self.removed_noted.fetch_or(1 << i, Ordering::AcqRel);
         self.retire(i, g);
     }
 
@@ -888,16 +883,15 @@ impl<D: BlockDev> Members<D> {
     /// Puts `dev` into slot `i` as its new device (the slot must be failed: no I/O goes to
     /// it until the caller clears that). Err: the slot had `MAX_GENERATIONS` devices this
     /// session already.
-    pub(crate) fn install(&self, i: usize, dev: D, back: bool) -> Result<(), D> {
+    pub(crate) fn install(&self, i: usize, dev: D, note: bool) -> Result<(), D> {
         let slot = &self.slots[i];
         let next = self.new_generation(i, dev)?;
         let guard = self.devices_lock();
         let (old, _) = unpack(slot.cur.swap(pack(next, None), Ordering::AcqRel));
         drop(guard);
-        // A former member put back into its slot (`back`: re-add) did not leave; a removed
-        // one was noted when it was removed.
-        let noted = self.removed_noted.fetch_and(!(1 << i), Ordering::AcqRel) & (1 << i) != 0;
-        if !back && !noted {
+        // `note`: the old device left with this (not a former member put back: re-add; not
+        // a removed one, noted by `remove_device`).
+        if note {
             self.depart(i, old, "failed", true);
         }
         self.retire(i, old);

@@ -212,15 +212,10 @@ impl<D: BlockDev> Array<D> {
         self.failure_on_disk(&mut meta, slot).await;
         // Its bad-block ranges, which the new device forgets (`start_rebuilding`): a former
         // member does not hold those chunks.
-        let bad: Vec<(u64, u64)> = self
-            .members
-            .bad_blocks()
-            .ranges()
-            .iter()
-            .filter(|r| r.member == slot)
-            .map(|r| (r.start, r.len))
-            .collect();
-        if self.members.install(slot, dev, readd).is_err() {
+        let bad = self.members.bad_blocks();
+        // The old device leaves now, unless it is this one (re-add) or was noted removed.
+        let note = !readd && !self.meta.removed().contains(slot);
+        if self.members.install(slot, dev, note).is_err() {
             return Err(format!("slot {slot}: no room for another device"));
         }
         let gen = self.members.generation(slot);

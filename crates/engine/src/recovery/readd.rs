@@ -73,7 +73,12 @@ impl<D: BlockDev> Array<D> {
     /// Records that slot `slot` took back its former device as generation `gen` (after the
     /// slot stopped being failed), with `bad`, its bad-block ranges before: the bits now are
     /// the ones its rebuild honours. Returns the units in dirty regions.
-    pub(crate) fn register_readd(&self, slot: usize, gen: usize, bad: Vec<(u64, u64)>) -> u64 {
+    pub(crate) fn register_readd(
+        &self,
+        slot: usize,
+        gen: usize,
+        bad: uraid_core::badblocks::BadBlocks,
+    ) -> u64 {
         let dirty: std::sync::Arc<[u64]> = self.intent().snapshot().into();
         let g = self.geo();
         let chunk = self.intent().chunk;
@@ -124,7 +129,7 @@ impl<D: BlockDev> Array<D> {
                     && r.dirty
                         .get((region / 64) as usize)
                         .is_some_and(|w| w & (1 << (region % 64)) == 0)
-                    && !r.bad.iter().any(|&(s, n)| unit >= s && unit - s < n)
+                    && !r.bad.contains(t, unit)
             });
             if !held {
                 return false;
