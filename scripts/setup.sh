@@ -16,10 +16,12 @@ have() { dpkg -s "$1" >/dev/null 2>&1; }
 # curl, prometheus (promtool): the control-socket tests (curl --unix-socket, promtool check metrics).
 # systemd (systemd-analyze): the test that verifies contrib/systemd/uraid@.service.
 # man-db (man): the package test renders the generated man pages.
+# libssl-dev: TLS with pre-shared keys (OpenSSL). gnutls-bin (certtool, psktool): the TLS tests make
+# their certificates and key files with the tools the NBD clients' documentation names.
 # zfs-fuse (pulls libfuse2, beside fuse3): the suite's ZFS RAIDZ2 target; pts.py starts and stops its own
 # daemon (on a systemd machine the package also enables zfs-fuse.service; pts.py then uses that one).
 for p in libisal-dev fio util-linux mount libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs pkg-config \
-  python3 python3-matplotlib curl zfs-fuse systemd man-db; do
+  python3 python3-matplotlib curl zfs-fuse systemd man-db libssl-dev gnutls-bin; do
   have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -18,6 +18,7 @@ use uraid_engine::supervisor::ResyncStart;
 use uraid_engine::{
     assemble, Access, ArrayOptions, ErrorPolicy, FileDev, Priority, Runtime, Supervisor, Throttle,
 };
+use uraid_nbd::tls::{Mode, Tls};
 use uraid_nbd::{Config, Server};
 
 /// `println!` that never panics: stdout may be a pipe whose reader went away (`uraid serve
@@ -54,6 +55,38 @@ pub struct ServeArgs {
     /// (read-write only for one superblock update if the array was not stopped cleanly).
     #[arg(long)]
     pub read_only: bool,
+    /// TLS (NBD STARTTLS; nbdkit's meanings): off refuses it; on lets each client choose;
+    /// require serves only clients that switch to TLS first. Default: on when
+    /// --tls-certificates or --tls-psk is given, else off.
+    #[arg(long, value_name = "MODE", value_parser = ["off", "on", "require"])]
+    pub tls: Option<String>,
+    /// Directory with server-cert.pem and server-key.pem (and ca-cert.pem, optionally
+    /// ca-crl.pem, for --tls-verify-peer): the names nbdkit and qemu use.
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys instead of certificates: a psktool file of identity:hexkey lines.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Require a client certificate signed by the directory's ca-cert.pem (and not revoked
+    /// in ca-crl.pem).
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+    /// Clients let in, whatever --deny says (nbdkit's ip filter): comma-separated
+    /// addresses, ADDRESS/BITS, all, anyipv4, anyipv6, anyunix, uid:N, gid:N, pid:N.
+    #[arg(long, value_name = "LIST")]
+    pub allow: Vec<String>,
+    /// Clients refused unless --allow lets them in (same entries); checked before any byte
+    /// is read. E.g. --allow 10.0.0.0/8 --deny all.
+    #[arg(long, value_name = "LIST")]
+    pub deny: Vec<String>,
+    /// Seconds a client may take from connecting to choosing the export (options, STARTTLS
+    /// and the TLS handshake) before it is cut off.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub handshake_timeout: f64,
+    /// Connections that may be in the handshake at once; more are closed unserved.
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_handshakes: u64,
     /// Reactor threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -177,14 +210,43 @@ fn warn(args: &ServeArgs, events: &Events, msg: String) {
     }
 }
 
-fn uri(l: &Listen, export: &str) -> String {
+/// The NBD URI of a listener (`nbds` when TLS is required).
+fn uri(l: &Listen, export: &str, tls: Mode) -> String {
+    let s = if tls == Mode::Require { "s" } else { "" };
     match l {
-        Listen::Tcp(_, a) => format!("nbd://{a}/{export}"),
+        Listen::Tcp(_, a) => format!("nbd{s}://{a}/{export}"),
         Listen::Unix(_, p) => {
             let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-            format!("nbd+unix:///{export}?socket={}", abs.display())
+            format!("nbd{s}+unix:///{export}?socket={}", abs.display())
         }
     }
+}
+
+/// `--tls` and the credentials it needs, loaded (before anything is opened: a bad file
+/// starts nothing).
+fn tls_settings(args: &ServeArgs) -> Result<(Mode, Option<Arc<Tls>>)> {
+    let have_creds = args.tls_certificates.is_some() || args.tls_psk.is_some();
+    let mode = match args.tls.as_deref() {
+        Some(m) => m.parse::<Mode>().map_err(|e| anyhow::anyhow!("{e}"))?,
+        None if have_creds => Mode::On,
+        None => Mode::Off,
+    };
+    if args.tls_verify_peer && args.tls_certificates.is_none() {
+        bail!("--tls-verify-peer checks client certificates: give --tls-certificates DIR");
+    }
+    if mode == Mode::Off {
+        return Ok((mode, None));
+    }
+    if !have_creds {
+        bail!("--tls {mode} needs --tls-certificates DIR or --tls-psk FILE");
+    }
+    let settings = uraid_nbd::tls::Settings {
+        certificates: args.tls_certificates.clone(),
+        psk: args.tls_psk.clone(),
+        verify_peer: args.tls_verify_peer,
+    };
+    let t = Tls::new(settings).map_err(|e| anyhow::anyhow!("--tls: {e}"))?;
+    Ok((mode, Some(Arc::new(t))))
 }
 
 pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events) -> Result<()> {
@@ -195,6 +257,15 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     // The control spec and the metrics port are checked before anything is opened.
     let explicit_control = args.control.is_some();
     let control_path = control_socket_path(args, &events, &plan, embedded)?;
+    let (tls_mode, tls) = tls_settings(args)?;
+    let access = uraid_nbd::access::Access::parse(&args.allow, &args.deny)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !(args.handshake_timeout > 0.0 && args.handshake_timeout <= 3600.0) {
+        bail!(
+            "--handshake-timeout {}: must be a number of seconds above 0 and at most 3600",
+            args.handshake_timeout
+        );
+    }
     let metrics_listener = args
         .metrics
         .as_deref()
@@ -295,6 +366,11 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             export: export.clone(),
             description,
             read_only: args.read_only,
+            tls_mode,
+            tls: tls.clone(),
+            access,
+            handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+            max_handshakes: args.max_handshakes as usize,
             ..Config::default()
         },
     ));
@@ -325,14 +401,20 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         if args.read_only { ", read-only" } else { "" }
     );
     for l in &listeners {
-        say!("uraid: listening on {}", uri(l, &export));
+        say!("uraid: listening on {}", uri(l, &export, tls_mode));
+    }
+    if let Some(t) = &tls {
+        say!("uraid: TLS {tls_mode}: {}", t.describe());
     }
     let state = Arc::new(control::State {
         jobs: Arc::new(crate::jobs::Jobs::new(sup.clone())),
         volume: array.clone(),
         server: server.clone(),
         members: plan.slots.clone(),
-        listen: listeners.iter().map(|l| uri(l, &export)).collect(),
+        listen: listeners
+            .iter()
+            .map(|l| uri(l, &export, tls_mode))
+            .collect(),
         events: events.clone(),
         started,
     });

@@ -21,7 +21,7 @@ pub enum OutPart {
 }
 
 impl OutPart {
-    fn as_slice(&self) -> &[u8] {
+    pub fn as_slice(&self) -> &[u8] {
         match self {
             OutPart::Bytes(v) => v,
             OutPart::Shared(b, r) => &b[r.clone()],

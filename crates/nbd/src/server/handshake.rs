@@ -1,12 +1,22 @@
 //! The fixed-newstyle handshake: greeting, client flags, then option haggling until the
 //! client picks the export (`NBD_OPT_EXPORT_NAME`, `NBD_OPT_GO`) or aborts. `option`
 //! decides the reply to each option without I/O; `handshake` receives and sends.
+//!
+//! STARTTLS (NBD spec, "TLS support"): with `--tls on` or `require` the server acknowledges
+//! it, drops any bytes the client sent after it (they were not encrypted), runs the TLS
+//! handshake and forgets every option negotiated before it (structured replies, meta
+//! contexts: CVE-2021-3716). With `require`, every option before it but ABORT is answered
+//! NBD_REP_ERR_TLS_REQD, and NBD_OPT_EXPORT_NAME (which cannot be refused) ends the
+//! connection.
 
 use super::recv::Reader;
 use super::send::send_now;
+use super::tlslink::TlsLink;
 use super::{Inner, MAX_PAYLOAD, META_ID};
 use crate::proto::{self, GoRequest, MetaRequest};
+use crate::tls::Mode;
 use std::io;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use uraid_core::geometry::SECTOR;
 use uraid_engine::{BlockDev, Volume};
@@ -25,6 +35,8 @@ enum Step {
     Enter(Vec<u8>),
     /// The client aborted: send this acknowledgement (if it still listens) and close.
     Abort(Vec<u8>),
+    /// Send this acknowledgement, then the TLS handshake.
+    StartTls(Vec<u8>),
 }
 
 fn transmission_flags<D: BlockDev>(inner: &Inner<D>, structured: bool) -> u16 {
@@ -58,13 +70,14 @@ fn invalid_data(msg: impl Into<String>) -> io::Error {
 }
 
 /// Runs option haggling. Ok(Some) = enter transmission; Ok(None) = client aborted.
+/// `id`: the connection's key in the server's client list (its TLS state is recorded there).
 pub(super) async fn handshake<D: BlockDev>(
     inner: &Inner<D>,
     rd: &mut Reader,
+    id: u64,
 ) -> io::Result<Option<Session>> {
     use proto::*;
-    let fd = rd.fd;
-    send_now(fd, greeting()).await?;
+    send_now(rd.fd, greeting()).await?;
     let cflags = {
         let b = rd.exact(4).await?;
         u32::from_be_bytes([b[0], b[1], b[2], b[3]])
@@ -85,48 +98,96 @@ pub(super) async fn handshake<D: BlockDev>(
                 return Err(invalid_data("option too long"));
             }
             rd.skip(len as usize).await?;
-            send_now(
-                fd,
-                option_reply(opt, REP_ERR_TOO_BIG, b"option data too long"),
-            )
-            .await?;
+            rd.send(option_reply(opt, REP_ERR_TOO_BIG, b"option data too long"))
+                .await?;
             continue;
         }
         let data = rd.take_buf(len as usize).await?;
         if inner.stopping.load(Ordering::SeqCst) {
-            send_now(
-                fd,
-                option_reply(opt, REP_ERR_SHUTDOWN, b"server shutting down"),
-            )
-            .await?;
+            rd.send(option_reply(opt, REP_ERR_SHUTDOWN, b"server shutting down"))
+                .await?;
             return Ok(None);
         }
-        match option(inner, &mut h, opt, &data[..], no_zeroes)? {
-            Step::Reply(v) => send_now(fd, v).await?,
+        match option(inner, &mut h, opt, &data[..], no_zeroes, rd.tls().is_some())? {
+            Step::Reply(v) => rd.send(v).await?,
+            Step::StartTls(v) => {
+                rd.send(v).await?;
+                start_tls(inner, rd, id).await?;
+                // Nothing negotiated in plaintext carries over.
+                h = Session {
+                    structured: false,
+                    meta: false,
+                };
+            }
             Step::Enter(v) => {
-                send_now(fd, v).await?;
+                rd.send(v).await?;
                 return Ok(Some(h));
             }
             Step::Abort(v) => {
-                let _ = send_now(fd, v).await;
+                let _ = rd.send(v).await;
                 return Ok(None);
             }
         }
     }
 }
 
+/// After STARTTLS's acknowledgement: drops plaintext the client sent too early, runs the
+/// TLS handshake (counted; a failure ends the connection after the session's alert) and
+/// records what was negotiated.
+async fn start_tls<D: BlockDev>(inner: &Inner<D>, rd: &mut Reader, id: u64) -> io::Result<()> {
+    let early = rd.discard_buffered();
+    if early > 0 {
+        tracing::debug!("dropped {early} byte(s) sent after STARTTLS before its reply");
+    }
+    let tls = inner
+        .tls
+        .as_ref()
+        .ok_or_else(|| invalid_data("STARTTLS without TLS credentials"))?;
+    let session = tls.session().map_err(|e| {
+        inner.stats.tls_failure(e.reason);
+        io::Error::from(e)
+    })?;
+    let link = Rc::new(TlsLink::new(session, inner.stats.clone()));
+    rd.start_tls(link.clone());
+    rd.tls_handshake().await?;
+    let info = link.info();
+    inner.stats.tls_handshakes.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        "TLS {} {} with {}",
+        info.version,
+        info.cipher,
+        info.peer.as_deref().unwrap_or("an anonymous client")
+    );
+    inner.set_client_tls(id, info);
+    Ok(())
+}
+
 /// The answer to option `opt` with its `data`; an error ends the connection (an export
-/// name that does not exist: `NBD_OPT_EXPORT_NAME` has no way to refuse).
+/// name that does not exist: `NBD_OPT_EXPORT_NAME` has no way to refuse). `tls`: the
+/// connection has switched to TLS.
 fn option<D: BlockDev>(
     inner: &Inner<D>,
     h: &mut Session,
     opt: u32,
     data: &[u8],
     no_zeroes: bool,
+    tls: bool,
 ) -> io::Result<Step> {
     use proto::*;
     let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
     let invalid = |msg: &str| Step::Reply(option_reply(opt, REP_ERR_INVALID, msg.as_bytes()));
+    let mode = inner.cfg.tls_mode;
+    if mode == Mode::Require && !tls && opt != OPT_STARTTLS && opt != OPT_ABORT {
+        if opt == OPT_EXPORT_NAME {
+            return Err(invalid_data(
+                "NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS",
+            ));
+        }
+        return Ok(Step::Reply(reply(
+            REP_ERR_TLS_REQD,
+            b"this server requires TLS: send NBD_OPT_STARTTLS first",
+        )));
+    }
     Ok(match opt {
         OPT_EXPORT_NAME => {
             let name = String::from_utf8_lossy(data);
@@ -171,7 +232,17 @@ fn option<D: BlockDev>(
                 Err(e) => invalid(&e.to_string()),
             }
         }
-        OPT_STARTTLS => Step::Reply(reply(REP_ERR_UNSUP, b"TLS is not supported by this server")),
+        OPT_STARTTLS => {
+            if mode == Mode::Off || inner.tls.is_none() {
+                Step::Reply(reply(REP_ERR_UNSUP, b"TLS is off on this server"))
+            } else if tls {
+                invalid("TLS is already on")
+            } else if !data.is_empty() {
+                invalid("NBD_OPT_STARTTLS takes no data")
+            } else {
+                Step::StartTls(reply(REP_ACK, &[]))
+            }
+        }
         _ => {
             let msg = format!("option {opt} is not supported");
             Step::Reply(reply(REP_ERR_UNSUP, msg.as_bytes()))

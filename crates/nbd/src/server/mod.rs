@@ -13,25 +13,35 @@
 //! bytes of replies wait to be sent (a client that does not read its replies stops being
 //! read), besides the limit of `MAX_INFLIGHT` requests.
 //!
-//! The parts: this file (configuration, counters, the listeners and shutdown), `recv`
-//! (the buffered reader), `send` (the reply queue and replies), `handshake` (option
-//! haggling), `command` (`validate`: a raw request to a typed command, or its error) and
+//! Before a connection is served: its peer is checked against the allow and deny lists
+//! (`access`) before any byte is read, and a connection still in the handshake
+//! (greeting, options, STARTTLS) counts against `Config::max_handshakes` and is cut off
+//! after `Config::handshake_timeout`, so clients that never finish cannot hold the
+//! server's slots.
+//!
+//! The parts: this file (configuration, counters, the listeners, the client list and
+//! shutdown), `recv` (the buffered reader), `send` (the reply queue and replies),
+//! `handshake` (option haggling, STARTTLS), `tlslink` (a connection's TLS session),
+//! `command` (`validate`: a raw request to a typed command, or its error) and
 //! `transmission` (the reader loop and dispatch to the array).
 
 mod command;
 mod handshake;
 mod recv;
 mod send;
+mod tlslink;
 mod transmission;
 
 pub use handshake::block_sizes;
 
+use crate::access::{Access, Cred, Peer};
 use crate::proto;
-use std::collections::HashMap;
+use crate::tls::{self, Tls};
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 use uraid_engine::metrics::OpCounters;
 use uraid_engine::net;
@@ -49,6 +59,10 @@ pub const DEFAULT_MAX_PAYLOAD_IN_FLIGHT: usize = 64 << 20;
 pub const DEFAULT_MAX_REPLY_QUEUE: usize = 32 << 20;
 /// Default `Config::shutdown_grace`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default `Config::handshake_timeout`.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `Config::max_handshakes`.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
 /// Base:allocation's metadata context id.
 const META_ID: u32 = 1;
 
@@ -67,6 +81,17 @@ pub struct Config {
     /// How long `Server::shutdown` lets connections finish sending the replies to what they
     /// had read; connections still open then (a client that does not read) are cut off.
     pub shutdown_grace: Duration,
+    /// `--tls`: whether STARTTLS is refused, offered or required.
+    pub tls_mode: tls::Mode,
+    /// The credentials STARTTLS uses (needed unless `tls_mode` is off).
+    pub tls: Option<Arc<Tls>>,
+    /// Who may connect (`--allow`, `--deny`).
+    pub access: Access,
+    /// How long a client may take from its connection to the end of the handshake
+    /// (options, STARTTLS and the TLS handshake) before it is cut off.
+    pub handshake_timeout: Duration,
+    /// Connections that may be in the handshake at once; more are closed at once.
+    pub max_handshakes: usize,
 }
 
 impl Default for Config {
@@ -78,6 +103,11 @@ impl Default for Config {
             max_payload_in_flight: DEFAULT_MAX_PAYLOAD_IN_FLIGHT,
             max_reply_queue: DEFAULT_MAX_REPLY_QUEUE,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            tls_mode: tls::Mode::Off,
+            tls: None,
+            access: Access::default(),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
         }
     }
 }
@@ -126,6 +156,56 @@ pub struct ServerStats {
     pub payload_high_water: AtomicU64,
     /// Most reply bytes any one connection has had queued or being sent.
     pub reply_queue_high_water: AtomicU64,
+    /// Connections closed before the greeting, by reason (`REFUSALS`).
+    pub refused: [AtomicU64; REFUSALS.len()],
+    /// TLS handshakes that completed.
+    pub tls_handshakes: AtomicU64,
+    /// TLS sessions that failed (in the handshake or later), by reason.
+    pub tls_failures: Mutex<BTreeMap<&'static str, u64>>,
+    /// Plaintext bytes encrypted into records, and decrypted out of them.
+    pub tls_bytes_encrypted: AtomicU64,
+    pub tls_bytes_decrypted: AtomicU64,
+}
+
+/// Why a connection was closed unserved, in `ServerStats::refused` order: its peer is not
+/// allowed; too many connections were in the handshake; it did not finish the handshake in
+/// time (cut off then, not before the greeting).
+pub const REFUSALS: [&str; 3] = ["not_allowed", "too_many_handshakes", "handshake_timeout"];
+
+impl ServerStats {
+    pub(crate) fn tls_failure(&self, reason: &'static str) {
+        *self
+            .tls_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(reason)
+            .or_insert(0) += 1;
+    }
+
+    fn refuse(&self, which: usize) {
+        self.refused[which].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection in the server's client list.
+struct Client {
+    fd: RawFd,
+    peer: Peer,
+    since: Instant,
+    /// While the handshake lasts: when it must be over.
+    deadline: Option<Instant>,
+    tls: Option<tls::Info>,
+}
+
+/// A connection being served, for `/status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientInfo {
+    pub id: u64,
+    pub peer: String,
+    pub seconds: u64,
+    /// Still in the handshake (options, STARTTLS).
+    pub handshake: bool,
+    pub tls: Option<tls::Info>,
 }
 
 struct Inner<D: BlockDev> {
@@ -136,10 +216,14 @@ struct Inner<D: BlockDev> {
     stopping: AtomicBool,
     next: AtomicUsize,
     next_id: AtomicU64,
-    /// Live connections' sockets, so shutdown can end their reads. A connection is
+    /// Live connections (their sockets, so shutdown can end their reads). A connection is
     /// registered under this lock only if `stopping` is still clear, so shutdown (which sets
     /// it under the same lock) reaches every connection that will ever be served.
-    conns: Mutex<HashMap<u64, RawFd>>,
+    conns: Mutex<HashMap<u64, Client>>,
+    /// `cfg.tls`, when the mode is not off.
+    tls: Option<Arc<Tls>>,
+    /// The thread that cuts off handshakes past their deadline has started.
+    reaper: AtomicBool,
     /// Signalled (with `conns`) whenever a connection ends.
     idle: Condvar,
     listeners: Mutex<Vec<RawFd>>,
@@ -157,10 +241,16 @@ pub struct Server<D: BlockDev> {
 
 impl<D: BlockDev> Server<D> {
     pub fn new(array: Arc<Volume<D>>, rt: RuntimeHandle, cfg: Config) -> Server<D> {
+        let tls = match cfg.tls_mode {
+            tls::Mode::Off => None,
+            _ => cfg.tls.clone(),
+        };
         Server {
             inner: Arc::new(Inner {
                 array,
                 rt,
+                tls,
+                reaper: AtomicBool::new(false),
                 cfg,
                 stopping: AtomicBool::new(false),
                 next: AtomicUsize::new(0),
@@ -202,6 +292,33 @@ impl<D: BlockDev> Server<D> {
         &self.inner.cfg
     }
 
+    /// The connections being served, oldest first.
+    pub fn clients(&self) -> Vec<ClientInfo> {
+        let conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<ClientInfo> = conns
+            .iter()
+            .map(|(&id, c)| ClientInfo {
+                id,
+                peer: c.peer.to_string(),
+                seconds: c.since.elapsed().as_secs(),
+                handshake: c.deadline.is_some(),
+                tls: c.tls.clone(),
+            })
+            .collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    /// Reads the TLS credentials again (the files named at start); connections already
+    /// served keep the session they have. Err if TLS is off or a file is refused (the
+    /// credentials in use then stay).
+    pub fn reload_tls(&self) -> Result<String, String> {
+        match &self.inner.tls {
+            Some(t) => t.reload(),
+            None => Err("TLS is off on this server (--tls)".into()),
+        }
+    }
+
     /// Starts accepting on a bound, listening socket. `tcp` turns on TCP_NODELAY for its
     /// connections. The listener must stay open until `shutdown` returns.
     pub fn listen(&self, listener: RawFd, tcp: bool) {
@@ -210,6 +327,9 @@ impl<D: BlockDev> Server<D> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(listener);
+        if !self.inner.reaper.swap(true, Ordering::SeqCst) {
+            spawn_reaper(Arc::downgrade(&self.inner));
+        }
         let inner = self.inner.clone();
         self.inner.rt.run_on(0, move || {
             reactor::spawn_local(accept_loop(inner, listener, tcp));
@@ -236,12 +356,12 @@ impl<D: BlockDev> Server<D> {
             // pending accept.
             unsafe { libc::shutdown(l, libc::SHUT_RDWR) };
         }
-        for &fd in conns.values() {
+        for c in conns.values() {
             // SAFETY: the fd is registered only while its connection task owns it open (it is
             // removed under this lock before being closed); SHUT_RD ends the pending receive
             // with EOF (an idle client, or one in the handshake, is done at once) and leaves
             // replies flowing.
-            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+            unsafe { libc::shutdown(c.fd, libc::SHUT_RD) };
         }
         let deadline = Instant::now() + inner.cfg.shutdown_grace;
         while !conns.is_empty() {
@@ -262,10 +382,10 @@ impl<D: BlockDev> Server<D> {
                 conns.len(),
                 inner.cfg.shutdown_grace
             );
-            for &fd in conns.values() {
+            for c in conns.values() {
                 // SAFETY: as above; SHUT_RDWR also fails the pending send, so the connection
                 // ends once its in-flight requests (which do not wait on the socket) finish.
-                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                unsafe { libc::shutdown(c.fd, libc::SHUT_RDWR) };
             }
             while !conns.is_empty() {
                 conns = inner.idle.wait(conns).unwrap_or_else(|e| e.into_inner());
@@ -276,6 +396,108 @@ impl<D: BlockDev> Server<D> {
         inner
             .rt
             .block_on(0, move || async move { array.close().await })
+    }
+}
+
+impl<D: BlockDev> Inner<D> {
+    fn client<R>(&self, id: u64, f: impl FnOnce(&mut Client) -> R) -> Option<R> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.get_mut(&id).map(f)
+    }
+
+    /// The connection entered transmission: no longer held to the handshake's deadline.
+    fn handshake_done(&self, id: u64) {
+        self.client(id, |c| c.deadline = None);
+    }
+
+    fn set_client_tls(&self, id: u64, info: tls::Info) {
+        self.client(id, |c| c.tls = Some(info));
+    }
+}
+
+/// The far end of a freshly accepted socket.
+fn peer_of(fd: RawFd, tcp: bool) -> Peer {
+    if tcp {
+        // SAFETY: getpeername into a zeroed sockaddr_storage of the stated length.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: as above; the kernel writes at most `len` bytes.
+        let r =
+            unsafe { libc::getpeername(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) };
+        if r == 0 {
+            match ss.ss_family as libc::c_int {
+                libc::AF_INET => {
+                    // SAFETY: the family says the storage holds a sockaddr_in.
+                    let a = unsafe { *(&ss as *const _ as *const libc::sockaddr_in) };
+                    let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+                    return Peer::Ip(ip.into());
+                }
+                libc::AF_INET6 => {
+                    // SAFETY: the family says the storage holds a sockaddr_in6.
+                    let a = unsafe { *(&ss as *const _ as *const libc::sockaddr_in6) };
+                    return Peer::Ip(std::net::Ipv6Addr::from(a.sin6_addr.s6_addr).into());
+                }
+                _ => {}
+            }
+        }
+        // Unknown: matches only `all` entries (and is refused by a `deny=all`).
+        return Peer::Unix(None);
+    }
+    // SAFETY: getsockopt(SO_PEERCRED) into a zeroed ucred of the stated length.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    Peer::Unix((r == 0).then_some(Cred {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    }))
+}
+
+/// Cuts off connections still in the handshake past their deadline (SHUT_RDWR ends their
+/// pending receive; the connection task then closes them), until the server is dropped or
+/// stops.
+fn spawn_reaper<D: BlockDev>(weak: Weak<Inner<D>>) {
+    let spawned = std::thread::Builder::new()
+        .name("uraid-nbd-reaper".into())
+        .spawn(move || loop {
+            let tick = match weak.upgrade() {
+                Some(i) => (i.cfg.handshake_timeout / 4)
+                    .clamp(Duration::from_millis(10), Duration::from_millis(500)),
+                None => return,
+            };
+            std::thread::sleep(tick);
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let now = Instant::now();
+            let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+            for c in conns.values_mut() {
+                if c.deadline.is_some_and(|d| d <= now) {
+                    c.deadline = None;
+                    inner.stats.refuse(2);
+                    tracing::warn!(
+                        "cut off {} after {:?} in the handshake (--handshake-timeout)",
+                        c.peer,
+                        inner.cfg.handshake_timeout
+                    );
+                    // SAFETY: registered fds are open while registered (see shutdown).
+                    unsafe { libc::shutdown(c.fd, libc::SHUT_RDWR) };
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no handshake timeout (cannot start its thread: {e})");
     }
 }
 
@@ -318,6 +540,12 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                 );
             }
         }
+        let peer = peer_of(fd.as_raw_fd(), tcp);
+        if let Err(rule) = inner.cfg.access.check(&peer) {
+            inner.stats.refuse(0);
+            tracing::warn!("refused a connection from {peer}: not allowed (--deny {rule})");
+            continue;
+        }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
@@ -326,7 +554,27 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                 // than serve a connection shutdown does not know about.
                 return;
             }
-            conns.insert(id, fd.as_raw_fd());
+            let handshaking = conns.values().filter(|c| c.deadline.is_some()).count();
+            if handshaking >= inner.cfg.max_handshakes {
+                drop(conns);
+                inner.stats.refuse(1);
+                tracing::warn!(
+                    "refused a connection from {peer}: {handshaking} connections are in the \
+                     handshake already (--max-handshakes)"
+                );
+                continue;
+            }
+            let now = Instant::now();
+            conns.insert(
+                id,
+                Client {
+                    fd: fd.as_raw_fd(),
+                    peer,
+                    since: now,
+                    deadline: Some(now + inner.cfg.handshake_timeout),
+                    tls: None,
+                },
+            );
         }
         inner.stats.connections.fetch_add(1, Ordering::Relaxed);
         let r = inner.next.fetch_add(1, Ordering::Relaxed) % inner.rt.reactors();
@@ -334,7 +582,7 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
         inner.rt.run_on(r, move || {
             reactor::spawn_local(async move {
                 let raw = fd.as_raw_fd();
-                if let Err(e) = transmission::connection(inner2.clone(), raw).await {
+                if let Err(e) = transmission::connection(inner2.clone(), raw, id).await {
                     if e.kind() == io::ErrorKind::InvalidData {
                         // Counted, logged at debug: a flood of bad clients must not push
                         // member failures out of the event ring.

@@ -1,18 +1,35 @@
 //! The receive side of a connection: a buffered reader over the socket (handshake
-//! options, request headers) that hands write payloads over in aligned buffers.
+//! options, request headers) that hands write payloads over in aligned buffers. After
+//! STARTTLS it reads through the connection's TLS session: ciphertext is received into its
+//! own buffer and fed to the session, and plaintext is copied out where plaintext would
+//! have been received.
 
+use super::tlslink::TlsLink;
+use crate::tls::Plain;
 use std::io;
 use std::os::fd::RawFd;
-use uraid_engine::net;
+use std::rc::Rc;
+use uraid_engine::net::{self, OutPart};
 use uraid_engine::{buf, IoBuf};
 
 /// Receive buffer per connection.
 const RECV_BUF: usize = 256 << 10;
+/// Ciphertext receive buffer of a TLS connection (a few records).
+const TLS_RECV_BUF: usize = 64 << 10;
 
 /// Buffered reader over a socket.
 pub(super) struct Reader {
     pub(super) fd: RawFd,
     buf: Option<Vec<u8>>,
+    start: usize,
+    end: usize,
+    tls: Option<Tls>,
+}
+
+/// A TLS connection's ciphertext buffer (received, not yet fed) and session.
+struct Tls {
+    link: Rc<TlsLink>,
+    ct: Option<Vec<u8>>,
     start: usize,
     end: usize,
 }
@@ -28,11 +45,96 @@ impl Reader {
             buf: Some(vec![0u8; RECV_BUF]),
             start: 0,
             end: 0,
+            tls: None,
         }
     }
 
     fn buffered(&self) -> usize {
         self.end - self.start
+    }
+
+    /// Drops what is buffered (plaintext sent after STARTTLS, before the reply); returns
+    /// how many bytes that was.
+    pub(super) fn discard_buffered(&mut self) -> usize {
+        let n = self.buffered();
+        self.start = 0;
+        self.end = 0;
+        n
+    }
+
+    /// From now on, reads go through `link` (after STARTTLS's reply).
+    pub(super) fn start_tls(&mut self, link: Rc<TlsLink>) {
+        self.tls = Some(Tls {
+            link,
+            ct: Some(vec![0u8; TLS_RECV_BUF]),
+            start: 0,
+            end: 0,
+        });
+    }
+
+    /// Sends a handshake reply (sealed once TLS is on; nothing else sends then).
+    pub(super) async fn send(&self, v: Vec<u8>) -> io::Result<()> {
+        let v = match &self.tls {
+            Some(t) => t.link.seal(&[OutPart::Bytes(v)])?,
+            None => v,
+        };
+        super::send::send_now(self.fd, v).await
+    }
+
+    pub(super) fn tls(&self) -> Option<&Rc<TlsLink>> {
+        self.tls.as_ref().map(|t| &t.link)
+    }
+
+    /// Feeds the session more ciphertext (received now if none is waiting).
+    async fn feed_tls(fd: RawFd, t: &mut Tls) -> io::Result<()> {
+        if t.start == t.end {
+            let ct = t.ct.take().expect("ciphertext buffer present");
+            let (r, ct) = net::recv(fd, ct, 0).await;
+            t.ct = Some(ct);
+            t.start = 0;
+            t.end = match r? {
+                0 => return Err(eof()),
+                n => n,
+            };
+        }
+        let ct = t.ct.as_ref().expect("ciphertext buffer present");
+        let n = t.link.feed(&ct[t.start..t.end])?;
+        t.start += n;
+        Ok(())
+    }
+
+    /// Decrypted bytes into `out` (non-empty): at least one, receiving as needed.
+    async fn pull_tls(fd: RawFd, t: &mut Tls, out: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match t.link.read(out)? {
+                Plain::Data(n) => return Ok(n),
+                Plain::Closed => return Err(eof()),
+                Plain::NeedMore => Self::feed_tls(fd, t).await?,
+            }
+        }
+    }
+
+    /// Drives a server-side TLS handshake to its end: sends what the session has to send,
+    /// feeds it what the client sends. On an error, the session's alert is sent first.
+    pub(super) async fn tls_handshake(&mut self) -> io::Result<()> {
+        let fd = self.fd;
+        let t = self.tls.as_mut().expect("start_tls first");
+        loop {
+            let out = t.link.take_output();
+            if !out.is_empty() {
+                super::send::send_now(fd, out).await?;
+            }
+            if !t.link.handshaking() {
+                return Ok(());
+            }
+            if let Err(e) = Self::feed_tls(fd, t).await {
+                let alert = t.link.take_output();
+                if !alert.is_empty() {
+                    let _ = super::send::send_now(fd, alert).await;
+                }
+                return Err(e);
+            }
+        }
     }
 
     /// Receives at least once more into the free tail (compacting first).
@@ -43,7 +145,14 @@ impl Reader {
             self.end -= self.start;
             self.start = 0;
         }
-        let (r, buf) = net::recv(self.fd, buf, self.end).await;
+        let r = match self.tls.as_mut() {
+            Some(t) => {
+                let r = Self::pull_tls(self.fd, t, &mut buf[self.end..]).await;
+                (r, buf)
+            }
+            None => net::recv(self.fd, buf, self.end).await,
+        };
+        let (r, buf) = r;
         self.buf = Some(buf);
         match r? {
             0 => Err(eof()),
@@ -77,6 +186,10 @@ impl Reader {
         self.start += have;
         let mut got = have;
         while got < n {
+            if let Some(t) = self.tls.as_mut() {
+                got += Self::pull_tls(self.fd, t, &mut v[got..]).await?;
+                continue;
+            }
             let (r, back) = net::recv(self.fd, v, got).await;
             v = back;
             match r? {

@@ -1,8 +1,10 @@
 //! The send side of a connection: its reply queue (whoever finds the socket idle sends
 //! everything queued in one sendmsg), the reader's accounting of what is in flight, and
-//! the replies themselves.
+//! the replies themselves. On a TLS connection the sender seals each batch into records
+//! and sends the ciphertext.
 
 use super::handshake::Session;
+use super::tlslink::TlsLink;
 use super::{op_index, Inner, ServerStats};
 use crate::proto::{self, Errno, Request};
 use std::cell::{Cell, RefCell};
@@ -34,11 +36,13 @@ pub(super) struct Conn {
     stats: Arc<ServerStats>,
     /// The reader (waiting for room) or the closer (waiting for the end).
     waiter: RefCell<Option<Waker>>,
+    tls: Option<Rc<TlsLink>>,
 }
 
 impl Conn {
-    pub(super) fn new(fd: RawFd, stats: Arc<ServerStats>) -> Conn {
+    pub(super) fn new(fd: RawFd, stats: Arc<ServerStats>, tls: Option<Rc<TlsLink>>) -> Conn {
         Conn {
+            tls,
             fd,
             queue: RefCell::new(VecDeque::new()),
             sending: Cell::new(false),
@@ -65,6 +69,12 @@ impl Conn {
             .fetch_max(p as u64, Ordering::Relaxed);
     }
 
+    /// Sends what the TLS session has waiting (its answer to a key update), if the sender
+    /// is not about to.
+    pub(super) fn kick(self: &Rc<Self>) {
+        self.send(Vec::new());
+    }
+
     /// Queues one whole reply; starts a sender if the socket is idle.
     pub(super) fn send(self: &Rc<Self>, parts: Vec<OutPart>) {
         if self.broken.get() {
@@ -83,10 +93,27 @@ impl Conn {
             reactor::spawn_local(async move {
                 loop {
                     let batch: Vec<OutPart> = c.queue.borrow_mut().drain(..).collect();
-                    if batch.is_empty() || c.broken.get() {
+                    if c.broken.get() {
                         break;
                     }
                     let n: usize = batch.iter().map(OutPart::len).sum();
+                    let batch = match &c.tls {
+                        None => batch,
+                        Some(t) => match t.seal(&batch) {
+                            Ok(ct) if ct.is_empty() => Vec::new(),
+                            Ok(ct) => vec![OutPart::Bytes(ct)],
+                            Err(e) => {
+                                tracing::debug!("{e}");
+                                c.broken.set(true);
+                                c.queue.borrow_mut().clear();
+                                c.queued.set(0);
+                                break;
+                            }
+                        },
+                    };
+                    if batch.is_empty() {
+                        break;
+                    }
                     if let Err(e) = net::send_all(c.fd, batch).await {
                         tracing::debug!("send failed: {e}");
                         c.broken.set(true);

@@ -21,13 +21,18 @@ use uraid_engine::{buf, ArrayError, BlockDev, IoBuf, ReadPiece};
 
 /// One connection: the handshake, then transmission until the client disconnects or
 /// breaks the protocol; returns once every request read is answered and sent.
-pub(super) async fn connection<D: BlockDev>(inner: Arc<Inner<D>>, fd: RawFd) -> io::Result<()> {
+pub(super) async fn connection<D: BlockDev>(
+    inner: Arc<Inner<D>>,
+    fd: RawFd,
+    id: u64,
+) -> io::Result<()> {
     let mut rd = Reader::new(fd);
-    let Some(sess) = handshake(&inner, &mut rd).await? else {
+    let Some(sess) = handshake(&inner, &mut rd, id).await? else {
         return Ok(());
     };
+    inner.handshake_done(id);
     let sess = Rc::new(sess);
-    let conn = Rc::new(Conn::new(fd, inner.stats.clone()));
+    let conn = Rc::new(Conn::new(fd, inner.stats.clone(), rd.tls().cloned()));
     let r = transmission(&inner, &sess, &conn, &mut rd).await;
     // Finish what was read: every request answered, every reply sent.
     conn.wait_until(|c| c.inflight.get() == 0 && !c.sending.get())
@@ -59,6 +64,10 @@ async fn transmission<D: BlockDev>(
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
             }
         };
+        if rd.tls().is_some_and(|t| t.wants_write()) && !conn.sending.get() {
+            // The client's records asked for an answer (a TLS 1.3 key update).
+            conn.kick();
+        }
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         // Payload this request holds while in flight; it starts (and a write's data is read
         // off the socket) only once that fits the connection's budget.

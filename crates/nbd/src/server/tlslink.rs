@@ -1,0 +1,86 @@
+//! A connection's TLS session, shared by its reader and its reply sender (one reactor,
+//! never borrowed across an await), with the server's TLS counters.
+
+use super::ServerStats;
+use crate::tls::{Info, Plain, Session, TlsError};
+use std::cell::RefCell;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use uraid_engine::net::OutPart;
+
+pub(super) struct TlsLink {
+    s: RefCell<Box<dyn Session>>,
+    stats: Arc<ServerStats>,
+}
+
+impl TlsLink {
+    pub(super) fn new(s: Box<dyn Session>, stats: Arc<ServerStats>) -> TlsLink {
+        TlsLink {
+            s: RefCell::new(s),
+            stats,
+        }
+    }
+
+    fn failed(&self, e: TlsError) -> io::Error {
+        self.stats.tls_failure(e.reason);
+        e.into()
+    }
+
+    pub(super) fn feed(&self, ct: &[u8]) -> io::Result<usize> {
+        let r = self.s.borrow_mut().feed(ct);
+        r.map_err(|e| self.failed(e))
+    }
+
+    pub(super) fn read(&self, out: &mut [u8]) -> io::Result<Plain> {
+        let r = self.s.borrow_mut().read(out);
+        match r {
+            Ok(Plain::Data(n)) => {
+                self.stats
+                    .tls_bytes_decrypted
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                Ok(Plain::Data(n))
+            }
+            Ok(p) => Ok(p),
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    /// Encrypts a batch of reply parts; returns the ciphertext to send (with anything else
+    /// the session had waiting, in order).
+    pub(super) fn seal(&self, parts: &[OutPart]) -> io::Result<Vec<u8>> {
+        let mut s = self.s.borrow_mut();
+        let mut n = 0;
+        for p in parts {
+            if let Err(e) = s.write(p.as_slice()) {
+                drop(s);
+                return Err(self.failed(e));
+            }
+            n += p.len();
+        }
+        let mut out = Vec::with_capacity(n + n / 512 + 64);
+        s.take_output(&mut out);
+        self.stats
+            .tls_bytes_encrypted
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    pub(super) fn take_output(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.s.borrow_mut().take_output(&mut v);
+        v
+    }
+
+    pub(super) fn wants_write(&self) -> bool {
+        self.s.borrow().wants_write()
+    }
+
+    pub(super) fn handshaking(&self) -> bool {
+        self.s.borrow().handshaking()
+    }
+
+    pub(super) fn info(&self) -> Info {
+        self.s.borrow().info()
+    }
+}
