@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-20}"
 command -v cargo-fuzz >/dev/null 2>&1 || { echo "fuzz: cargo-fuzz missing (scripts/setup.sh installs it)" >&2; exit 1; }
-for t in ${FUZZ_TARGETS:-superblock nbd_wire map_page http_head bitmap journal config}; do
+for t in ${FUZZ_TARGETS:-superblock nbd_wire nbd_options psk_file map_page http_head bitmap journal config}; do
   work="target/fuzz-corpus/$t"
   art="target/fuzz-artifacts/$t"
   rm -rf "$work" && mkdir -p "$work" "$art"

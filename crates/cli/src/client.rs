@@ -184,10 +184,24 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
     }
     let c = &v["connections"];
     let r = &v["requests"];
+    let refused: u64 = c["refused"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
     println!(
-        "      connections: {} open, {} accepted, {} protocol errors; requests: {}, {} error replies",
-        c["open"], c["accepted"], c["protocol_errors"], r["total"], r["errors"]
+        "      connections: {} open, {} accepted, {} refused, {} protocol errors; requests: {}, {} error replies",
+        c["open"], c["accepted"], refused, c["protocol_errors"], r["total"], r["errors"]
     );
+    let t = &v["tls"];
+    if let Some(cred) = t["credentials"].as_str() {
+        println!(
+            "      tls: {} ({cred}), {} handshakes, {} failed (uraid tls: per client)",
+            t["mode"].as_str().unwrap_or("?"),
+            t["handshakes"],
+            t["failures"]
+                .as_object()
+                .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum::<u64>())
+        );
+    }
     if let Some(j) = v["journal"].as_object() {
         println!(
             "      journal: {} {} ({}), {} of {} used, {} records, {} commits, {} checkpoints",

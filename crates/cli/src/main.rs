@@ -75,6 +75,9 @@ enum Cmd {
     /// server while clients are active (its serve flags --background-budget, --priority,
     /// --resync-min, --resync-max set the start values; a stopped array has none).
     Throttle(cmd::throttle::ThrottleArgs),
+    /// Show a running server's TLS (mode, credentials, each client's session), or --reload
+    /// its certificate or PSK files without dropping connections.
+    Tls(cmd::tls::TlsArgs),
     /// Add a journal device to a stopped array, or remove it (mdadm --add-journal).
     Journal {
         #[command(subcommand)]
@@ -320,6 +323,7 @@ fn run(cli: Cli, events: events::Events) -> Result<i32> {
         Cmd::Replace(a) => ok(cmd::replace::run(a)),
         Cmd::Remove(a) => ok(cmd::remove::run(a)),
         Cmd::Throttle(a) => ok(cmd::throttle::run(a)),
+        Cmd::Tls(a) => ok(cmd::tls::run(a)),
         Cmd::Detail(a) => cmd::status::run(&a, true),
         Cmd::Watch(a) => ok(cmd::watch::run(a)),
         Cmd::List(a) => ok(cmd::list::run(a)),

@@ -56,3 +56,13 @@ fn journal_corpus() {
 fn config_corpus() {
     replay("config", uraid_core::config::fuzz_config);
 }
+
+#[test]
+fn nbd_options_corpus() {
+    replay("nbd_options", uraid_nbd::server::fuzz_options);
+}
+
+#[test]
+fn psk_file_corpus() {
+    replay("psk_file", uraid_nbd::tls::psk::fuzz_psk);
+}

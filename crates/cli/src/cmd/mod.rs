@@ -14,6 +14,7 @@ pub mod replace;
 pub mod scrub;
 pub mod status;
 pub mod throttle;
+pub mod tls;
 pub mod watch;
 
 use crate::{client, size, DEFAULT_DIR};

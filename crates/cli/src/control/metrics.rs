@@ -12,6 +12,7 @@ use uraid_engine::journal::JournalStatus;
 use uraid_engine::members::MemberIoSnapshot;
 use uraid_engine::metrics::{bucket_bounds, OpCounters, OpSnapshot, BUCKETS};
 use uraid_engine::ArrayStatus;
+use uraid_nbd::server::REFUSALS;
 use uraid_nbd::{ServerStats, OPS};
 
 /// The `/metrics` document.
@@ -141,6 +142,10 @@ fn labels(l: &[(&str, String)]) -> String {
 
 fn always(_: &Snapshot) -> bool {
     true
+}
+
+fn tls_on(m: &Snapshot) -> bool {
+    m.state.server.config().tls_mode != uraid_nbd::tls::Mode::Off
 }
 
 fn has_bitmap(m: &Snapshot) -> bool {
@@ -543,6 +548,58 @@ const FAMILIES: &[Family] = &[
         help: "NBD connections accepted.",
         when: always,
         samples: |m, s| s.value(&[m.arr()], m.nbd.connections.load(Ordering::Relaxed)),
+    },
+    Family {
+        name: "uraid_nbd_refused_total",
+        kind: "counter",
+        help: "NBD connections closed unserved: peer not allowed (--allow/--deny), too many in the handshake (--max-handshakes), or cut off after --handshake-timeout.",
+        when: always,
+        samples: |m, s| {
+            for (r, v) in REFUSALS.iter().zip(&m.nbd.refused) {
+                s.value(&m.arr_and("reason", r), v.load(Ordering::Relaxed));
+            }
+        },
+    },
+    Family {
+        name: "uraid_nbd_tls_handshakes_total",
+        kind: "counter",
+        help: "TLS handshakes completed, by client identity (PSK identity or certificate subject; empty for none).",
+        when: tls_on,
+        samples: |m, s| {
+            let peers = m.nbd.tls_peers.lock().unwrap_or_else(|e| e.into_inner());
+            for (p, v) in peers.iter() {
+                s.value(&m.arr_and("peer", p), v);
+            }
+        },
+    },
+    Family {
+        name: "uraid_nbd_tls_failures_total",
+        kind: "counter",
+        help: "TLS sessions that failed, by reason.",
+        when: tls_on,
+        samples: |m, s| {
+            let f = m.nbd.tls_failures.lock().unwrap_or_else(|e| e.into_inner());
+            for (r, v) in f.iter() {
+                s.value(&m.arr_and("reason", r), v);
+            }
+        },
+    },
+    Family {
+        name: "uraid_nbd_tls_bytes_total",
+        kind: "counter",
+        help: "Plaintext bytes sealed into TLS records (direction=encrypted) and opened from them (decrypted).",
+        when: tls_on,
+        samples: |m, s| {
+            let n = m.nbd;
+            s.value(
+                &m.arr_and("direction", "encrypted"),
+                n.tls_bytes_encrypted.load(Ordering::Relaxed),
+            );
+            s.value(
+                &m.arr_and("direction", "decrypted"),
+                n.tls_bytes_decrypted.load(Ordering::Relaxed),
+            );
+        },
     },
     Family {
         name: "uraid_nbd_protocol_errors_total",

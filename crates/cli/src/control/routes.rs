@@ -184,6 +184,16 @@ fn run_command(state: &State, h: &Head) -> Outcome {
             );
             Ok(format!("throttle: {}", throttle_words(&t)))
         }
+        "/tls/reload" => {
+            no_params(h)?;
+            match state.server.reload_tls() {
+                Ok(what) => {
+                    tracing::info!(target: "uraid::serve", "TLS credentials reloaded: {what}");
+                    Ok(format!("TLS credentials reloaded: {what}"))
+                }
+                Err(e) => Err((409, format!("TLS credentials not reloaded: {e}"))),
+            }
+        }
         "/status" | "/metrics" | "/events" | "/" => {
             return Err(Response::error(
                 405,

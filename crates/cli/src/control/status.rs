@@ -8,6 +8,8 @@ use uraid_core::format::uuid_string;
 use uraid_engine::metrics::OpSnapshot;
 use uraid_engine::recovery::ProgressView;
 use uraid_engine::{ArrayStatus, MemberState, MemberStatus, ScrubStatus};
+use uraid_nbd::server::{ClientInfo, REFUSALS};
+use uraid_nbd::tls::Mode;
 use uraid_nbd::OPS;
 
 /// The throttle: budget, priority, min and max rates.
@@ -111,7 +113,12 @@ pub(super) fn status(state: &State) -> Value {
             "open": server.open_connections(),
             "accepted": ss.connections.load(Ordering::Relaxed),
             "protocol_errors": ss.protocol_errors.load(Ordering::Relaxed),
+            "refused": REFUSALS.iter().zip(&ss.refused)
+                .map(|(k, v)| (k.to_string(), json!(v.load(Ordering::Relaxed))))
+                .collect::<serde_json::Map<_, _>>(),
+            "clients": server.clients().iter().map(client_json).collect::<Vec<_>>(),
         },
+        "tls": tls_json(server),
         "requests": {
             "total": ss.requests.load(Ordering::Relaxed),
             "errors": ss.errors.load(Ordering::Relaxed),
@@ -142,6 +149,44 @@ pub(super) fn status(state: &State) -> Value {
 }
 
 /// The `journal` of the status document.
+fn client_json(c: &ClientInfo) -> Value {
+    json!({
+        "id": c.id,
+        "peer": c.peer,
+        "seconds": c.seconds,
+        "phase": if c.handshake { "handshake" } else { "transmission" },
+        "tls": c.tls.as_ref().map(|t| json!({
+            "version": t.version, "cipher": t.cipher, "peer": t.peer,
+        })),
+    })
+}
+
+/// Counters by name as a JSON object.
+fn counts<K: std::fmt::Display>(
+    m: &std::sync::Mutex<std::collections::BTreeMap<K, u64>>,
+) -> serde_json::Map<String, Value> {
+    m.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect()
+}
+
+/// The server's TLS mode, what it serves with and its counters.
+fn tls_json<D: uraid_engine::BlockDev>(server: &uraid_nbd::Server<D>) -> Value {
+    let cfg = server.config();
+    let ss = server.stats();
+    json!({
+        "mode": cfg.tls_mode.to_string(),
+        "credentials": cfg.tls.as_ref().filter(|_| cfg.tls_mode != Mode::Off).map(|t| t.describe()),
+        "handshakes": ss.tls_handshakes.load(Ordering::Relaxed),
+        "peers": counts(&ss.tls_peers),
+        "failures": counts(&ss.tls_failures),
+        "bytes_encrypted": ss.tls_bytes_encrypted.load(Ordering::Relaxed),
+        "bytes_decrypted": ss.tls_bytes_decrypted.load(Ordering::Relaxed),
+    })
+}
+
 fn journal_json(j: &uraid_engine::journal::JournalStatus) -> Value {
     json!({
         "device": j.device, "mode": j.mode, "state": j.state,

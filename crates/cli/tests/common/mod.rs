@@ -292,7 +292,10 @@ impl Serve {
                     )
                 }
             };
-            if let Some(a) = line.strip_prefix("uraid: listening on nbd://") {
+            if let Some(a) = line
+                .strip_prefix("uraid: listening on nbd://")
+                .or_else(|| line.strip_prefix("uraid: listening on nbds://"))
+            {
                 srv.tcp = a.split('/').next().map(str::to_string);
             }
             if let Some(u) = line.strip_prefix("uraid: Prometheus metrics at ") {

@@ -21,7 +21,9 @@ use std::sync::atomic::Ordering;
 use uraid_core::geometry::SECTOR;
 use uraid_engine::{BlockDev, Volume};
 
-/// What the client negotiated (so far, during the haggling).
+/// What the client negotiated (so far, during the haggling). After STARTTLS it starts
+/// over from the default.
+#[derive(Default)]
 pub(super) struct Session {
     pub(super) structured: bool,
     pub(super) meta: bool,
@@ -39,10 +41,38 @@ enum Step {
     StartTls(Vec<u8>),
 }
 
-fn transmission_flags<D: BlockDev>(inner: &Inner<D>, structured: bool) -> u16 {
+/// What the option phase knows of the export and the server: a plain view, so `option`
+/// decides without I/O or an array (and is fuzzed so, `fuzz_options`).
+pub(super) struct Export<'a> {
+    pub(super) name: &'a str,
+    pub(super) description: &'a str,
+    pub(super) size: u64,
+    pub(super) read_only: bool,
+    /// (minimum, preferred, maximum).
+    pub(super) block_sizes: (u32, u32, u32),
+    pub(super) tls_mode: Mode,
+    /// TLS credentials are loaded.
+    pub(super) tls_ready: bool,
+}
+
+impl<'a> Export<'a> {
+    fn of<D: BlockDev>(inner: &'a Inner<D>) -> Export<'a> {
+        Export {
+            name: &inner.cfg.export,
+            description: &inner.cfg.description,
+            size: inner.array.size(),
+            read_only: inner.cfg.read_only,
+            block_sizes: block_sizes(&inner.array),
+            tls_mode: inner.cfg.tls_mode,
+            tls_ready: inner.tls.is_some(),
+        }
+    }
+}
+
+fn transmission_flags(x: &Export, structured: bool) -> u16 {
     use proto::*;
     let mut f = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN | FLAG_SEND_CACHE;
-    if inner.cfg.read_only {
+    if x.read_only {
         f |= FLAG_READ_ONLY;
     } else {
         f |= FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
@@ -61,8 +91,8 @@ pub fn block_sizes<D: BlockDev>(array: &Volume<D>) -> (u32, u32, u32) {
     (SECTOR as u32, preferred, MAX_PAYLOAD)
 }
 
-fn name_ok<D: BlockDev>(inner: &Inner<D>, name: &str) -> bool {
-    name.is_empty() || name == inner.cfg.export
+fn name_ok(x: &Export, name: &str) -> bool {
+    name.is_empty() || name == x.name
 }
 
 fn invalid_data(msg: impl Into<String>) -> io::Error {
@@ -86,10 +116,7 @@ pub(super) async fn handshake<D: BlockDev>(
         return Err(invalid_data(format!("unknown client flags {cflags:#x}")));
     }
     let no_zeroes = cflags & FLAG_C_NO_ZEROES != 0;
-    let mut h = Session {
-        structured: false,
-        meta: false,
-    };
+    let mut h = Session::default();
     loop {
         let hdr: [u8; 16] = rd.exact(16).await?.try_into().expect("16 bytes");
         let (opt, len) = parse_option_header(&hdr).map_err(|e| invalid_data(e.to_string()))?;
@@ -108,16 +135,21 @@ pub(super) async fn handshake<D: BlockDev>(
                 .await?;
             return Ok(None);
         }
-        match option(inner, &mut h, opt, &data[..], no_zeroes, rd.tls().is_some())? {
+        let step = option(
+            &Export::of(inner),
+            &mut h,
+            opt,
+            &data[..],
+            no_zeroes,
+            rd.tls().is_some(),
+        )?;
+        match step {
             Step::Reply(v) => rd.send(v).await?,
             Step::StartTls(v) => {
                 rd.send(v).await?;
                 start_tls(inner, rd, id).await?;
                 // Nothing negotiated in plaintext carries over.
-                h = Session {
-                    structured: false,
-                    meta: false,
-                };
+                h = Session::default();
             }
             Step::Enter(v) => {
                 rd.send(v).await?;
@@ -149,24 +181,31 @@ async fn start_tls<D: BlockDev>(inner: &Inner<D>, rd: &mut Reader, id: u64) -> i
     })?;
     let link = Rc::new(TlsLink::new(session, inner.stats.clone()));
     rd.start_tls(link.clone());
-    rd.tls_handshake().await?;
+    if let Err(e) = rd.tls_handshake().await {
+        if e.kind() != io::ErrorKind::InvalidData {
+            // Not the session's verdict (counted by reason): the client went away or was
+            // cut off.
+            inner.stats.tls_failure("closed");
+        }
+        tracing::warn!("TLS handshake with {} failed: {e}", inner.peer(id));
+        return Err(e);
+    }
     let info = link.info();
-    inner.stats.tls_handshakes.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(
-        "TLS {} {} with {}",
-        info.version,
-        info.cipher,
-        info.peer.as_deref().unwrap_or("an anonymous client")
+    inner.stats.tls_handshake(info.peer.as_deref());
+    let (version, cipher, who) = (info.version.clone(), info.cipher.clone(), info.peer.clone());
+    let addr = inner.set_client_tls(id, info);
+    tracing::info!(
+        "TLS session with {addr} ({}): {version}, {cipher}",
+        who.as_deref().unwrap_or("no client identity")
     );
-    inner.set_client_tls(id, info);
     Ok(())
 }
 
 /// The answer to option `opt` with its `data`; an error ends the connection (an export
 /// name that does not exist: `NBD_OPT_EXPORT_NAME` has no way to refuse). `tls`: the
 /// connection has switched to TLS.
-fn option<D: BlockDev>(
-    inner: &Inner<D>,
+fn option(
+    x: &Export,
     h: &mut Session,
     opt: u32,
     data: &[u8],
@@ -176,7 +215,7 @@ fn option<D: BlockDev>(
     use proto::*;
     let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
     let invalid = |msg: &str| Step::Reply(option_reply(opt, REP_ERR_INVALID, msg.as_bytes()));
-    let mode = inner.cfg.tls_mode;
+    let mode = x.tls_mode;
     if mode == Mode::Require && !tls && opt != OPT_STARTTLS && opt != OPT_ABORT {
         if opt == OPT_EXPORT_NAME {
             return Err(invalid_data(
@@ -191,24 +230,21 @@ fn option<D: BlockDev>(
     Ok(match opt {
         OPT_EXPORT_NAME => {
             let name = String::from_utf8_lossy(data);
-            if !name_ok(inner, &name) {
+            if !name_ok(x, &name) {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("unknown export '{name}'"),
                 ));
             }
-            let flags = transmission_flags(inner, h.structured);
-            Step::Enter(export_name_reply(inner.array.size(), flags, no_zeroes))
+            let flags = transmission_flags(x, h.structured);
+            Step::Enter(export_name_reply(x.size, flags, no_zeroes))
         }
         OPT_ABORT => Step::Abort(reply(REP_ACK, &[])),
         OPT_LIST => {
             if !data.is_empty() {
                 return Ok(invalid("NBD_OPT_LIST takes no data"));
             }
-            let mut v = reply(
-                REP_SERVER,
-                &rep_server(&inner.cfg.export, &inner.cfg.description),
-            );
+            let mut v = reply(REP_SERVER, &rep_server(x.name, x.description));
             v.extend(reply(REP_ACK, &[]));
             Step::Reply(v)
         }
@@ -220,7 +256,7 @@ fn option<D: BlockDev>(
             Step::Reply(reply(REP_ACK, &[]))
         }
         OPT_INFO | OPT_GO => match parse_go(data) {
-            Ok(go) => info(inner, h, opt, &go),
+            Ok(go) => info(x, h, opt, &go),
             Err(e) => invalid(&e.to_string()),
         },
         OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
@@ -228,12 +264,12 @@ fn option<D: BlockDev>(
                 return Ok(invalid("negotiate structured replies first"));
             }
             match parse_meta(data) {
-                Ok(m) => meta_context(inner, h, opt, &m),
+                Ok(m) => meta_context(x, h, opt, &m),
                 Err(e) => invalid(&e.to_string()),
             }
         }
         OPT_STARTTLS => {
-            if mode == Mode::Off || inner.tls.is_none() {
+            if mode == Mode::Off || !x.tls_ready {
                 Step::Reply(reply(REP_ERR_UNSUP, b"TLS is off on this server"))
             } else if tls {
                 invalid("TLS is already on")
@@ -252,24 +288,24 @@ fn option<D: BlockDev>(
 
 /// `NBD_OPT_INFO` and `NBD_OPT_GO`: the export's size, flags and block sizes (and the
 /// name and description when asked); GO then enters transmission.
-fn info<D: BlockDev>(inner: &Inner<D>, h: &Session, opt: u32, go: &GoRequest) -> Step {
+fn info(x: &Export, h: &Session, opt: u32, go: &GoRequest) -> Step {
     use proto::*;
     let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
-    if !name_ok(inner, &go.name) {
+    if !name_ok(x, &go.name) {
         let msg = format!("no export named '{}'", go.name);
         return Step::Reply(reply(REP_ERR_UNKNOWN, msg.as_bytes()));
     }
-    let flags = transmission_flags(inner, h.structured);
-    let mut v = reply(REP_INFO, &info_export(inner.array.size(), flags));
-    let (min, pref, max) = block_sizes(&inner.array);
+    let flags = transmission_flags(x, h.structured);
+    let mut v = reply(REP_INFO, &info_export(x.size, flags));
+    let (min, pref, max) = x.block_sizes;
     v.extend(reply(REP_INFO, &info_block_size(min, pref, max)));
     if go.info.contains(&INFO_NAME) {
-        v.extend(reply(REP_INFO, &info_string(INFO_NAME, &inner.cfg.export)));
+        v.extend(reply(REP_INFO, &info_string(INFO_NAME, x.name)));
     }
     if go.info.contains(&INFO_DESCRIPTION) {
         v.extend(reply(
             REP_INFO,
-            &info_string(INFO_DESCRIPTION, &inner.cfg.description),
+            &info_string(INFO_DESCRIPTION, x.description),
         ));
     }
     v.extend(reply(REP_ACK, &[]));
@@ -282,10 +318,10 @@ fn info<D: BlockDev>(inner: &Inner<D>, h: &Session, opt: u32, go: &GoRequest) ->
 
 /// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`: the one context served,
 /// `base:allocation`; SET records whether the client selected it.
-fn meta_context<D: BlockDev>(inner: &Inner<D>, h: &mut Session, opt: u32, m: &MetaRequest) -> Step {
+fn meta_context(x: &Export, h: &mut Session, opt: u32, m: &MetaRequest) -> Step {
     use proto::*;
     let reply = |t: u32, d: &[u8]| option_reply(opt, t, d);
-    if !name_ok(inner, &m.name) {
+    if !name_ok(x, &m.name) {
         let msg = format!("no export named '{}'", m.name);
         return Step::Reply(reply(REP_ERR_UNKNOWN, msg.as_bytes()));
     }
@@ -310,4 +346,90 @@ fn meta_context<D: BlockDev>(inner: &Inner<D>, h: &mut Session, opt: u32, m: &Me
     }
     v.extend(reply(REP_ACK, &[]));
     Step::Reply(v)
+}
+
+/// The option replies in `v`, as (option, type) pairs; panics unless `v` is whole replies.
+fn replies(v: &[u8]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut rest = v;
+    while !rest.is_empty() {
+        assert!(rest.len() >= 20, "a torn option reply");
+        let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        assert_eq!(rest[..8], proto::OPT_REPLY_MAGIC.to_be_bytes());
+        let len = be32(&rest[16..20]) as usize;
+        assert!(
+            rest.len() >= 20 + len,
+            "an option reply longer than its bytes"
+        );
+        out.push((be32(&rest[8..12]), be32(&rest[12..16])));
+        rest = &rest[20 + len..];
+    }
+    out
+}
+
+/// Fuzz body: the option phase as a client drives it, STARTTLS included. The first byte
+/// picks the server (TLS mode, credentials loaded, read-only, no-zeroes); the rest is a
+/// stream of options. Checks what the phase promises: every answer is whole replies to
+/// the option asked; before TLS on a server that requires it, nothing but STARTTLS and
+/// ABORT gets anything but NBD_REP_ERR_TLS_REQD (EXPORT_NAME ends the connection);
+/// STARTTLS is taken only once, only with credentials and TLS not off.
+pub fn fuzz_options(data: &[u8]) {
+    use proto::*;
+    let Some((&cfg, mut rest)) = data.split_first() else {
+        return;
+    };
+    let mode = [Mode::Off, Mode::On, Mode::Require][(cfg % 3) as usize];
+    let x = Export {
+        name: "vol",
+        description: "fuzz",
+        size: 1 << 30,
+        read_only: cfg & 4 != 0,
+        block_sizes: (512, 1 << 20, MAX_PAYLOAD),
+        tls_mode: mode,
+        tls_ready: cfg & 8 == 0,
+    };
+    let no_zeroes = cfg & 16 != 0;
+    let mut h = Session::default();
+    let mut tls = false;
+    while let Some(hdr) = rest.get(..16) {
+        let hdr: [u8; 16] = hdr.try_into().expect("16 bytes");
+        rest = &rest[16..];
+        let Ok((opt, len)) = parse_option_header(&hdr) else {
+            return;
+        };
+        let len = (len as usize).min(rest.len()).min(MAX_OPTION_LEN as usize);
+        let (d, r) = rest.split_at(len);
+        rest = r;
+        let gated = mode == Mode::Require && !tls && opt != OPT_STARTTLS && opt != OPT_ABORT;
+        let step = match option(&x, &mut h, opt, d, no_zeroes, tls) {
+            Ok(s) => s,
+            Err(_) => {
+                assert!(!gated || opt == OPT_EXPORT_NAME);
+                return;
+            }
+        };
+        match step {
+            Step::Reply(v) => {
+                let r = replies(&v);
+                assert!(!r.is_empty() && r.iter().all(|&(o, _)| o == opt));
+                if gated {
+                    assert_eq!(r, [(opt, REP_ERR_TLS_REQD)]);
+                }
+            }
+            Step::StartTls(v) => {
+                assert_eq!(replies(&v), [(OPT_STARTTLS, REP_ACK)]);
+                assert!(mode != Mode::Off && x.tls_ready && !tls);
+                tls = true;
+                h = Session::default();
+            }
+            Step::Enter(v) => {
+                assert!(!gated);
+                if opt != OPT_EXPORT_NAME {
+                    assert!(replies(&v).iter().all(|&(o, _)| o == opt));
+                }
+                return;
+            }
+            Step::Abort(_) => return,
+        }
+    }
 }

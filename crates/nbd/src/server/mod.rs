@@ -32,7 +32,7 @@ mod send;
 mod tlslink;
 mod transmission;
 
-pub use handshake::block_sizes;
+pub use handshake::{block_sizes, fuzz_options};
 
 use crate::access::{Access, Cred, Peer};
 use crate::proto;
@@ -160,6 +160,9 @@ pub struct ServerStats {
     pub refused: [AtomicU64; REFUSALS.len()],
     /// TLS handshakes that completed.
     pub tls_handshakes: AtomicU64,
+    /// Completed handshakes by the client's identity (PSK identity or certificate subject;
+    /// "" for a client without one), at most `MAX_TLS_PEERS` names, then "(others)".
+    pub tls_peers: Mutex<BTreeMap<String, u64>>,
     /// TLS sessions that failed (in the handshake or later), by reason.
     pub tls_failures: Mutex<BTreeMap<&'static str, u64>>,
     /// Plaintext bytes encrypted into records, and decrypted out of them.
@@ -172,7 +175,22 @@ pub struct ServerStats {
 /// time (cut off then, not before the greeting).
 pub const REFUSALS: [&str; 3] = ["not_allowed", "too_many_handshakes", "handshake_timeout"];
 
+/// Identities `ServerStats::tls_peers` names one by one.
+pub const MAX_TLS_PEERS: usize = 256;
+
 impl ServerStats {
+    pub(crate) fn tls_handshake(&self, peer: Option<&str>) {
+        self.tls_handshakes.fetch_add(1, Ordering::Relaxed);
+        let mut m = self.tls_peers.lock().unwrap_or_else(|e| e.into_inner());
+        let name = peer.unwrap_or("");
+        let key = if m.contains_key(name) || m.len() < MAX_TLS_PEERS {
+            name
+        } else {
+            "(others)"
+        };
+        *m.entry(key.to_string()).or_insert(0) += 1;
+    }
+
     pub(crate) fn tls_failure(&self, reason: &'static str) {
         *self
             .tls_failures
@@ -410,8 +428,17 @@ impl<D: BlockDev> Inner<D> {
         self.client(id, |c| c.deadline = None);
     }
 
-    fn set_client_tls(&self, id: u64, info: tls::Info) {
-        self.client(id, |c| c.tls = Some(info));
+    /// Records what the connection negotiated; returns its peer address.
+    fn set_client_tls(&self, id: u64, info: tls::Info) -> String {
+        self.client(id, |c| {
+            c.tls = Some(info);
+            c.peer.to_string()
+        })
+        .unwrap_or_default()
+    }
+
+    fn peer(&self, id: u64) -> String {
+        self.client(id, |c| c.peer.to_string()).unwrap_or_default()
     }
 }
 

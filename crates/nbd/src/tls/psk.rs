@@ -119,6 +119,24 @@ impl PskKeys {
     }
 }
 
+/// Fuzz body: any bytes parse or are refused; what parses holds only valid entries, and an
+/// error never echoes the file's bytes past the identity.
+pub fn fuzz_psk(data: &[u8]) {
+    match PskKeys::parse(data) {
+        Ok(k) => {
+            assert!(!k.is_empty());
+            for id in k.identities() {
+                assert!(!id.is_empty() && id.len() <= MAX_IDENTITY && !id.contains(':'));
+                let key = k.key(id.as_bytes()).expect("listed identity has a key");
+                assert!(!key.is_empty() && key.len() <= MAX_KEY);
+            }
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
