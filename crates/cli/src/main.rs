@@ -111,7 +111,7 @@ enum Cmd {
     /// SIGTERM or SIGHUP. `uraid serve NAME`: the array NAME (or UUID) found by its
     /// superblocks, with the options of the config file's [NAME] section. With no MEMBERs,
     /// serves the embedded default volume under ./uraid-data.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// The config file (/etc/uraid/uraid.conf): `uraid config check`.
     Config {
         #[command(subcommand)]

@@ -53,7 +53,7 @@ fn hex_digit(c: u8) -> Option<u8> {
 }
 
 fn unhex(s: &[u8]) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     s.chunks(2)
