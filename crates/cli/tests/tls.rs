@@ -286,10 +286,11 @@ fn x509_require_serves_libnbd_and_qemu_and_refuses_the_rest() {
         "read back over TLS differs"
     );
 
-    // qemu-io with a tls-creds-x509 object (qemu 9+ also asks for extended headers).
-    let o = cmd(
-        "qemu-io",
-        &[
+    // qemu-io with a tls-creds-x509 object; qemu 9+ also asks for extended headers, after
+    // STARTTLS (what it negotiated before is forgotten there). Kept open on its stdin while
+    // the server's client list is read.
+    let mut q = Command::new("qemu-io")
+        .args([
             "--object",
             &format!("tls-creds-x509,id=tls0,dir={pki_s},endpoint=client"),
             "--image-opts",
@@ -297,12 +298,32 @@ fn x509_require_serves_libnbd_and_qemu_and_refuses_the_rest() {
                 "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={},export=vol,tls-creds=tls0",
                 srv.tcp_addr().rsplit(':').next().unwrap()
             ),
-            "-c",
-            "write -P 0xa5 1M 1M",
-            "-c",
-            "read -P 0xa5 1M 1M",
-        ],
-    );
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(
+        q.stdin.as_mut().unwrap(),
+        "write -P 0xa5 1M 1M\nread -P 0xa5 1M 1M"
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = status(&srv);
+        let c = st["connections"]["clients"].as_array().unwrap().clone();
+        if let Some(c) = c.iter().find(|c| c["phase"] == "transmission") {
+            assert_eq!(c["headers"], "extended", "{c}");
+            assert_eq!(c["tls"]["version"], "TLSv1.3", "{c}");
+            assert_eq!(c["tls"]["peer"], "CN=client1", "{c}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "qemu-io not listed: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writeln!(q.stdin.as_mut().unwrap(), "quit").unwrap();
+    let o = q.wait_with_output().unwrap();
     assert!(
         o.status.success() && !text(&o).contains("fail"),
         "qemu-io: {}",

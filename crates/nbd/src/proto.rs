@@ -9,6 +9,10 @@ pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Extended headers (the spec's `EXTENDED_HEADERS` extension): 32-byte requests and replies
+/// with 64-bit lengths.
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Handshake flags (server) and client flags.
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -38,6 +42,7 @@ pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 pub const OPT_LIST_META_CONTEXT: u32 = 9;
 pub const OPT_SET_META_CONTEXT: u32 = 10;
+pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 // Option replies.
 pub const REP_ACK: u32 = 1;
@@ -51,6 +56,7 @@ pub const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
 pub const REP_ERR_UNKNOWN: u32 = 0x8000_0006;
 pub const REP_ERR_SHUTDOWN: u32 = 0x8000_0007;
 pub const REP_ERR_TOO_BIG: u32 = 0x8000_0009;
+pub const REP_ERR_EXT_HEADER_REQD: u32 = 0x8000_000a;
 
 // NBD_INFO types.
 pub const INFO_EXPORT: u16 = 0;
@@ -72,6 +78,8 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+/// Extended headers: the length is a payload that follows (WRITE always sets it).
+pub const CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply chunk types and flags.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -79,6 +87,7 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
 
@@ -229,27 +238,32 @@ pub fn parse_meta(data: &[u8]) -> Result<MetaRequest, WireError> {
     Ok(MetaRequest { name, queries })
 }
 
-/// A transmission-phase request header (28 bytes).
+/// A transmission-phase request header: compact (28 bytes) or extended (32 bytes, a
+/// 64-bit length: the payload's with `CMD_FLAG_PAYLOAD_LEN`, else the effect length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     pub flags: u16,
     pub typ: u16,
     pub handle: u64,
     pub offset: u64,
-    pub length: u32,
+    pub length: u64,
 }
 
 pub const REQUEST_LEN: usize = 28;
+pub const EXT_REQUEST_LEN: usize = 32;
 
-pub fn parse_request(b: &[u8]) -> Result<Request, WireError> {
-    if b.len() < REQUEST_LEN {
-        return Err(WireError::Short {
-            need: REQUEST_LEN,
-            got: b.len(),
-        });
+/// Parses a request header: extended (`ext`, after NBD_OPT_EXTENDED_HEADERS) or compact.
+pub fn parse_request_as(b: &[u8], ext: bool) -> Result<Request, WireError> {
+    let (need, magic_want) = if ext {
+        (EXT_REQUEST_LEN, EXTENDED_REQUEST_MAGIC)
+    } else {
+        (REQUEST_LEN, REQUEST_MAGIC)
+    };
+    if b.len() < need {
+        return Err(WireError::Short { need, got: b.len() });
     }
     let magic = u32::from_be_bytes(b[0..4].try_into().expect("4 bytes"));
-    if magic != REQUEST_MAGIC {
+    if magic != magic_want {
         return Err(WireError::BadMagic(magic as u64));
     }
     Ok(Request {
@@ -257,8 +271,17 @@ pub fn parse_request(b: &[u8]) -> Result<Request, WireError> {
         typ: u16::from_be_bytes(b[6..8].try_into().expect("2 bytes")),
         handle: u64::from_be_bytes(b[8..16].try_into().expect("8 bytes")),
         offset: u64::from_be_bytes(b[16..24].try_into().expect("8 bytes")),
-        length: u32::from_be_bytes(b[24..28].try_into().expect("4 bytes")),
+        length: if ext {
+            u64::from_be_bytes(b[24..32].try_into().expect("8 bytes"))
+        } else {
+            u32::from_be_bytes(b[24..28].try_into().expect("4 bytes")) as u64
+        },
     })
+}
+
+/// A compact request header (28 bytes).
+pub fn parse_request(b: &[u8]) -> Result<Request, WireError> {
+    parse_request_as(b, false)
 }
 
 // ---------------------------------------------------------------- encoders
@@ -275,6 +298,9 @@ pub fn fuzz_wire(data: &[u8]) {
         assert!(m.queries.iter().all(|q| q.len() <= MAX_STRING));
     }
     let _ = parse_request(data);
+    if let Ok(r) = parse_request_as(data, true) {
+        assert_eq!(r.length.to_be_bytes(), data[24..32]);
+    }
     if let Some(h) = data.get(..16).and_then(|h| <&[u8; 16]>::try_from(h).ok()) {
         let _ = parse_option_header(h);
     }
@@ -353,58 +379,96 @@ pub fn simple_reply(error: u32, handle: u64) -> [u8; 16] {
     v
 }
 
-/// A structured reply chunk header (20 bytes); `len` is the payload length that follows.
-pub fn chunk_header(flags: u16, typ: u16, handle: u64, len: u32) -> [u8; 20] {
-    let mut v = [0u8; 20];
-    v[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
-    v[4..6].copy_from_slice(&flags.to_be_bytes());
-    v[6..8].copy_from_slice(&typ.to_be_bytes());
-    v[8..16].copy_from_slice(&handle.to_be_bytes());
-    v[16..20].copy_from_slice(&len.to_be_bytes());
+/// Whom a reply chunk answers: the request's cookie, and with extended headers (`ext`) its
+/// offset, which every extended reply echoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyTo {
+    pub handle: u64,
+    pub offset: u64,
+    pub ext: bool,
+}
+
+impl ReplyTo {
+    pub fn of(req: &Request, ext: bool) -> ReplyTo {
+        ReplyTo {
+            handle: req.handle,
+            offset: req.offset,
+            ext,
+        }
+    }
+}
+
+/// A reply chunk header: structured (20 bytes) or extended (32 bytes); `len` is the
+/// payload length that follows.
+pub fn chunk_header(flags: u16, typ: u16, to: &ReplyTo, len: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity(32 + 16);
+    if to.ext {
+        v.extend_from_slice(&EXTENDED_REPLY_MAGIC.to_be_bytes());
+    } else {
+        v.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    }
+    v.extend_from_slice(&flags.to_be_bytes());
+    v.extend_from_slice(&typ.to_be_bytes());
+    v.extend_from_slice(&to.handle.to_be_bytes());
+    if to.ext {
+        v.extend_from_slice(&to.offset.to_be_bytes());
+        v.extend_from_slice(&(len as u64).to_be_bytes());
+    } else {
+        v.extend_from_slice(&len.to_be_bytes());
+    }
     v
 }
 
 /// Header of an OFFSET_DATA chunk for `data_len` bytes at `offset` (data follows).
-pub fn offset_data_header(flags: u16, handle: u64, offset: u64, data_len: u32) -> Vec<u8> {
-    let mut v = chunk_header(flags, REPLY_TYPE_OFFSET_DATA, handle, data_len + 8).to_vec();
+pub fn offset_data_header(flags: u16, to: &ReplyTo, offset: u64, data_len: u32) -> Vec<u8> {
+    let mut v = chunk_header(flags, REPLY_TYPE_OFFSET_DATA, to, data_len + 8);
     v.extend_from_slice(&offset.to_be_bytes());
     v
 }
 
-pub fn offset_hole(flags: u16, handle: u64, offset: u64, len: u32) -> Vec<u8> {
-    let mut v = chunk_header(flags, REPLY_TYPE_OFFSET_HOLE, handle, 12).to_vec();
+pub fn offset_hole(flags: u16, to: &ReplyTo, offset: u64, len: u32) -> Vec<u8> {
+    let mut v = chunk_header(flags, REPLY_TYPE_OFFSET_HOLE, to, 12);
     v.extend_from_slice(&offset.to_be_bytes());
     v.extend_from_slice(&len.to_be_bytes());
     v
 }
 
-pub fn error_chunk(handle: u64, err: Errno, msg: &str) -> Vec<u8> {
+pub fn error_chunk(to: &ReplyTo, err: Errno, msg: &str) -> Vec<u8> {
     let msg = &msg.as_bytes()[..msg.len().min(MAX_STRING)];
-    let mut v = chunk_header(
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_ERROR,
-        handle,
-        6 + msg.len() as u32,
-    )
-    .to_vec();
+    let mut v = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_ERROR, to, 6 + msg.len() as u32);
     v.extend_from_slice(&(err as u32).to_be_bytes());
     v.extend_from_slice(&(msg.len() as u16).to_be_bytes());
     v.extend_from_slice(msg);
     v
 }
 
-pub fn done_chunk(handle: u64) -> [u8; 20] {
-    chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0)
+pub fn done_chunk(to: &ReplyTo) -> Vec<u8> {
+    chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, to, 0)
 }
 
-/// A BLOCK_STATUS chunk for one context: (length, flags) descriptors.
-pub fn block_status(flags: u16, handle: u64, context: u32, extents: &[(u32, u32)]) -> Vec<u8> {
-    let len = 4 + 8 * extents.len() as u32;
-    let mut v = chunk_header(flags, REPLY_TYPE_BLOCK_STATUS, handle, len).to_vec();
-    v.extend_from_slice(&context.to_be_bytes());
-    for (l, f) in extents {
-        v.extend_from_slice(&l.to_be_bytes());
-        v.extend_from_slice(&f.to_be_bytes());
+/// A BLOCK_STATUS chunk for one context: (length, flags) descriptors; with extended
+/// headers the 64-bit form (BLOCK_STATUS_EXT: a descriptor count, then 64-bit lengths and
+/// status).
+pub fn block_status(flags: u16, to: &ReplyTo, context: u32, extents: &[(u64, u32)]) -> Vec<u8> {
+    let n = extents.len() as u32;
+    let mut v = if to.ext {
+        let mut v = chunk_header(flags, REPLY_TYPE_BLOCK_STATUS_EXT, to, 8 + 16 * n);
+        v.extend_from_slice(&context.to_be_bytes());
+        v.extend_from_slice(&n.to_be_bytes());
+        v
+    } else {
+        let mut v = chunk_header(flags, REPLY_TYPE_BLOCK_STATUS, to, 4 + 8 * n);
+        v.extend_from_slice(&context.to_be_bytes());
+        v
+    };
+    for &(l, f) in extents {
+        if to.ext {
+            v.extend_from_slice(&l.to_be_bytes());
+            v.extend_from_slice(&(f as u64).to_be_bytes());
+        } else {
+            v.extend_from_slice(&(l as u32).to_be_bytes());
+            v.extend_from_slice(&f.to_be_bytes());
+        }
     }
     v
 }
@@ -503,6 +567,24 @@ mod tests {
         ));
         b[0] ^= 1;
         assert!(matches!(parse_request(&b), Err(WireError::BadMagic(_))));
+        // Extended: its own magic, a 64-bit length.
+        let mut x = EXTENDED_REQUEST_MAGIC.to_be_bytes().to_vec();
+        x.extend_from_slice(&CMD_FLAG_PAYLOAD_LEN.to_be_bytes());
+        x.extend_from_slice(&CMD_WRITE.to_be_bytes());
+        x.extend_from_slice(&7u64.to_be_bytes());
+        x.extend_from_slice(&4096u64.to_be_bytes());
+        x.extend_from_slice(&(5u64 << 32).to_be_bytes());
+        let r = parse_request_as(&x, true).unwrap();
+        assert_eq!((r.flags, r.length), (CMD_FLAG_PAYLOAD_LEN, 5 << 32));
+        assert!(
+            parse_request_as(&x, false).is_err(),
+            "extended magic in compact mode"
+        );
+        assert!(parse_request_as(&x[..31], true).is_err());
+        assert!(
+            parse_request_as(&b, true).is_err(),
+            "compact magic in extended mode"
+        );
         let mut h = [0u8; 16];
         assert!(parse_option_header(&h).is_err());
         h[..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
@@ -522,12 +604,33 @@ mod tests {
         assert_eq!(info_block_size(1, 2, 3).len(), 14);
         assert_eq!(export_name_reply(1, 1, false).len(), 134);
         assert_eq!(export_name_reply(1, 1, true).len(), 10);
-        assert_eq!(offset_hole(0, 1, 2, 3).len(), 32);
-        assert_eq!(offset_data_header(0, 1, 2, 4096).len(), 28);
-        let e = error_chunk(9, Errno::Inval, "x");
+        let to = ReplyTo {
+            handle: 9,
+            offset: 4096,
+            ext: false,
+        };
+        assert_eq!(offset_hole(0, &to, 2, 3).len(), 32);
+        assert_eq!(offset_data_header(0, &to, 2, 4096).len(), 28);
+        let e = error_chunk(&to, Errno::Inval, "x");
         assert_eq!(e.len(), 20 + 7);
         assert_eq!(&e[16..20], &7u32.to_be_bytes());
-        assert_eq!(block_status(0, 1, 1, &[(4096, 3)]).len(), 20 + 12);
+        assert_eq!(block_status(0, &to, 1, &[(4096, 3)]).len(), 20 + 12);
+        // Extended: 32-byte headers echoing the request's offset, 64-bit lengths.
+        let x = ReplyTo { ext: true, ..to };
+        let e = error_chunk(&x, Errno::Inval, "x");
+        assert_eq!(e.len(), 32 + 7);
+        assert_eq!(&e[..4], &EXTENDED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&e[16..24], &4096u64.to_be_bytes());
+        assert_eq!(&e[24..32], &7u64.to_be_bytes());
+        assert_eq!(done_chunk(&x).len(), 32);
+        assert_eq!(offset_data_header(0, &x, 2, 4096).len(), 40);
+        let b = block_status(REPLY_FLAG_DONE, &x, 1, &[(5 << 32, 3), (512, 0)]);
+        assert_eq!(b.len(), 32 + 8 + 32);
+        assert_eq!(&b[6..8], &REPLY_TYPE_BLOCK_STATUS_EXT.to_be_bytes());
+        assert_eq!(&b[24..32], &40u64.to_be_bytes());
+        assert_eq!(&b[36..40], &2u32.to_be_bytes());
+        assert_eq!(&b[40..48], &(5u64 << 32).to_be_bytes());
+        assert_eq!(&b[48..56], &3u64.to_be_bytes());
     }
 
     proptest! {
@@ -536,6 +639,7 @@ mod tests {
             let _ = parse_go(&b);
             let _ = parse_meta(&b);
             let _ = parse_request(&b);
+            let _ = parse_request_as(&b, true);
             if b.len() >= 16 {
                 let _ = parse_option_header(b[..16].try_into().unwrap());
             }

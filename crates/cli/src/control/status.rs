@@ -155,6 +155,7 @@ fn client_json(c: &ClientInfo) -> Value {
         "peer": c.peer,
         "seconds": c.seconds,
         "phase": if c.handshake { "handshake" } else { "transmission" },
+        "headers": c.headers,
         "tls": c.tls.as_ref().map(|t| json!({
             "version": t.version, "cipher": t.cipher, "peer": t.peer,
         })),

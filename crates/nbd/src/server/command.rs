@@ -73,11 +73,13 @@ pub(super) fn validate(
     size: u64,
 ) -> Result<Command, Invalid> {
     use proto::*;
-    let (off, len) = (req.offset, req.length as u64);
+    let (off, len) = (req.offset, req.length);
     let in_range = off.checked_add(len).is_some_and(|e| e <= size);
     let aligned = off.is_multiple_of(SECTOR) && len.is_multiple_of(SECTOR);
     let allowed = match req.typ {
         CMD_READ => CMD_FLAG_FUA | if sess.structured { CMD_FLAG_DF } else { 0 },
+        // Extended headers: a WRITE may say its length is a payload.
+        CMD_WRITE if sess.extended => CMD_FLAG_FUA | CMD_FLAG_PAYLOAD_LEN,
         CMD_WRITE | CMD_TRIM | CMD_FLUSH | CMD_CACHE => CMD_FLAG_FUA,
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
         CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
@@ -116,7 +118,7 @@ pub(super) fn validate(
     Ok(match req.typ {
         CMD_READ => {
             let df = flag(CMD_FLAG_DF);
-            if req.length > MAX_PAYLOAD {
+            if req.length > MAX_PAYLOAD as u64 {
                 // Larger than the advertised maximum block size: EINVAL. The spec reserves
                 // EOVERFLOW for a DF read (structured replies) too large for one chunk.
                 return Err(if df {
@@ -164,7 +166,7 @@ mod tests {
 
     const SIZE: u64 = 1 << 20;
 
-    fn req(typ: u16, flags: u16, offset: u64, length: u32) -> Request {
+    fn req(typ: u16, flags: u16, offset: u64, length: u64) -> Request {
         Request {
             flags,
             typ,
@@ -175,7 +177,12 @@ mod tests {
     }
 
     fn check(r: &Request, structured: bool, meta: bool, ro: bool) -> Result<Command, Errno> {
-        validate(r, &Session { structured, meta }, ro, SIZE).map_err(|e| e.0)
+        let s = Session {
+            structured,
+            meta,
+            extended: false,
+        };
+        validate(r, &s, ro, SIZE).map_err(|e| e.0)
     }
 
     #[test]
@@ -241,13 +248,14 @@ mod tests {
         assert_eq!(ro.unwrap_err(), Errno::Perm);
         let meta = |r: Request| check(&r, true, true, false).unwrap_err();
         assert_eq!(meta(req(CMD_BLOCK_STATUS, 0, 0, 0)), Errno::Inval);
-        let big = MAX_PAYLOAD + 512;
+        let big = MAX_PAYLOAD as u64 + 512;
         let big_size = |r: Request, structured| {
             validate(
                 &r,
                 &Session {
                     structured,
                     meta: false,
+                    extended: false,
                 },
                 false,
                 u64::MAX,
@@ -259,6 +267,52 @@ mod tests {
         assert_eq!(
             big_size(req(CMD_READ, CMD_FLAG_DF, 0, big), true),
             Errno::Overflow
+        );
+    }
+
+    #[test]
+    fn extended_headers_take_64_bit_effect_lengths_and_flagged_writes() {
+        let x = Session {
+            structured: true,
+            meta: true,
+            extended: true,
+        };
+        let size = 1u64 << 40;
+        let v = |r: Request| validate(&r, &x, false, size).map_err(|e| e.0);
+        // A trim and a block status of more than 4 GiB in one request.
+        assert_eq!(
+            v(req(CMD_TRIM, 0, 0, 5 << 32)),
+            Ok(Command::Trim {
+                off: 0,
+                len: 5 << 32,
+                fua: false
+            })
+        );
+        assert!(v(req(CMD_BLOCK_STATUS, 0, 0, 5 << 32)).is_ok());
+        assert_eq!(
+            v(req(CMD_WRITE, CMD_FLAG_PAYLOAD_LEN, 0, 4096)),
+            Ok(Command::Write { off: 0, fua: false })
+        );
+        // A write should say its length is a payload; qemu's client does not (taken as
+        // qemu's server takes it). Other commands take no such flag.
+        assert_eq!(
+            v(req(CMD_WRITE, 0, 0, 4096)),
+            Ok(Command::Write { off: 0, fua: false })
+        );
+        assert_eq!(
+            v(req(CMD_READ, CMD_FLAG_PAYLOAD_LEN, 0, 4096)),
+            Err(Errno::Inval)
+        );
+        // Without extended headers PAYLOAD_LEN is just an unknown flag.
+        let c = Session {
+            structured: true,
+            meta: true,
+            extended: false,
+        };
+        let r = req(CMD_WRITE, CMD_FLAG_PAYLOAD_LEN, 0, 4096);
+        assert_eq!(
+            validate(&r, &c, false, size).map_err(|e| e.0),
+            Err(Errno::Inval)
         );
     }
 }

@@ -25,8 +25,11 @@ use uraid_engine::{BlockDev, Volume};
 /// over from the default.
 #[derive(Default)]
 pub(super) struct Session {
+    /// Structured replies (also set by extended headers, which imply them).
     pub(super) structured: bool,
     pub(super) meta: bool,
+    /// Extended headers: 32-byte requests and replies, 64-bit lengths.
+    pub(super) extended: bool,
 }
 
 /// What the handshake does after an option.
@@ -229,6 +232,11 @@ fn option(
     }
     Ok(match opt {
         OPT_EXPORT_NAME => {
+            if h.extended {
+                return Err(invalid_data(
+                    "NBD_OPT_EXPORT_NAME after extended headers were negotiated",
+                ));
+            }
             let name = String::from_utf8_lossy(data);
             if !name_ok(x, &name) {
                 return Err(io::Error::new(
@@ -252,6 +260,23 @@ fn option(
             if !data.is_empty() {
                 return Ok(invalid("NBD_OPT_STRUCTURED_REPLY takes no data"));
             }
+            if h.extended {
+                return Ok(Step::Reply(reply(
+                    REP_ERR_EXT_HEADER_REQD,
+                    b"extended headers are on: no going back to structured replies",
+                )));
+            }
+            h.structured = true;
+            Step::Reply(reply(REP_ACK, &[]))
+        }
+        OPT_EXTENDED_HEADERS => {
+            if !data.is_empty() {
+                return Ok(invalid("NBD_OPT_EXTENDED_HEADERS takes no data"));
+            }
+            if h.extended {
+                return Ok(invalid("extended headers are already on"));
+            }
+            h.extended = true;
             h.structured = true;
             Step::Reply(reply(REP_ACK, &[]))
         }
@@ -404,7 +429,7 @@ pub fn fuzz_options(data: &[u8]) {
         let step = match option(&x, &mut h, opt, d, no_zeroes, tls) {
             Ok(s) => s,
             Err(_) => {
-                assert!(!gated || opt == OPT_EXPORT_NAME);
+                assert!(opt == OPT_EXPORT_NAME);
                 return;
             }
         };
@@ -414,6 +439,12 @@ pub fn fuzz_options(data: &[u8]) {
                 assert!(!r.is_empty() && r.iter().all(|&(o, _)| o == opt));
                 if gated {
                     assert_eq!(r, [(opt, REP_ERR_TLS_REQD)]);
+                }
+                if r[0].1 == REP_ACK && opt == OPT_EXTENDED_HEADERS {
+                    assert!(h.extended && h.structured);
+                }
+                if opt == OPT_STRUCTURED_REPLY && h.extended && d.is_empty() {
+                    assert_eq!(r, [(opt, REP_ERR_EXT_HEADER_REQD)]);
                 }
             }
             Step::StartTls(v) => {

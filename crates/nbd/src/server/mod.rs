@@ -213,6 +213,8 @@ struct Client {
     /// While the handshake lasts: when it must be over.
     deadline: Option<Instant>,
     tls: Option<tls::Info>,
+    /// Reply framing negotiated: "simple", "structured" or "extended".
+    headers: &'static str,
 }
 
 /// A connection being served, for `/status`.
@@ -224,6 +226,8 @@ pub struct ClientInfo {
     /// Still in the handshake (options, STARTTLS).
     pub handshake: bool,
     pub tls: Option<tls::Info>,
+    /// "simple", "structured" or "extended" (headers and replies negotiated).
+    pub headers: &'static str,
 }
 
 struct Inner<D: BlockDev> {
@@ -321,6 +325,7 @@ impl<D: BlockDev> Server<D> {
                 seconds: c.since.elapsed().as_secs(),
                 handshake: c.deadline.is_some(),
                 tls: c.tls.clone(),
+                headers: c.headers,
             })
             .collect();
         v.sort_by_key(|c| c.id);
@@ -423,9 +428,13 @@ impl<D: BlockDev> Inner<D> {
         conns.get_mut(&id).map(f)
     }
 
-    /// The connection entered transmission: no longer held to the handshake's deadline.
-    fn handshake_done(&self, id: u64) {
-        self.client(id, |c| c.deadline = None);
+    /// The connection entered transmission with `headers` ("simple", "structured",
+    /// "extended"): no longer held to the handshake's deadline.
+    fn handshake_done(&self, id: u64, headers: &'static str) {
+        self.client(id, |c| {
+            c.deadline = None;
+            c.headers = headers;
+        });
     }
 
     /// Records what the connection negotiated; returns its peer address.
@@ -600,6 +609,7 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                     since: now,
                     deadline: Some(now + inner.cfg.handshake_timeout),
                     tls: None,
+                    headers: "simple",
                 },
             );
         }

@@ -183,11 +183,14 @@ pub(super) fn reply_error<D: BlockDev>(
         req.length,
         err
     );
-    let structured =
-        sess.structured && matches!(req.typ, proto::CMD_READ | proto::CMD_BLOCK_STATUS);
+    // Extended headers: never a simple reply.
+    let structured = sess.extended
+        || sess.structured && matches!(req.typ, proto::CMD_READ | proto::CMD_BLOCK_STATUS);
     if structured {
         conn.send(vec![OutPart::Bytes(proto::error_chunk(
-            req.handle, err, msg,
+            &proto::ReplyTo::of(req, sess.extended),
+            err,
+            msg,
         ))]);
     } else {
         conn.send(vec![OutPart::Bytes(
@@ -196,9 +199,13 @@ pub(super) fn reply_error<D: BlockDev>(
     }
 }
 
-/// The simple reply of a request that succeeded with no data.
-pub(super) fn reply_ok(conn: &Rc<Conn>, req: &Request) {
-    conn.send(vec![OutPart::Bytes(
-        proto::simple_reply(0, req.handle).to_vec(),
-    )]);
+/// The reply of a request that succeeded with no data: simple, or with extended headers
+/// a done chunk.
+pub(super) fn reply_ok(sess: &Session, conn: &Rc<Conn>, req: &Request) {
+    let v = if sess.extended {
+        proto::done_chunk(&proto::ReplyTo::of(req, true))
+    } else {
+        proto::simple_reply(0, req.handle).to_vec()
+    };
+    conn.send(vec![OutPart::Bytes(v)]);
 }
