@@ -231,8 +231,11 @@ fn tls_settings(args: &ServeArgs) -> Result<(Mode, Option<Arc<Tls>>)> {
         None if have_creds => Mode::On,
         None => Mode::Off,
     };
-    if args.tls_verify_peer && args.tls_certificates.is_none() {
-        bail!("--tls-verify-peer checks client certificates: give --tls-certificates DIR");
+    if args.tls_verify_peer && (args.tls_certificates.is_none() || args.tls_psk.is_some()) {
+        bail!(
+            "--tls-verify-peer checks client certificates: give --tls-certificates DIR (and \
+             not --tls-psk, which overrides certificates)"
+        );
     }
     if mode == Mode::Off {
         return Ok((mode, None));

@@ -17,6 +17,8 @@ pub enum Peer {
     Ip(IpAddr),
     /// A Unix socket peer's credentials (SO_PEERCRED); None if they could not be read.
     Unix(Option<Cred>),
+    /// A TCP peer whose address could not be read: matches only `all`.
+    Unknown,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +34,7 @@ impl fmt::Display for Peer {
             Peer::Ip(a) => write!(f, "{a}"),
             Peer::Unix(Some(c)) => write!(f, "unix pid {} uid {} gid {}", c.pid, c.uid, c.gid),
             Peer::Unix(None) => write!(f, "unix (credentials unknown)"),
+            Peer::Unknown => write!(f, "an unknown address"),
         }
     }
 }
@@ -92,7 +95,18 @@ impl FromStr for Rule {
                         _ => return Err(format!("'{s}': the prefix length must be 0 to {max}")),
                     },
                 };
-                Rule::Net { addr, bits }
+                // An IPv4-mapped IPv6 rule (::ffff:a.b.c.d/96 or longer) is the IPv4 rule it
+                // carries, as a mapped peer is the IPv4 peer (`canonical`).
+                match addr {
+                    IpAddr::V6(v6) if bits >= 96 => match v6.to_ipv4_mapped() {
+                        Some(v4) => Rule::Net {
+                            addr: IpAddr::V4(v4),
+                            bits: bits - 96,
+                        },
+                        None => Rule::Net { addr, bits },
+                    },
+                    _ => Rule::Net { addr, bits },
+                }
             }
         })
     }
@@ -113,8 +127,11 @@ impl fmt::Display for Rule {
     }
 }
 
-/// The first `bits` bits of `a` and `b` are equal.
+/// The first `bits` bits of `a` and `b` are equal (false if either is shorter).
 fn prefix_eq(a: &[u8], b: &[u8], bits: u8) -> bool {
+    if bits as usize > 8 * a.len().min(b.len()) {
+        return false;
+    }
     let (whole, rest) = ((bits / 8) as usize, bits % 8);
     if a[..whole] != b[..whole] {
         return false;
@@ -140,7 +157,8 @@ impl Rule {
             (Rule::AnyUnix, Peer::Unix(_)) => true,
             (Rule::AnyV4, Peer::Ip(a)) => canonical(*a).is_ipv4(),
             (Rule::AnyV6, Peer::Ip(a)) => canonical(*a).is_ipv6(),
-            (Rule::Net { addr, bits }, Peer::Ip(a)) => match (canonical(*addr), canonical(*a)) {
+            // Rules are canonical since parsing (mapped ones are IPv4 rules).
+            (Rule::Net { addr, bits }, Peer::Ip(a)) => match (*addr, canonical(*a)) {
                 (IpAddr::V4(r), IpAddr::V4(p)) => prefix_eq(&r.octets(), &p.octets(), *bits),
                 (IpAddr::V6(r), IpAddr::V6(p)) => prefix_eq(&r.octets(), &p.octets(), *bits),
                 _ => false,
@@ -221,6 +239,16 @@ mod tests {
         assert!(a.check(&ip("8.255.0.1")).is_err());
         assert!(a.check(&unix(0, 0)).is_ok(), "not in the deny list");
 
+        // A mapped IPv6 rule is its IPv4 rule (and never a panic on any peer).
+        let a = access("::ffff:127.0.0.1,::ffff:10.0.0.0/104", "all");
+        assert!(a.check(&ip("127.0.0.1")).is_ok());
+        assert!(a.check(&ip("::ffff:127.0.0.1")).is_ok());
+        assert!(a.check(&ip("10.200.0.1")).is_ok());
+        assert!(a.check(&ip("11.0.0.1")).is_err());
+        assert!(a.check(&ip("2001:db8::1")).is_err());
+        assert!(a.check(&Peer::Unknown).is_err());
+        assert!(access("", "anyunix").check(&Peer::Unknown).is_ok());
+
         let a = access("anyipv6", "all");
         assert!(a.check(&ip("2001:db8::1")).is_ok());
         assert!(a.check(&ip("192.0.2.1")).is_err());
@@ -279,6 +307,24 @@ mod tests {
         fn displayed_rules_parse_back(s in "[0-9a-z:./]{0,24}") {
             if let Ok(r) = s.parse::<Rule>() {
                 prop_assert_eq!(r.to_string().parse::<Rule>(), Ok(r));
+            }
+        }
+
+        #[test]
+        fn any_rule_against_any_peer_never_panics(
+            r in "[0-9a-f:./]{1,40}", p in any::<[u8; 16]>(), v4 in any::<bool>(), bits in 0u8..=128
+        ) {
+            let peer = if v4 {
+                Peer::Ip(IpAddr::V4([p[0], p[1], p[2], p[3]].into()))
+            } else {
+                Peer::Ip(IpAddr::V6(p.into()))
+            };
+            if let Ok(rule) = r.parse::<Rule>() {
+                let _ = rule.matches(&peer);
+            }
+            let mapped = format!("::ffff:{}.{}.{}.{}/{}", p[0], p[1], p[2], p[3], bits);
+            if let Ok(rule) = mapped.parse::<Rule>() {
+                let _ = rule.matches(&peer);
             }
         }
 

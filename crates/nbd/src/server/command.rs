@@ -181,6 +181,7 @@ mod tests {
             structured,
             meta,
             extended: false,
+            fixed: true,
         };
         validate(r, &s, ro, SIZE).map_err(|e| e.0)
     }
@@ -256,6 +257,7 @@ mod tests {
                     structured,
                     meta: false,
                     extended: false,
+                    fixed: true,
                 },
                 false,
                 u64::MAX,
@@ -276,6 +278,7 @@ mod tests {
             structured: true,
             meta: true,
             extended: true,
+            fixed: true,
         };
         let size = 1u64 << 40;
         let v = |r: Request| validate(&r, &x, false, size).map_err(|e| e.0);
@@ -308,6 +311,7 @@ mod tests {
             structured: true,
             meta: true,
             extended: false,
+            fixed: true,
         };
         let r = req(CMD_WRITE, CMD_FLAG_PAYLOAD_LEN, 0, 4096);
         assert_eq!(

@@ -30,6 +30,8 @@ pub(super) struct Session {
     pub(super) meta: bool,
     /// Extended headers: 32-byte requests and replies, 64-bit lengths.
     pub(super) extended: bool,
+    /// The client set NBD_FLAG_C_FIXED_NEWSTYLE (TLS needs it).
+    pub(super) fixed: bool,
 }
 
 /// What the handshake does after an option.
@@ -119,7 +121,17 @@ pub(super) async fn handshake<D: BlockDev>(
         return Err(invalid_data(format!("unknown client flags {cflags:#x}")));
     }
     let no_zeroes = cflags & FLAG_C_NO_ZEROES != 0;
-    let mut h = Session::default();
+    let fixed = cflags & FLAG_C_FIXED_NEWSTYLE != 0;
+    if !fixed && inner.cfg.tls_mode == Mode::Require {
+        // The spec: TLS needs fixed newstyle; such a client can only be served in plaintext.
+        return Err(invalid_data(
+            "client without fixed newstyle on a server that requires TLS",
+        ));
+    }
+    let mut h = Session {
+        fixed,
+        ..Session::default()
+    };
     loop {
         let hdr: [u8; 16] = rd.exact(16).await?.try_into().expect("16 bytes");
         let (opt, len) = parse_option_header(&hdr).map_err(|e| invalid_data(e.to_string()))?;
@@ -152,7 +164,10 @@ pub(super) async fn handshake<D: BlockDev>(
                 rd.send(v).await?;
                 start_tls(inner, rd, id).await?;
                 // Nothing negotiated in plaintext carries over.
-                h = Session::default();
+                h = Session {
+                    fixed,
+                    ..Session::default()
+                };
             }
             Step::Enter(v) => {
                 rd.send(v).await?;
@@ -190,7 +205,7 @@ async fn start_tls<D: BlockDev>(inner: &Inner<D>, rd: &mut Reader, id: u64) -> i
             // cut off.
             inner.stats.tls_failure("closed");
         }
-        tracing::warn!("TLS handshake with {} failed: {e}", inner.peer(id));
+        inner.warn_client(format!("TLS handshake with {} failed: {e}", inner.peer(id)));
         return Err(e);
     }
     let info = link.info();
@@ -296,6 +311,11 @@ fn option(
         OPT_STARTTLS => {
             if mode == Mode::Off || !x.tls_ready {
                 Step::Reply(reply(REP_ERR_UNSUP, b"TLS is off on this server"))
+            } else if !h.fixed {
+                Step::Reply(reply(
+                    REP_ERR_UNSUP,
+                    b"TLS needs fixed newstyle negotiation",
+                ))
             } else if tls {
                 invalid("TLS is already on")
             } else if !data.is_empty() {
@@ -414,7 +434,14 @@ pub fn fuzz_options(data: &[u8]) {
         tls_ready: cfg & 8 == 0,
     };
     let no_zeroes = cfg & 16 != 0;
-    let mut h = Session::default();
+    let fixed = cfg & 32 == 0;
+    if !fixed && mode == Mode::Require {
+        return; // the connection ends at the client's flags
+    }
+    let mut h = Session {
+        fixed,
+        ..Session::default()
+    };
     let mut tls = false;
     while let Some(hdr) = rest.get(..16) {
         let hdr: [u8; 16] = hdr.try_into().expect("16 bytes");
@@ -449,9 +476,12 @@ pub fn fuzz_options(data: &[u8]) {
             }
             Step::StartTls(v) => {
                 assert_eq!(replies(&v), [(OPT_STARTTLS, REP_ACK)]);
-                assert!(mode != Mode::Off && x.tls_ready && !tls);
+                assert!(mode != Mode::Off && x.tls_ready && !tls && fixed);
                 tls = true;
-                h = Session::default();
+                h = Session {
+                    fixed,
+                    ..Session::default()
+                };
             }
             Step::Enter(v) => {
                 assert!(!gated);

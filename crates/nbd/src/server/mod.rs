@@ -39,7 +39,7 @@ use crate::proto;
 use crate::tls::{self, Tls};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -215,6 +215,8 @@ struct Client {
     tls: Option<tls::Info>,
     /// Reply framing negotiated: "simple", "structured" or "extended".
     headers: &'static str,
+    /// Cut off by the reaper (its socket shut down; the task is ending).
+    cut: bool,
 }
 
 /// A connection being served, for `/status`.
@@ -246,6 +248,7 @@ struct Inner<D: BlockDev> {
     tls: Option<Arc<Tls>>,
     /// The thread that cuts off handshakes past their deadline has started.
     reaper: AtomicBool,
+    warn_limit: Mutex<WarnLimit>,
     /// Signalled (with `conns`) whenever a connection ends.
     idle: Condvar,
     listeners: Mutex<Vec<RawFd>>,
@@ -273,6 +276,7 @@ impl<D: BlockDev> Server<D> {
                 rt,
                 tls,
                 reaper: AtomicBool::new(false),
+                warn_limit: Mutex::new(WarnLimit::default()),
                 cfg,
                 stopping: AtomicBool::new(false),
                 next: AtomicUsize::new(0),
@@ -323,7 +327,7 @@ impl<D: BlockDev> Server<D> {
                 id,
                 peer: c.peer.to_string(),
                 seconds: c.since.elapsed().as_secs(),
-                handshake: c.deadline.is_some(),
+                handshake: c.deadline.is_some() || c.cut,
                 tls: c.tls.clone(),
                 headers: c.headers,
             })
@@ -451,6 +455,72 @@ impl<D: BlockDev> Inner<D> {
     }
 }
 
+/// A connection in the client list; dropping it removes the entry and closes the socket
+/// under the list's lock (so shutdown and the reaper only ever touch open sockets).
+struct Registered<D: BlockDev> {
+    inner: Arc<Inner<D>>,
+    id: u64,
+    fd: Option<OwnedFd>,
+}
+
+impl<D: BlockDev> Registered<D> {
+    fn raw(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+}
+
+impl<D: BlockDev> Drop for Registered<D> {
+    fn drop(&mut self) {
+        let mut conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.remove(&self.id);
+        drop(self.fd.take());
+        drop(conns);
+        self.inner.idle.notify_all();
+    }
+}
+
+/// Warnings about refused or failed clients logged per minute, at most; the rest go to
+/// debug and are summed in the next warning (the counters have them all): a flood of bad
+/// clients must not push member failures out of the event ring.
+const CLIENT_WARNINGS_PER_MINUTE: u32 = 10;
+
+#[derive(Default)]
+struct WarnLimit {
+    since: Option<Instant>,
+    logged: u32,
+    held: u64,
+}
+
+impl<D: BlockDev> Inner<D> {
+    /// A warning about one client (refused, cut off, failed TLS), within the limit.
+    fn warn_client(&self, msg: String) {
+        let mut l = self.warn_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if l.since
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60))
+        {
+            if l.held > 0 {
+                tracing::warn!(
+                    "{} more refused or failed client(s) in the last minute, not logged one \
+                     by one (uraid status: connections.refused, tls.failures)",
+                    l.held
+                );
+            }
+            *l = WarnLimit {
+                since: Some(now),
+                ..WarnLimit::default()
+            };
+        }
+        if l.logged < CLIENT_WARNINGS_PER_MINUTE {
+            l.logged += 1;
+            tracing::warn!("{msg}");
+        } else {
+            l.held += 1;
+            tracing::debug!("{msg}");
+        }
+    }
+}
+
 /// The far end of a freshly accepted socket.
 fn peer_of(fd: RawFd, tcp: bool) -> Peer {
     if tcp {
@@ -477,7 +547,7 @@ fn peer_of(fd: RawFd, tcp: bool) -> Peer {
             }
         }
         // Unknown: matches only `all` entries (and is refused by a `deny=all`).
-        return Peer::Unix(None);
+        return Peer::Unknown;
     }
     // SAFETY: getsockopt(SO_PEERCRED) into a zeroed ucred of the stated length.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
@@ -518,18 +588,23 @@ fn spawn_reaper<D: BlockDev>(weak: Weak<Inner<D>>) {
             }
             let now = Instant::now();
             let mut conns = inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+            let mut cut = Vec::new();
             for c in conns.values_mut() {
-                if c.deadline.is_some_and(|d| d <= now) {
-                    c.deadline = None;
+                if !c.cut && c.deadline.is_some_and(|d| d <= now) {
+                    c.cut = true;
                     inner.stats.refuse(2);
-                    tracing::warn!(
-                        "cut off {} after {:?} in the handshake (--handshake-timeout)",
-                        c.peer,
-                        inner.cfg.handshake_timeout
-                    );
-                    // SAFETY: registered fds are open while registered (see shutdown).
+                    cut.push(c.peer);
+                    // SAFETY: a registered fd is open while registered (`Registered` closes
+                    // it under this lock).
                     unsafe { libc::shutdown(c.fd, libc::SHUT_RDWR) };
                 }
+            }
+            drop(conns);
+            for peer in cut {
+                inner.warn_client(format!(
+                    "cut off {peer} after {:?} in the handshake (--handshake-timeout)",
+                    inner.cfg.handshake_timeout
+                ));
             }
         });
     if let Err(e) = spawned {
@@ -579,7 +654,9 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
         let peer = peer_of(fd.as_raw_fd(), tcp);
         if let Err(rule) = inner.cfg.access.check(&peer) {
             inner.stats.refuse(0);
-            tracing::warn!("refused a connection from {peer}: not allowed (--deny {rule})");
+            inner.warn_client(format!(
+                "refused a connection from {peer}: not allowed (--deny {rule})"
+            ));
             continue;
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -594,10 +671,10 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
             if handshaking >= inner.cfg.max_handshakes {
                 drop(conns);
                 inner.stats.refuse(1);
-                tracing::warn!(
+                inner.warn_client(format!(
                     "refused a connection from {peer}: {handshaking} connections are in the \
                      handshake already (--max-handshakes)"
-                );
+                ));
                 continue;
             }
             let now = Instant::now();
@@ -610,15 +687,23 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                     deadline: Some(now + inner.cfg.handshake_timeout),
                     tls: None,
                     headers: "simple",
+                    cut: false,
                 },
             );
         }
         inner.stats.connections.fetch_add(1, Ordering::Relaxed);
         let r = inner.next.fetch_add(1, Ordering::Relaxed) % inner.rt.reactors();
         let inner2 = inner.clone();
+        // Deregisters (and closes the socket) when the task ends, however it ends: a
+        // registered fd is always one this connection still holds open.
+        let reg = Registered {
+            inner: inner2.clone(),
+            id,
+            fd: Some(fd),
+        };
         inner.rt.run_on(r, move || {
             reactor::spawn_local(async move {
-                let raw = fd.as_raw_fd();
+                let raw = reg.raw();
                 if let Err(e) = transmission::connection(inner2.clone(), raw, id).await {
                     if e.kind() == io::ErrorKind::InvalidData {
                         // Counted, logged at debug: a flood of bad clients must not push
@@ -629,11 +714,7 @@ async fn accept_loop<D: BlockDev>(inner: Arc<Inner<D>>, listener: RawFd, tcp: bo
                         tracing::debug!("connection closed: {e}");
                     }
                 }
-                let mut conns = inner2.conns.lock().unwrap_or_else(|e| e.into_inner());
-                conns.remove(&id);
-                drop(fd);
-                drop(conns);
-                inner2.idle.notify_all();
+                drop(reg);
             })
         });
     }

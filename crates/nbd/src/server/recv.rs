@@ -4,6 +4,7 @@
 //! own buffer and fed to the session, and plaintext is copied out where plaintext would
 //! have been received.
 
+use super::send::Conn;
 use super::tlslink::TlsLink;
 use crate::tls::Plain;
 use std::io;
@@ -29,6 +30,9 @@ pub(super) struct Reader {
 /// A TLS connection's ciphertext buffer (received, not yet fed) and session.
 struct Tls {
     link: Rc<TlsLink>,
+    /// In transmission: the reply sender, started when the client's records ask for an
+    /// answer (a key update) and nothing is being sent.
+    conn: Option<Rc<Conn>>,
     ct: Option<Vec<u8>>,
     start: usize,
     end: usize,
@@ -66,6 +70,7 @@ impl Reader {
     pub(super) fn start_tls(&mut self, link: Rc<TlsLink>) {
         self.tls = Some(Tls {
             link,
+            conn: None,
             ct: Some(vec![0u8; TLS_RECV_BUF]),
             start: 0,
             end: 0,
@@ -79,6 +84,13 @@ impl Reader {
             None => v,
         };
         super::send::send_now(self.fd, v).await
+    }
+
+    /// Transmission starts: what the session has to send goes through `conn`'s sender.
+    pub(super) fn set_conn(&mut self, conn: Rc<Conn>) {
+        if let Some(t) = self.tls.as_mut() {
+            t.conn = Some(conn);
+        }
     }
 
     pub(super) fn tls(&self) -> Option<&Rc<TlsLink>> {
@@ -100,6 +112,11 @@ impl Reader {
         let ct = t.ct.as_ref().expect("ciphertext buffer present");
         let n = t.link.feed(&ct[t.start..t.end])?;
         t.start += n;
+        if let Some(c) = &t.conn {
+            if !c.sending.get() && t.link.wants_write() {
+                c.kick();
+            }
+        }
         Ok(())
     }
 

@@ -92,29 +92,22 @@ impl Conn {
             let c = self.clone();
             reactor::spawn_local(async move {
                 loop {
-                    let batch: Vec<OutPart> = c.queue.borrow_mut().drain(..).collect();
                     if c.broken.get() {
                         break;
                     }
+                    let batch: Vec<OutPart> = c.queue.borrow_mut().drain(..).collect();
                     let n: usize = batch.iter().map(OutPart::len).sum();
-                    let batch = match &c.tls {
-                        None => batch,
-                        Some(t) => match t.seal(&batch) {
-                            Ok(ct) if ct.is_empty() => Vec::new(),
-                            Ok(ct) => vec![OutPart::Bytes(ct)],
-                            Err(e) => {
-                                tracing::debug!("{e}");
-                                c.broken.set(true);
-                                c.queue.borrow_mut().clear();
-                                c.queued.set(0);
-                                break;
-                            }
+                    let sent = match &c.tls {
+                        None if batch.is_empty() => break,
+                        None => net::send_all(c.fd, batch).await,
+                        Some(t) => match send_sealed(c.fd, t, batch).await {
+                            // Nothing queued and nothing the session had to send.
+                            Ok(false) => break,
+                            Ok(true) => Ok(()),
+                            Err(e) => Err(e),
                         },
                     };
-                    if batch.is_empty() {
-                        break;
-                    }
-                    if let Err(e) = net::send_all(c.fd, batch).await {
+                    if let Err(e) = sent {
                         tracing::debug!("send failed: {e}");
                         c.broken.set(true);
                         c.queue.borrow_mut().clear();
@@ -142,6 +135,69 @@ impl Conn {
         })
         .await
     }
+}
+
+/// Plaintext sealed at a time on a TLS connection: its ciphertext is what the connection holds
+/// beyond the replies themselves (a batch may be tens of MiB of reads).
+const SEAL_PIECE: usize = 1 << 20;
+
+/// `parts` cut into pieces of at most `max` bytes, in order (read data by range, no copy).
+fn pieces(parts: Vec<OutPart>, max: usize) -> Vec<Vec<OutPart>> {
+    let mut out = vec![Vec::new()];
+    let mut room = max;
+    for p in parts {
+        let mut p = p;
+        loop {
+            if room == 0 {
+                out.push(Vec::new());
+                room = max;
+            }
+            let len = p.len();
+            if len <= room {
+                room -= len;
+                out.last_mut().expect("a piece").push(p);
+                break;
+            }
+            let (head, tail) = match p {
+                OutPart::Bytes(v) => (
+                    OutPart::Bytes(v[..room].to_vec()),
+                    OutPart::Bytes(v[room..].to_vec()),
+                ),
+                OutPart::Shared(b, r) => {
+                    let mid = r.start + room;
+                    (
+                        OutPart::Shared(b.clone(), r.start..mid),
+                        OutPart::Shared(b, mid..r.end),
+                    )
+                }
+            };
+            out.last_mut().expect("a piece").push(head);
+            room = 0;
+            p = tail;
+        }
+    }
+    out
+}
+
+/// Seals `batch` piece by piece and sends each piece's records (and whatever the session
+/// had to send: with an empty batch, only that). False if there was nothing to send.
+async fn send_sealed(fd: RawFd, t: &TlsLink, batch: Vec<OutPart>) -> io::Result<bool> {
+    let mut sent = false;
+    let groups = if batch.is_empty() {
+        vec![Vec::new()]
+    } else {
+        pieces(batch, SEAL_PIECE)
+    };
+    for piece in groups {
+        let ct = t.seal(&piece)?;
+        // The plaintext (read buffers) goes before the wait for the socket.
+        drop(piece);
+        if !ct.is_empty() {
+            net::send_all(fd, vec![OutPart::Bytes(ct)]).await?;
+            sent = true;
+        }
+    }
+    Ok(sent)
 }
 
 /// Sends bytes during the handshake (nothing else is in flight then).
@@ -208,4 +264,47 @@ pub(super) fn reply_ok(sess: &Session, conn: &Rc<Conn>, req: &Request) {
         proto::simple_reply(0, req.handle).to_vec()
     };
     conn.send(vec![OutPart::Bytes(v)]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uraid_engine::buf;
+
+    #[test]
+    fn pieces_keep_every_byte_in_order_within_the_bound() {
+        let mut big = buf::alloc(3000);
+        for (i, b) in big.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let big = Arc::new(big);
+        let parts = [
+            OutPart::Bytes(vec![1; 10]),
+            OutPart::Shared(big.clone(), 5..2505),
+            OutPart::Bytes((0..700u32).map(|i| i as u8).collect()),
+            OutPart::Shared(big.clone(), 0..1),
+        ];
+        let want: Vec<u8> = parts.iter().flat_map(|p| p.as_slice().to_vec()).collect();
+        for max in [1, 7, 1000, 4096] {
+            let ps = pieces(
+                parts
+                    .iter()
+                    .map(|p| match p {
+                        OutPart::Bytes(v) => OutPart::Bytes(v.clone()),
+                        OutPart::Shared(b, r) => OutPart::Shared(b.clone(), r.clone()),
+                    })
+                    .collect(),
+                max,
+            );
+            let got: Vec<u8> = ps
+                .iter()
+                .flat_map(|g| g.iter().flat_map(|p| p.as_slice().to_vec()))
+                .collect();
+            assert_eq!(got, want, "max {max}");
+            assert!(ps
+                .iter()
+                .all(|g| g.iter().map(OutPart::len).sum::<usize>() <= max));
+            assert_eq!(ps.len(), want.len().div_ceil(max), "max {max}");
+        }
+    }
 }

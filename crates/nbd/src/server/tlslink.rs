@@ -58,12 +58,21 @@ impl TlsLink {
             }
             n += p.len();
         }
-        let mut out = Vec::with_capacity(n + n / 512 + 64);
+        let mut out = Vec::new();
         s.take_output(&mut out);
         self.stats
             .tls_bytes_encrypted
             .fetch_add(n as u64, Ordering::Relaxed);
         Ok(out)
+    }
+
+    /// The close_notify alert to send before the connection closes.
+    pub(super) fn close(&self) -> Vec<u8> {
+        let mut s = self.s.borrow_mut();
+        s.close();
+        let mut v = Vec::new();
+        s.take_output(&mut v);
+        v
     }
 
     pub(super) fn take_output(&self) -> Vec<u8> {

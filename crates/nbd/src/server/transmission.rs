@@ -38,10 +38,16 @@ pub(super) async fn connection<D: BlockDev>(
     inner.handshake_done(id, headers);
     let sess = Rc::new(sess);
     let conn = Rc::new(Conn::new(fd, inner.stats.clone(), rd.tls().cloned()));
+    rd.set_conn(conn.clone());
     let r = transmission(&inner, &sess, &conn, &mut rd).await;
     // Finish what was read: every request answered, every reply sent.
     conn.wait_until(|c| c.inflight.get() == 0 && !c.sending.get())
         .await;
+    if let Some(t) = rd.tls() {
+        if !conn.broken.get() {
+            let _ = super::send::send_now(fd, t.close()).await;
+        }
+    }
     r
 }
 
@@ -74,10 +80,6 @@ async fn transmission<D: BlockDev>(
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
             }
         };
-        if rd.tls().is_some_and(|t| t.wants_write()) && !conn.sending.get() {
-            // The client's records asked for an answer (a TLS 1.3 key update).
-            conn.kick();
-        }
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         // A WRITE's length is its data. With extended headers a request flagged
         // PAYLOAD_LEN carries data too; a WRITE should say so, but qemu's client (10.0) does
@@ -88,7 +90,10 @@ async fn transmission<D: BlockDev>(
         } else {
             0
         };
-        if sess.extended && payload_len > MAX_PAYLOAD as u64 && req.typ != proto::CMD_WRITE {
+        if req.typ == proto::CMD_DISC {
+            return Ok(());
+        }
+        if sess.extended && payload_len > MAX_PAYLOAD as u64 {
             // The spec's hard disconnect: a payload past the advertised maximum.
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -162,9 +167,6 @@ async fn transmission<D: BlockDev>(
         } else {
             None
         };
-        if req.typ == proto::CMD_DISC {
-            return Ok(());
-        }
         conn.inflight.set(conn.inflight.get() + 1);
         let (inner, sess, conn) = (inner.clone(), sess.clone(), conn.clone());
         reactor::spawn_local(async move {
@@ -175,7 +177,8 @@ async fn transmission<D: BlockDev>(
                 let c = inner.stats.ops[i].local();
                 shard::add(&c.count, 1);
                 if ok {
-                    shard::add(&c.bytes, len as u64);
+                    // The range (64-bit with extended headers) within the volume.
+                    shard::add(&c.bytes, len.min(inner.array.size()));
                 }
                 c.observe(t0.elapsed());
             }
@@ -210,7 +213,7 @@ async fn handle<D: BlockDev>(
             array.write(off, data).await
         }
         Command::Flush => array.flush().await,
-        Command::Trim { off, len, .. } => array.trim(off, len).await,
+        Command::Trim { off, len, .. } => in_slices(off, len, |o, n| array.trim(o, n)).await,
         Command::WriteZeroes {
             off,
             len,
@@ -225,9 +228,9 @@ async fn handle<D: BlockDev>(
                 ));
             }
             if no_hole {
-                array.write_zeros(off, len).await
+                in_slices(off, len, |o, n| array.write_zeros(o, n)).await
             } else {
-                array.trim(off, len).await
+                in_slices(off, len, |o, n| array.trim(o, n)).await
             }
         }
         Command::Cache => Ok(()),
@@ -246,6 +249,27 @@ async fn handle<D: BlockDev>(
         }
         Err(e) => err((errno_of(&e), &e.to_string())),
     }
+}
+
+/// Largest range one trim or zeroing runs on the array at once: an extended-header request
+/// may cover the whole volume; in slices its memory and the time it holds its locks stay
+/// what a compact request's (at most 4 GiB) were.
+const ZERO_SLICE: u64 = 1 << 30;
+
+/// Runs `op` over `off..off + len` in `ZERO_SLICE` pieces, in order, until one fails.
+async fn in_slices<F, Fut>(off: u64, len: u64, op: F) -> Result<(), ArrayError>
+where
+    F: Fn(u64, u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ArrayError>>,
+{
+    let end = off + len;
+    let mut at = off;
+    while at < end {
+        let n = (end - at).min(ZERO_SLICE);
+        op(at, n).await?;
+        at += n;
+    }
+    Ok(())
 }
 
 /// Extents in one BLOCK_STATUS reply, at most (512 KiB of reply): a longer range is

@@ -128,6 +128,9 @@ pub trait Session {
     fn wants_write(&self) -> bool;
     fn handshaking(&self) -> bool;
     fn info(&self) -> Info;
+    /// Queues the close_notify alert (the spec: the server closes the TLS session before the
+    /// connection).
+    fn close(&mut self);
 }
 
 /// Loaded credentials: what new connections are served with.

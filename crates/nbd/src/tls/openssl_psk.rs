@@ -210,11 +210,24 @@ impl Session for OpenSsl {
     }
 
     fn take_output(&mut self, out: &mut Vec<u8>) {
-        out.append(&mut self.s.get_mut().output);
+        let o = &mut self.s.get_mut().output;
+        if out.is_empty() {
+            // Hand the buffer over: the pipe keeps no capacity from a large batch.
+            *out = std::mem::take(o);
+        } else {
+            out.append(o);
+        }
     }
 
     fn wants_write(&self) -> bool {
         !self.s.get_ref().output.is_empty()
+    }
+
+    fn close(&mut self) {
+        if self.done {
+            // Writes the alert into the pipe; the peer's answer is not awaited.
+            let _ = self.s.shutdown();
+        }
     }
 
     fn handshaking(&self) -> bool {

@@ -204,6 +204,10 @@ impl Session for Rustls {
         self.c.wants_write()
     }
 
+    fn close(&mut self) {
+        self.c.send_close_notify();
+    }
+
     fn handshaking(&self) -> bool {
         self.c.is_handshaking()
     }
