@@ -48,7 +48,7 @@ Package: uraid
 Version: $version
 Architecture: $arch
 Maintainer: uraid developers <uraid@localhost>
-Depends: libc6 (>= 2.34), libgcc-s1, libisal2
+Depends: libc6 (>= 2.34), libgcc-s1, libisal2, libssl3
 Recommends: nbd-client | libnbd-bin
 Section: admin
 Priority: optional

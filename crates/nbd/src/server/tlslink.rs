@@ -9,6 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uraid_engine::net::OutPart;
 
+/// Plaintext of one full TLS record.
+const RECORD: usize = 16 << 10;
+
 pub(super) struct TlsLink {
     s: RefCell<Box<dyn Session>>,
     stats: Arc<ServerStats>,
@@ -48,15 +51,37 @@ impl TlsLink {
 
     /// Encrypts a batch of reply parts; returns the ciphertext to send (with anything else
     /// the session had waiting, in order).
+    /// Small parts (reply headers, 4 KiB reads) are gathered into one record's worth before
+    /// they are written: each write is at least one record (its header, tag and cipher call),
+    /// so a header and its data in two writes would cost two. Large parts go as they are.
     pub(super) fn seal(&self, parts: &[OutPart]) -> io::Result<Vec<u8>> {
         let mut s = self.s.borrow_mut();
         let mut n = 0;
+        let mut staged: Vec<u8> = Vec::new();
+        let mut r = Ok(());
         for p in parts {
-            if let Err(e) = s.write(p.as_slice()) {
-                drop(s);
-                return Err(self.failed(e));
+            let b = p.as_slice();
+            n += b.len();
+            if staged.len() + b.len() <= RECORD {
+                staged.extend_from_slice(b);
+                continue;
             }
-            n += p.len();
+            if !staged.is_empty() {
+                r = r.and_then(|()| s.write(&staged));
+                staged.clear();
+            }
+            if b.len() < RECORD {
+                staged.extend_from_slice(b);
+            } else {
+                r = r.and_then(|()| s.write(b));
+            }
+        }
+        if !staged.is_empty() {
+            r = r.and_then(|()| s.write(&staged));
+        }
+        if let Err(e) = r {
+            drop(s);
+            return Err(self.failed(e));
         }
         let mut out = Vec::new();
         s.take_output(&mut out);
