@@ -126,7 +126,15 @@ struct SendState {
 
 /// Sends every byte of `parts`, in order, with as few sendmsg calls as the socket allows.
 pub async fn send_all(fd: RawFd, parts: Vec<OutPart>) -> io::Result<()> {
-    let l = ring()?;
+    send_all_back(fd, parts).await.0
+}
+
+/// `send_all`, handing the parts back (so their buffers can be used again).
+pub async fn send_all_back(fd: RawFd, parts: Vec<OutPart>) -> (io::Result<()>, Vec<OutPart>) {
+    let l = match ring() {
+        Ok(l) => l,
+        Err(e) => return (Err(e), parts),
+    };
     let total: usize = parts.iter().map(|p| p.as_slice().len()).sum();
     let mut st = Box::new(SendState {
         parts,
@@ -171,7 +179,7 @@ pub async fn send_all(fd: RawFd, parts: Vec<OutPart>) -> io::Result<()> {
             }
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(e);
+                return (Err(e), st.parts);
             }
         }
         let op = l.push_keep(
@@ -188,11 +196,15 @@ pub async fn send_all(fd: RawFd, parts: Vec<OutPart>) -> io::Result<()> {
         st = keep
             .and_then(|k| k.downcast::<SendState>().ok())
             .expect("send op keeps its state");
-        let n = cqe(res)?;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "socket closed"));
-        }
+        let n = match cqe(res) {
+            Ok(0) => {
+                let e = io::Error::new(io::ErrorKind::WriteZero, "socket closed");
+                return (Err(e), st.parts);
+            }
+            Ok(n) => n,
+            Err(e) => return (Err(e), st.parts),
+        };
         sent += n;
     }
-    Ok(())
+    (Ok(()), st.parts)
 }

@@ -16,7 +16,7 @@ use uraid_engine::{buf, IoBuf};
 /// Receive buffer per connection.
 const RECV_BUF: usize = 256 << 10;
 /// Ciphertext receive buffer of a TLS connection (a few records).
-const TLS_RECV_BUF: usize = 64 << 10;
+const TLS_RECV_BUF: usize = 256 << 10;
 
 /// Buffered reader over a socket.
 pub(super) struct Reader {

@@ -192,10 +192,16 @@ async fn send_sealed(fd: RawFd, t: &TlsLink, batch: Vec<OutPart>) -> io::Result<
         let ct = t.seal(&piece)?;
         // The plaintext (read buffers) goes before the wait for the socket.
         drop(piece);
-        if !ct.is_empty() {
-            net::send_all(fd, vec![OutPart::Bytes(ct)]).await?;
-            sent = true;
+        if ct.is_empty() {
+            t.give_back(ct);
+            continue;
         }
+        let (r, back) = net::send_all_back(fd, vec![OutPart::Bytes(ct)]).await;
+        r?;
+        if let Some(OutPart::Bytes(v)) = back.into_iter().next() {
+            t.give_back(v);
+        }
+        sent = true;
     }
     Ok(sent)
 }

@@ -212,8 +212,9 @@ impl Session for OpenSsl {
     fn take_output(&mut self, out: &mut Vec<u8>) {
         let o = &mut self.s.get_mut().output;
         if out.is_empty() {
-            // Hand the buffer over: the pipe keeps no capacity from a large batch.
-            *out = std::mem::take(o);
+            // Swap buffers: the filled one goes, the caller's (empty, kept from an earlier
+            // batch) takes the next records; no copy, no fresh allocation.
+            std::mem::swap(out, o);
         } else {
             out.append(o);
         }
