@@ -91,12 +91,37 @@ unsafe impl StableBuf for IoBuf {}
 /// Receives into `buf[start..]` (up to its length). Returns the byte count (0 = peer closed)
 /// and the buffer: a `Vec` or an aligned `IoBuf` (write payloads, received where the member
 /// writes will take them from).
-pub async fn recv<B: StableBuf>(fd: RawFd, mut buf: B, start: usize) -> (io::Result<usize>, B) {
+pub async fn recv<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<usize>, B) {
+    let end = buf.len();
+    recv_range(fd, buf, start, end, false).await
+}
+
+/// Receives exactly `buf[start..end]` unless the peer closes first (MSG_WAITALL: one
+/// completion for bytes the caller knows are on their way, not one per segment).
+pub async fn recv_all<B: StableBuf>(
+    fd: RawFd,
+    buf: B,
+    start: usize,
+    end: usize,
+) -> (io::Result<usize>, B) {
+    recv_range(fd, buf, start, end, true).await
+}
+
+async fn recv_range<B: StableBuf>(
+    fd: RawFd,
+    mut buf: B,
+    start: usize,
+    end: usize,
+    wait_all: bool,
+) -> (io::Result<usize>, B) {
     let l = match ring() {
         Ok(l) => l,
         Err(e) => return (Err(e), buf),
     };
-    let len = (buf.len() - start) as u32;
+    let end = end.min(buf.len());
+    let start = start.min(end);
+    let len = (end - start) as u32;
+    let flags = if wait_all { libc::MSG_WAITALL } else { 0 };
     // SAFETY: start <= buf.len(); the pointer stays valid because the buffer (a Vec or an
     // IoBuf, whose heap block does not move with it) is moved into the op slot until the
     // completion.
@@ -104,6 +129,7 @@ pub async fn recv<B: StableBuf>(fd: RawFd, mut buf: B, start: usize) -> (io::Res
     let op = l.push_keep(
         move |ud| {
             opcode::Recv::new(types::Fd(fd), ptr, len)
+                .flags(flags)
                 .build()
                 .user_data(ud)
         },

@@ -15,8 +15,16 @@ use uraid_engine::{buf, IoBuf};
 
 /// Receive buffer per connection.
 const RECV_BUF: usize = 256 << 10;
-/// Ciphertext receive buffer of a TLS connection (a few records).
-const TLS_RECV_BUF: usize = 256 << 10;
+/// Ciphertext receive buffer of a TLS connection (a few records)...
+const TLS_RECV_BUF: usize = 64 << 10;
+/// ...grown to this once it receives a large write payload (one completion per megabyte,
+/// not per segment: the waits between them are what a busy-polling reactor spins on).
+const TLS_RECV_BUF_LARGE: usize = 1 << 20;
+/// Ciphertext a TLS session may hold of a partial record (its plaintext not yet out): a
+/// maximal record and its header, rounded up.
+const RECORD_SLACK: usize = 20 << 10;
+/// Smallest receive worth waiting for whole (MSG_WAITALL).
+const WAIT_ALL_MIN: usize = 32 << 10;
 
 /// Buffered reader over a socket.
 pub(super) struct Reader {
@@ -97,11 +105,23 @@ impl Reader {
         self.tls.as_ref().map(|t| &t.link)
     }
 
-    /// Feeds the session more ciphertext (received now if none is waiting).
-    async fn feed_tls(fd: RawFd, t: &mut Tls) -> io::Result<()> {
+    /// Feeds the session more ciphertext (received now if none is waiting). `need`:
+    /// plaintext bytes the caller knows the client is sending (the rest of a write's
+    /// payload; 0 when unknown): at least that much ciphertext, less what the session may
+    /// hold of a partial record, is waited for in one receive.
+    async fn feed_tls(fd: RawFd, t: &mut Tls, need: usize) -> io::Result<()> {
         if t.start == t.end {
-            let ct = t.ct.take().expect("ciphertext buffer present");
-            let (r, ct) = net::recv(fd, ct, 0).await;
+            let mut ct = t.ct.take().expect("ciphertext buffer present");
+            let sure = need.saturating_sub(RECORD_SLACK);
+            if sure > ct.len() && ct.len() < TLS_RECV_BUF_LARGE {
+                ct = vec![0u8; TLS_RECV_BUF_LARGE];
+            }
+            let sure = sure.min(ct.len());
+            let (r, ct) = if sure >= WAIT_ALL_MIN {
+                net::recv_all(fd, ct, 0, sure).await
+            } else {
+                net::recv(fd, ct, 0).await
+            };
             t.ct = Some(ct);
             t.start = 0;
             t.end = match r? {
@@ -120,13 +140,14 @@ impl Reader {
         Ok(())
     }
 
-    /// Decrypted bytes into `out` (non-empty): at least one, receiving as needed.
-    async fn pull_tls(fd: RawFd, t: &mut Tls, out: &mut [u8]) -> io::Result<usize> {
+    /// Decrypted bytes into `out` (non-empty): at least one, receiving as needed. `need`:
+    /// as for `feed_tls`.
+    async fn pull_tls(fd: RawFd, t: &mut Tls, out: &mut [u8], need: usize) -> io::Result<usize> {
         loop {
             match t.link.read(out)? {
                 Plain::Data(n) => return Ok(n),
                 Plain::Closed => return Err(eof()),
-                Plain::NeedMore => Self::feed_tls(fd, t).await?,
+                Plain::NeedMore => Self::feed_tls(fd, t, need).await?,
             }
         }
     }
@@ -144,7 +165,7 @@ impl Reader {
             if !t.link.handshaking() {
                 return Ok(());
             }
-            if let Err(e) = Self::feed_tls(fd, t).await {
+            if let Err(e) = Self::feed_tls(fd, t, 0).await {
                 let alert = t.link.take_output();
                 if !alert.is_empty() {
                     let _ = super::send::send_now(fd, alert).await;
@@ -164,7 +185,7 @@ impl Reader {
         }
         let r = match self.tls.as_mut() {
             Some(t) => {
-                let r = Self::pull_tls(self.fd, t, &mut buf[self.end..]).await;
+                let r = Self::pull_tls(self.fd, t, &mut buf[self.end..], 0).await;
                 (r, buf)
             }
             None => net::recv(self.fd, buf, self.end).await,
@@ -204,7 +225,8 @@ impl Reader {
         let mut got = have;
         while got < n {
             if let Some(t) = self.tls.as_mut() {
-                got += Self::pull_tls(self.fd, t, &mut v[got..]).await?;
+                let need = n - got;
+                got += Self::pull_tls(self.fd, t, &mut v[got..], need).await?;
                 continue;
             }
             let (r, back) = net::recv(self.fd, v, got).await;
