@@ -23,8 +23,9 @@ const TLS_RECV_BUF_LARGE: usize = 1 << 20;
 /// Ciphertext a TLS session may hold of a partial record (its plaintext not yet out): a
 /// maximal record and its header, rounded up.
 const RECORD_SLACK: usize = 20 << 10;
-/// Smallest receive worth waiting for whole (MSG_WAITALL).
+/// Smallest receive worth waiting for whole (MSG_WAITALL), and the largest.
 const WAIT_ALL_MIN: usize = 32 << 10;
+const WAIT_ALL_MAX: usize = 128 << 10;
 
 /// Buffered reader over a socket.
 pub(super) struct Reader {
@@ -116,7 +117,9 @@ impl Reader {
             if sure > ct.len() && ct.len() < TLS_RECV_BUF_LARGE {
                 ct = vec![0u8; TLS_RECV_BUF_LARGE];
             }
-            let sure = sure.min(ct.len());
+            // In pieces: records are opened while the rest arrives (a Unix socket holds
+            // about 200 KiB; the client waits while its buffer is full).
+            let sure = sure.min(ct.len()).min(WAIT_ALL_MAX);
             let (r, ct) = if sure >= WAIT_ALL_MIN {
                 net::recv_all(fd, ct, 0, sure).await
             } else {
