@@ -647,37 +647,16 @@ fn tls_on_allowlist_and_reload_without_dropping_a_client() {
 
     // New server certificate, then reload: new clients see it, the copy goes on.
     make_cert(&p, &p, "server", &server_body("localhost-2"));
-    let r = ok(&uraid(
-        &[
-            "tls",
-            "--reload",
-            "--control",
-            "unix:ctl.sock",
-            "m0",
-            "m1",
-            "m2",
-            "m3",
-        ],
-        &dir,
-    ));
+    let reload = || {
+        let args = ["tls", "--reload", "--control", "unix:ctl.sock"];
+        uraid(&[&args[..], &["m0", "m1", "m2", "m3"]].concat(), &dir)
+    };
+    let r = ok(&reload());
     assert!(r.contains("CN=localhost-2"), "{r}");
     nbdinfo_ok(&secure, true);
     // A broken key file: refused, the loaded credentials stay.
     std::fs::write(p.join("server-key.pem"), "not a key\n").unwrap();
-    let o = uraid(
-        &[
-            "tls",
-            "--reload",
-            "--control",
-            "unix:ctl.sock",
-            "m0",
-            "m1",
-            "m2",
-            "m3",
-        ],
-        &dir,
-    );
-    let e = one_line_error(&o);
+    let e = one_line_error(&reload());
     assert!(e.contains("server-key.pem"), "{e}");
     nbdinfo_ok(&secure, true);
     let mut got = Vec::new();

@@ -124,37 +124,16 @@ async fn transmission<D: BlockDev>(
             conn.wake();
         };
         if payload_len > 0 && req.typ != proto::CMD_WRITE {
-            // A payload the command does not take (extended headers): drained, refused.
-            rd.skip(payload_len as usize).await?;
-            reply_error(
-                inner,
-                sess,
-                conn,
-                &req,
-                Errno::Inval,
-                "this command takes no payload",
-            );
+            // A payload the command does not take (extended headers).
+            let msg = "this command takes no payload";
+            drain_and_refuse(inner, sess, conn, rd, &req, payload_len, msg).await?;
             release(conn);
             continue;
         }
         let payload = if req.typ == proto::CMD_WRITE {
             if payload_len > MAX_PAYLOAD as u64 {
-                // Drain it in bounded pieces and refuse.
-                rd.skip(payload_len as usize).await?;
-                if let Some(i) = op_index(req.typ) {
-                    inner.stats.ops[i]
-                        .local()
-                        .count
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                reply_error(
-                    inner,
-                    sess,
-                    conn,
-                    &req,
-                    Errno::Inval,
-                    "write exceeds 32 MiB",
-                );
+                let msg = "write exceeds 32 MiB";
+                drain_and_refuse(inner, sess, conn, rd, &req, payload_len, msg).await?;
                 continue;
             }
             match rd.take_buf(payload_len as usize).await {
@@ -186,6 +165,28 @@ async fn transmission<D: BlockDev>(
             release(&conn);
         });
     }
+}
+
+/// Reads and drops a request's payload in bounded pieces, then refuses the request (EINVAL),
+/// counted as one of its command.
+async fn drain_and_refuse<D: BlockDev>(
+    inner: &Inner<D>,
+    sess: &Session,
+    conn: &Rc<Conn>,
+    rd: &mut Reader,
+    req: &Request,
+    len: u64,
+    msg: &str,
+) -> io::Result<()> {
+    rd.skip(len as usize).await?;
+    if let Some(i) = op_index(req.typ) {
+        inner.stats.ops[i]
+            .local()
+            .count
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    reply_error(inner, sess, conn, req, Errno::Inval, msg);
+    Ok(())
 }
 
 /// Runs one request: `validate` turns it into a `Command` (or its error reply), which
