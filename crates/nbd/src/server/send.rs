@@ -138,8 +138,10 @@ impl Conn {
 }
 
 /// Plaintext sealed at a time on a TLS connection: its ciphertext is what the connection holds
-/// beyond the replies themselves (a batch may be tens of MiB of reads).
-const SEAL_PIECE: usize = 1 << 20;
+/// beyond the replies themselves (a batch may be tens of MiB of reads), and the next piece is
+/// sealed while the client drains this one (a Unix socket holds about 200 KiB: with 1 MiB
+/// pieces sealing and sending took turns, 0.9 GB/s of 1M reads against 1.2–1.3 here).
+const SEAL_PIECE: usize = 128 << 10;
 
 /// `parts` cut into pieces of at most `max` bytes, in order (read data by range, no copy).
 fn pieces(parts: Vec<OutPart>, max: usize) -> Vec<Vec<OutPart>> {
