@@ -96,8 +96,9 @@ pub async fn recv<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<
     recv_range(fd, buf, start, end, false).await
 }
 
-/// Receives exactly `buf[start..end]` unless the peer closes first (MSG_WAITALL: one
-/// completion for bytes the caller knows are on their way, not one per segment).
+/// Receives `buf[start..end]` with MSG_WAITALL: one completion for bytes the caller knows
+/// are on their way, not one per segment. It can still come back short (the peer closed,
+/// the socket was shut down, an error after some data): callers loop as for `recv`.
 pub async fn recv_all<B: StableBuf>(
     fd: RawFd,
     buf: B,

@@ -17,11 +17,11 @@ use uraid_engine::{buf, IoBuf};
 const RECV_BUF: usize = 256 << 10;
 /// Ciphertext receive buffer of a TLS connection (a few records)...
 const TLS_RECV_BUF: usize = 64 << 10;
-/// ...grown to this once it receives a large write payload (one completion per megabyte,
-/// not per segment: the waits between them are what a busy-polling reactor spins on).
-const TLS_RECV_BUF_LARGE: usize = 1 << 20;
-/// Ciphertext a TLS session may hold of a partial record (its plaintext not yet out): a
-/// maximal record and its header, rounded up.
+/// ...grown to this once it receives a large write payload: room for a whole MSG_WAITALL
+/// receive (`WAIT_ALL_MAX`) and a partial record.
+const TLS_RECV_BUF_LARGE: usize = WAIT_ALL_MAX + RECORD_SLACK;
+/// What a TLS session may hold back of the payload: the plaintext of one partial record
+/// (at most 16 KiB), rounded up.
 const RECORD_SLACK: usize = 20 << 10;
 /// Smallest receive worth waiting for whole (MSG_WAITALL), and the largest.
 const WAIT_ALL_MIN: usize = 32 << 10;

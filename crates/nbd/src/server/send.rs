@@ -143,39 +143,32 @@ impl Conn {
 /// pieces sealing and sending took turns, 0.9 GB/s of 1M reads against 1.2–1.3 here).
 const SEAL_PIECE: usize = 128 << 10;
 
-/// `parts` cut into pieces of at most `max` bytes, in order (read data by range, no copy).
+/// `parts` cut into pieces of at most `max` bytes, in order: read data by range (no copy),
+/// a byte part moved whole when it fits, else copied piece by piece (each byte once).
 fn pieces(parts: Vec<OutPart>, max: usize) -> Vec<Vec<OutPart>> {
     let mut out = vec![Vec::new()];
     let mut room = max;
     for p in parts {
-        let mut p = p;
-        loop {
+        let len = p.len();
+        if len <= room {
+            room -= len;
+            out.last_mut().expect("a piece").push(p);
+            continue;
+        }
+        let mut at = 0;
+        while at < len {
             if room == 0 {
                 out.push(Vec::new());
                 room = max;
             }
-            let len = p.len();
-            if len <= room {
-                room -= len;
-                out.last_mut().expect("a piece").push(p);
-                break;
-            }
-            let (head, tail) = match p {
-                OutPart::Bytes(v) => (
-                    OutPart::Bytes(v[..room].to_vec()),
-                    OutPart::Bytes(v[room..].to_vec()),
-                ),
-                OutPart::Shared(b, r) => {
-                    let mid = r.start + room;
-                    (
-                        OutPart::Shared(b.clone(), r.start..mid),
-                        OutPart::Shared(b, mid..r.end),
-                    )
-                }
+            let n = room.min(len - at);
+            let piece = match &p {
+                OutPart::Bytes(v) => OutPart::Bytes(v[at..at + n].to_vec()),
+                OutPart::Shared(b, r) => OutPart::Shared(b.clone(), r.start + at..r.start + at + n),
             };
-            out.last_mut().expect("a piece").push(head);
-            room = 0;
-            p = tail;
+            out.last_mut().expect("a piece").push(piece);
+            room -= n;
+            at += n;
         }
     }
     out
