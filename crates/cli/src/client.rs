@@ -184,9 +184,7 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
     }
     let c = &v["connections"];
     let r = &v["requests"];
-    let refused: u64 = c["refused"]
-        .as_object()
-        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+    let refused = total(&c["refused"]);
     println!(
         "      connections: {} open, {} accepted, {} refused, {} protocol errors; requests: {}, {} error replies",
         c["open"], c["accepted"], refused, c["protocol_errors"], r["total"], r["errors"]
@@ -197,9 +195,7 @@ pub fn print_live(v: &Value, sock: &Path, detail: bool) {
             "      tls: {} ({cred}), {} handshakes, {} failed (uraid tls: per client)",
             t["mode"].as_str().unwrap_or("?"),
             t["handshakes"],
-            t["failures"]
-                .as_object()
-                .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum::<u64>())
+            total(&t["failures"])
         );
     }
     if let Some(j) = v["journal"].as_object() {
@@ -469,6 +465,12 @@ pub fn background_lines(v: &Value) -> Vec<String> {
 fn utc(secs: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// The sum of a JSON object's counters (`/status`'s counts by reason); 0 for anything else.
+pub fn total(v: &serde_json::Value) -> u64 {
+    v.as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
 }
 
 #[cfg(test)]

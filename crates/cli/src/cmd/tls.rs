@@ -45,9 +45,7 @@ pub fn run(a: TlsArgs) -> Result<()> {
     println!(
         "      {} handshakes, {} failed; {} bytes encrypted, {} decrypted",
         t["handshakes"],
-        t["failures"]
-            .as_object()
-            .map_or(0, |f| f.values().filter_map(|v| v.as_u64()).sum::<u64>()),
+        client::total(&t["failures"]),
         t["bytes_encrypted"],
         t["bytes_decrypted"]
     );

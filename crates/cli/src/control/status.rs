@@ -177,11 +177,12 @@ fn counts<K: std::fmt::Display>(
 fn tls_json<D: uraid_engine::BlockDev>(server: &uraid_nbd::Server<D>) -> Value {
     let cfg = server.config();
     let ss = server.stats();
+    let peers = counts(&ss.tls_peers);
     json!({
         "mode": cfg.tls_mode.to_string(),
         "credentials": cfg.tls.as_ref().filter(|_| cfg.tls_mode != Mode::Off).map(|t| t.describe()),
-        "handshakes": ss.tls_handshakes.load(Ordering::Relaxed),
-        "peers": counts(&ss.tls_peers),
+        "handshakes": peers.values().filter_map(|v| v.as_u64()).sum::<u64>(),
+        "peers": peers,
         "failures": counts(&ss.tls_failures),
         "bytes_encrypted": ss.tls_bytes_encrypted.load(Ordering::Relaxed),
         "bytes_decrypted": ss.tls_bytes_decrypted.load(Ordering::Relaxed),

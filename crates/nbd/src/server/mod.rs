@@ -158,9 +158,7 @@ pub struct ServerStats {
     pub reply_queue_high_water: AtomicU64,
     /// Connections closed before the greeting, by reason (`REFUSALS`).
     pub refused: [AtomicU64; REFUSALS.len()],
-    /// TLS handshakes that completed.
-    pub tls_handshakes: AtomicU64,
-    /// Completed handshakes by the client's identity (PSK identity or certificate subject;
+    /// TLS handshakes completed, by the client's identity (PSK identity or certificate subject;
     /// "" for a client without one), at most `MAX_TLS_PEERS` names, then "(others)".
     pub tls_peers: Mutex<BTreeMap<String, u64>>,
     /// TLS sessions that failed (in the handshake or later), by reason.
@@ -180,7 +178,6 @@ pub const MAX_TLS_PEERS: usize = 256;
 
 impl ServerStats {
     pub(crate) fn tls_handshake(&self, peer: Option<&str>) {
-        self.tls_handshakes.fetch_add(1, Ordering::Relaxed);
         let mut m = self.tls_peers.lock().unwrap_or_else(|e| e.into_inner());
         let name = peer.unwrap_or("");
         let key = if m.contains_key(name) || m.len() < MAX_TLS_PEERS {

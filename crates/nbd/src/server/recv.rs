@@ -188,14 +188,13 @@ impl Reader {
             self.end -= self.start;
             self.start = 0;
         }
-        let r = match self.tls.as_mut() {
-            Some(t) => {
-                let r = Self::pull_tls(self.fd, t, &mut buf[self.end..], 0).await;
-                (r, buf)
-            }
+        let (r, buf) = match self.tls.as_mut() {
+            Some(t) => (
+                Self::pull_tls(self.fd, t, &mut buf[self.end..], 0).await,
+                buf,
+            ),
             None => net::recv(self.fd, buf, self.end).await,
         };
-        let (r, buf) = r;
         self.buf = Some(buf);
         match r? {
             0 => Err(eof()),

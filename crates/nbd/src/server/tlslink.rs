@@ -58,6 +58,7 @@ impl TlsLink {
 
     /// Encrypts a batch of reply parts; returns the ciphertext to send (with anything else
     /// the session had waiting, in order).
+    ///
     /// Small parts (reply headers, 4 KiB reads) are gathered into one record's worth before
     /// they are written: each write is at least one record (its header, tag and cipher call),
     /// so a header and its data in two writes would cost two. Large parts go as they are.
@@ -109,11 +110,8 @@ impl TlsLink {
 
     /// The close_notify alert to send before the connection closes.
     pub(super) fn close(&self) -> Vec<u8> {
-        let mut s = self.s.borrow_mut();
-        s.close();
-        let mut v = Vec::new();
-        s.take_output(&mut v);
-        v
+        self.s.borrow_mut().close();
+        self.take_output()
     }
 
     pub(super) fn take_output(&self) -> Vec<u8> {
