@@ -30,6 +30,10 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
+# Ceph (mon, mgr, osd; Debian's 16.2, no recommends): the scale-out test runs a bluestore OSD on a
+# uraid volume (docs/scale-out.md, crates/cli/tests/ceph.rs).
+./scripts/ceph-osd.sh install >/dev/null
+
 # promtool without the Prometheus server's recommended extras.
 if ! command -v promtool >/dev/null 2>&1; then
   echo "setup: installing prometheus (for promtool)"

@@ -255,10 +255,10 @@ fn print_slot(s: &Value, detail: bool) {
     }
     if detail {
         println!();
-        for op in ["read", "write", "flush"] {
+        for op in ["read", "write", "flush", "discard"] {
             let o = &s[op];
             println!(
-                "           {op:<5} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
+                "           {op:<7} {:>12} ops {:>12} errors {:>3}  mean {:>7}  p99 <= {:>7}",
                 o["count"],
                 size::human(o["bytes"].as_u64().unwrap_or(0)),
                 o["errors"],

@@ -110,6 +110,12 @@ pub struct ServeArgs {
     /// redundancy to spare (it is still written). 0 turns it off.
     #[arg(long, value_name = "FACTOR", default_value_t = uraid_engine::slow::DEFAULT_FACTOR)]
     pub slow_factor: f64,
+    /// TRIM and WRITE_ZEROES that cover whole allocation granules reach the members as
+    /// discards (a hole punched in a member file, BLKDISCARD on a block device), so files
+    /// give their space back and SSDs learn what is free. off keeps the bytes (the range
+    /// still reads as zeros: the allocation map says so).
+    #[arg(long, value_name = "MODE", default_value = "on", value_parser = ["on", "off"])]
+    pub discard: String,
     /// Media (read) errors a member may have, decaying by half per hour, before the next one
     /// fails it; each one is reconstructed from the stripe and rewritten in place.
     #[arg(long, value_name = "N", default_value_t = 20)]
@@ -294,6 +300,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
             io_timeout: Some(Duration::from_secs_f64(args.io_timeout)),
         },
         frozen_metadata: false,
+        no_discard: args.discard == "off",
     };
     // Members first: a member another process holds is refused before any socket is bound.
     // Read-only: opened read-only, and nothing is ever written (superblocks frozen: a

@@ -383,6 +383,31 @@ impl Geometry {
         }
     }
 
+    /// The member data-area bytes that hold units `units` (every chunk of them: data, parity
+    /// and mirror copies) and nothing else: at most one `(member, offset, len)` range per
+    /// member, in member order. What a discard of those units sends each member.
+    pub fn unit_ranges(&self, units: std::ops::Range<u64>) -> Vec<(usize, u64, u64)> {
+        let (u0, u1) = (units.start.min(self.units()), units.end.min(self.units()));
+        if u0 >= u1 {
+            return Vec::new();
+        }
+        let n = self.members as u64;
+        (0..self.members)
+            .filter_map(|m| {
+                let (r0, r1) = match self.level {
+                    // Copy positions p = 2u, 2u + 1 of unit u lie on member p % n, row p / n:
+                    // member m holds the rows r with r * n + m in [2 u0, 2 u1).
+                    Level::Raid10 => {
+                        let first = |p: u64| p.saturating_sub(m as u64).div_ceil(n);
+                        (first(2 * u0), first(2 * u1))
+                    }
+                    _ => (u0, u1),
+                };
+                (r1 > r0).then(|| (m, r0 * self.chunk, (r1 - r0) * self.chunk))
+            })
+            .collect()
+    }
+
     /// Whether every volume byte is still readable with the members in `failed` (bit i =
     /// member i) gone.
     /// Whether every byte can still be served with the members in `lost` gone.
@@ -446,6 +471,45 @@ mod tests {
             Level::Raid7,
             Level::Ec { parity: 4 },
         ]
+    }
+
+    /// `unit_ranges` covers exactly the chunks of the units, checked chunk by chunk against
+    /// `mirror_copies` and `role` (every chunk of a parity or raid0 stripe is its unit's).
+    #[test]
+    fn unit_ranges_are_exactly_the_units_chunks() {
+        for level in levels() {
+            for n in [level.min_members(), level.min_members() + 1, 7] {
+                if n < level.min_members() || matches!(level, Level::Ec { .. }) && n < 6 {
+                    continue;
+                }
+                let g = Geometry::new(level, n, 4096, 4096 * 13).unwrap();
+                for u0 in 0..=g.units() {
+                    for u1 in u0..=g.units() + 1 {
+                        let mut want = std::collections::BTreeSet::new();
+                        for u in u0..u1.min(g.units()) {
+                            match level {
+                                Level::Raid1 | Level::Raid10 => {
+                                    want.extend(g.mirror_copies(u));
+                                }
+                                _ => want.extend((0..n).map(|m| (m, u * g.chunk))),
+                            }
+                        }
+                        let mut got = std::collections::BTreeSet::new();
+                        let ranges = g.unit_ranges(u0..u1);
+                        for &(m, off, len) in &ranges {
+                            assert!(len > 0 && off % g.chunk == 0 && len % g.chunk == 0);
+                            assert!(off + len <= g.member_data, "{level} {n} {u0}..{u1}");
+                            for c in 0..len / g.chunk {
+                                got.insert((m, off + c * g.chunk));
+                            }
+                        }
+                        assert_eq!(got, want, "{level} n={n} units {u0}..{u1}");
+                        let members: Vec<usize> = ranges.iter().map(|r| r.0).collect();
+                        assert!(members.windows(2).all(|w| w[0] < w[1]));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

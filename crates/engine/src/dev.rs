@@ -30,6 +30,15 @@ pub trait BlockDev: Send + Sync + 'static {
     }
     /// Makes every completed write durable.
     fn flush(&self) -> impl Future<Output = io::Result<()>>;
+    /// Tells the device that `[off, off + len)` holds nothing the array needs (TRIM passed
+    /// down): a file punches a hole (its space is returned), a block device gets a discard.
+    /// What the range reads afterwards is unspecified (zeros, the old bytes, anything), so
+    /// the array discards only units its allocation map says hold no data
+    /// (array/discard.rs). `Unsupported` (the default): the device cannot.
+    fn discard(&self, off: u64, len: u64) -> impl Future<Output = io::Result<()>> {
+        let _ = (off, len);
+        async { Err(io::Error::from(io::ErrorKind::Unsupported)) }
+    }
     /// The array is done with this device (a replaced, failed or dropped device of a slot
     /// that has another one): let go of it (its exclusive claim) although the handle stays
     /// alive for I/O still on its way, which from now on reaches nothing.
@@ -51,9 +60,13 @@ pub struct FileDev {
     /// The filesystem may block the thread that submits I/O (FUSE, network filesystems):
     /// ring I/O goes straight to io-wq workers (`reactor::member_flags`).
     punt: bool,
+    /// A block device: discards are BLKDISCARD, not hole punching.
+    block: bool,
 }
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 /// FUSE, NFS, SMB (two), 9p, Ceph: filesystems whose I/O can sleep in the submitter.
 const PUNT_MAGICS: [i64; 6] = [
     0x6573_5546,
@@ -165,12 +178,16 @@ impl FileDev {
         })?;
         let memory = on_tmpfs(&file);
         let punt = PUNT_MAGICS.contains(&fs_magic(&file));
+        let block = file
+            .metadata()
+            .is_ok_and(|m| m.file_type().is_block_device());
         Ok(FileDev {
             file,
             path: path.display().to_string(),
             size,
             memory,
             punt,
+            block,
         })
     }
 
@@ -521,6 +538,56 @@ impl BlockDev for FileDev {
                 ring_result("write", res, want)
             }
             None => pwritev_all(&self.file, off, &segs),
+        }
+    }
+
+    /// Files: `fallocate(PUNCH_HOLE | KEEP_SIZE)`, through the ring when there is one (the
+    /// kernel runs it on an io-wq worker). Block devices: BLKDISCARD, which no ring opcode
+    /// issues on every kernel this runs on and which can take long: on a thread of its own,
+    /// with its own descriptor (a `dup`, so the number stays valid until it returns).
+    async fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        if self.block {
+            let f = self.file.try_clone()?;
+            let (tx, rx) = futures::channel::oneshot::channel();
+            std::thread::Builder::new()
+                .name("uraid-discard".into())
+                .spawn(move || {
+                    let range: [u64; 2] = [off, len];
+                    // SAFETY: BLKDISCARD reads two u64s (start, length) through the pointer,
+                    // which lives until the call returns; `f` is a descriptor this thread owns.
+                    let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKDISCARD, range.as_ptr()) };
+                    let _ = tx.send(if r < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(())
+                    });
+                })?;
+            return rx
+                .await
+                .unwrap_or_else(|_| Err(io::Error::other("discard thread died")));
+        }
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        match reactor::local().filter(|l| l.has_ring() && !self.memory) {
+            Some(l) => {
+                let (res, _) =
+                    reactor::ring_fallocate(&l, self.file.as_raw_fd(), off, len, mode, self.punt)
+                        .await;
+                if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else {
+                    Ok(())
+                }
+            }
+            None => {
+                // SAFETY: plain fallocate syscall on a descriptor this device owns.
+                let r =
+                    unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off as i64, len as i64) };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 

@@ -171,6 +171,8 @@ pub struct MemberIo {
     pub read: OpCounters,
     pub write: OpCounters,
     pub flush: OpCounters,
+    /// Discards (TRIM passed down: array/discard.rs), bytes discarded.
+    pub discard: OpCounters,
     tick: AtomicU64,
 }
 
@@ -189,6 +191,7 @@ pub struct MemberIoSnapshot {
     pub read: OpSnapshot,
     pub write: OpSnapshot,
     pub flush: OpSnapshot,
+    pub discard: OpSnapshot,
 }
 
 /// A member slot's health: one typed view of the member set's atomic state (`Members::state`).
@@ -258,6 +261,8 @@ pub(crate) struct Health {
     read_errors: Mutex<(u32, Option<Instant>)>,
     /// Totals for status and tests.
     pub(crate) corrected: AtomicU64,
+    /// The device answered a discard with "not supported": it is not asked again.
+    no_discard: AtomicBool,
 }
 
 /// One I/O's entry in `Health::waiting`, removed when dropped.
@@ -372,6 +377,7 @@ impl Default for Health {
             io: Sharded::default(),
             read_errors: Mutex::new((0, None)),
             corrected: AtomicU64::new(0),
+            no_discard: AtomicBool::new(false),
         }
     }
 }
@@ -1285,7 +1291,52 @@ impl<D: BlockDev> Members<D> {
             read: OpCounters::sum(io.iter().map(|c| &c.read)),
             write: OpCounters::sum(io.iter().map(|c| &c.write)),
             flush: OpCounters::sum(io.iter().map(|c| &c.flush)),
+            discard: OpCounters::sum(io.iter().map(|c| &c.discard)),
         }
+    }
+
+    /// Discards `[off, off + len)` of slot `i`'s data area (`BlockDev::discard`) on its device
+    /// and on its replacement if it has one. Advisory: the allocation map, not the device,
+    /// says what reads as zeros, so an error fails neither (it is counted, and returned for
+    /// the caller to log), and a device that cannot discard is not asked again. A discard
+    /// is timed like any member I/O: one that hangs gets the member aborted by the watchdog.
+    pub(crate) async fn discard(&self, i: usize, off: u64, len: u64) -> io::Result<()> {
+        let (c, repl) = self.slots[i].pair();
+        let at = self.data_offset + off;
+        match repl {
+            None => self.discard_gen(i, c, at, len).await,
+            Some(r) => {
+                let (a, b) = futures::join!(
+                    self.discard_gen(i, c, at, len),
+                    self.discard_gen(i, r, at, len)
+                );
+                a.and(b)
+            }
+        }
+    }
+
+    async fn discard_gen(&self, i: usize, gen: usize, at: u64, len: u64) -> io::Result<()> {
+        let (dev, h) = self.gen_dev(i, gen)?;
+        if h.no_discard.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        crate::reactor::coop().await;
+        let io = h.io.local();
+        let t0 = Some(Instant::now());
+        let r = self.timed(h, dev.discard(at, len), Err).await;
+        let unsupported = r.as_ref().is_err_and(|e| {
+            e.kind() == io::ErrorKind::Unsupported
+                || matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::ENOSYS)
+                )
+        });
+        if unsupported {
+            h.no_discard.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        account(&io.discard, len, r.is_ok(), t0);
+        r
     }
 
     /// Read errors counted against member `i`'s budget (decayed), and the budget.

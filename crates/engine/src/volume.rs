@@ -451,6 +451,18 @@ impl<D: BlockDev> Volume<D> {
                 cleared = self.persist_page(p, &[], &clear).await;
             }
         }
+        if cleared.is_ok() && f0 < f1 && self.array.discards() {
+            // The members forget the data only once the clear is durable everywhere
+            // (array/discard.rs), and before the claims go: no fill runs into a granule
+            // while its units are discarded.
+            self.array.flush_members().await;
+            cleared = self.array.check_serving().map(|_| ());
+            if cleared.is_ok() {
+                let sdb = self.geometry().stripe_data_bytes();
+                let units = f0 * gr / sdb..(f1 * gr).min(size) / sdb;
+                self.array.discard_units(units).await;
+            }
+        }
         for &g in &whole {
             self.map.release(g);
         }

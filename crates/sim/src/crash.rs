@@ -288,6 +288,8 @@ pub struct TrialReport {
     /// With members lost after the cut (and no resync first): whether the product refuses
     /// that start without `--start-dirty-degraded`.
     pub dirty_degraded_refused: Option<bool>,
+    /// Member bytes discarded before the cut (trims of whole granules passed down).
+    pub discarded: u64,
 }
 
 struct Run {
@@ -356,6 +358,13 @@ fn workload(
                     let n = 2 + rng.below(3);
                     off = rng.below(size / sdb - n + 1) * sdb;
                     len = n * sdb;
+                }
+                let gr = vol.granule();
+                if (55..59).contains(&kind) && size >= 4 * gr {
+                    // A trim of whole granules: map holes, and discards on the members.
+                    let n = 1 + rng.below(3);
+                    off = rng.below(size / gr - n + 1) * gr;
+                    len = n * gr;
                 }
                 if kind < 55 || (65..70).contains(&kind) {
                     // Write (kind 65..70: FUA = write + flush).
@@ -912,6 +921,10 @@ pub fn run_trial(cfg: &TrialConfig, crash_at: Option<u64>) -> Result<TrialReport
     });
     let (vol, faults, clock) = build(cfg, crash_at);
     let (events, images, ops_total) = stage(cfg, vol, &faults, &clock);
+    let discarded = faults
+        .iter()
+        .map(|f| f.discarded.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
     let ctx = |e: String| format!("{:?} crash_at {crash_at}: {e}", cfg);
     let mut rng = Rng::new(cfg.seed ^ 0x1055);
     let lost: Vec<usize> = (0..cfg.lose_after)
@@ -939,6 +952,7 @@ pub fn run_trial(cfg: &TrialConfig, crash_at: Option<u64>) -> Result<TrialReport
     }
     let mut r = report(&events, ops_total, crash_at, hole);
     r.dirty_degraded_refused = refused;
+    r.discarded = discarded;
     Ok(r)
 }
 
@@ -962,6 +976,7 @@ fn report(events: &[Ev], ops_total: u64, crash_at: u64, refused_sectors: u64) ->
             .filter(|e| matches!(e, Ev::Flush { ack: Some(_), .. }))
             .count(),
         dirty_degraded_refused: None,
+        discarded: 0,
     }
 }
 

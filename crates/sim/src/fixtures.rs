@@ -20,6 +20,7 @@ pub fn sim_options() -> ArrayOptions {
             ..ErrorPolicy::default()
         },
         frozen_metadata: false,
+        no_discard: false,
     }
 }
 

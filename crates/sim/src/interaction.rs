@@ -161,6 +161,8 @@ pub struct SimReport {
     pub reads_checked: usize,
     /// Reads refused (EIO) where the array said it must refuse.
     pub reads_refused: usize,
+    /// Member bytes discarded (trims of whole granules passed down).
+    pub discarded: u64,
     /// Every fault and lifecycle action taken, in order ("fail 2", "add 2", ...).
     pub actions: Vec<String>,
 }
@@ -719,6 +721,13 @@ fn run_stage(
         .count();
     report.reads_checked += st.reads.load(Ordering::Relaxed) as usize;
     report.reads_refused += st.refused.load(Ordering::Relaxed) as usize;
+    report.discarded += st
+        .faults
+        .lock()
+        .expect("faults")
+        .iter()
+        .map(|(_, f)| f.discarded.load(Ordering::Relaxed))
+        .sum::<u64>();
     report
         .actions
         .extend(st.actions.lock().expect("actions").drain(..));

@@ -53,6 +53,10 @@ pub struct Faults {
     /// While set, flushes never complete (reads and writes do): what a test needs to cut
     /// the power between a write and the flush that would make it durable.
     pub flush_hang: AtomicBool,
+    /// Bytes discarded (`BlockDev::discard`) so far.
+    pub discarded: AtomicU64,
+    /// While set, discards fail as unsupported (a device without discard support).
+    pub no_discard: AtomicBool,
 }
 
 impl Faults {
@@ -304,6 +308,31 @@ impl BlockDev for MemDev {
             d.cache.push((off, buf.to_vec()));
         }
         (Ok(()), buf)
+    }
+
+    /// Like a block device's discard, what the range reads afterwards is unspecified: it is
+    /// filled with bytes that are neither zeros nor, in general, the old ones (so parity over
+    /// a discarded unit does not add up), and in cache mode the change is volatile like a
+    /// write until the next flush.
+    async fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        self.faults.until_released().await;
+        wait_unhung(&self.faults).await;
+        self.tick().and_then(|_| self.faults.check())?;
+        if self.faults.no_discard.load(Ordering::Relaxed) {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        self.faults.discarded.fetch_add(len, Ordering::Relaxed);
+        let junk: Vec<u8> = (off..off + len)
+            .map(|b| 0xA5 ^ (b as u8).wrapping_mul(31) ^ (b >> 12) as u8)
+            .collect();
+        let mut d = self.state.lock().unwrap();
+        let o = off as usize;
+        d.data[o..o + junk.len()].copy_from_slice(&junk);
+        if d.durable.is_some() {
+            d.cache.push((off, junk));
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> io::Result<()> {

@@ -158,10 +158,11 @@ fn has_journal(m: &Snapshot) -> bool {
 
 /// The member operations the member I/O families are labelled by.
 type Pick = fn(&MemberIoSnapshot) -> &OpSnapshot;
-const MEMBER_OPS: [(&str, Pick); 3] = [
+const MEMBER_OPS: [(&str, Pick); 4] = [
     ("read", |s| &s.read),
     ("write", |s| &s.write),
     ("flush", |s| &s.flush),
+    ("discard", |s| &s.discard),
 ];
 
 /// The member states `uraid_member_state` has a sample for.

@@ -219,6 +219,7 @@ fn slots(state: &State, a: &ArrayStatus) -> Vec<Value> {
                 "read": op_json(&m.io.read),
                 "write": op_json(&m.io.write),
                 "flush": op_json(&m.io.flush),
+                "discard": op_json(&m.io.discard),
                 "read_errors_corrected": m.errors.corrected,
                 "read_error_budget": { "used": m.errors.budget_used, "max": m.errors.budget },
                 "bad_blocks": {

@@ -32,6 +32,7 @@ use crate::stripe::{Attempt, StripeLocks};
 
 pub(crate) mod admin;
 mod badblocks;
+mod discard;
 mod journal;
 mod resync;
 mod status;
@@ -144,6 +145,9 @@ pub struct ArrayOptions {
     pub policy: ErrorPolicy,
     /// Never write superblocks (a benchmark on someone's array): failures stay in memory.
     pub frozen_metadata: bool,
+    /// Keep trimmed ranges on the members (no discards: array/discard.rs); `serve
+    /// --discard off`.
+    pub no_discard: bool,
 }
 
 /// The composition of an array's components, and request routing over them. Each field is
@@ -179,6 +183,8 @@ pub struct Array<D: BlockDev> {
     rt: Option<RuntimeHandle>,
     /// This array (background work started from `&self` holds it).
     me: std::sync::Weak<Self>,
+    /// Trims reach the members as discards (array/discard.rs; `ArrayOptions::no_discard`).
+    discards: bool,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -280,6 +286,7 @@ impl<D: BlockDev> Array<D> {
             journal: std::sync::OnceLock::new(),
             rt: rt_handle,
             me: me.clone(),
+            discards: !opts.no_discard,
         });
         a.members.set_bad(bad);
         *a.recovery

@@ -24,7 +24,7 @@ mod turn;
 
 pub(crate) use executor::{coop, park};
 pub use executor::{spawn_local, spawn_local_output, yield_now};
-pub(crate) use ring::{ring_fdatasync, ring_read, ring_write, ring_writev};
+pub(crate) use ring::{ring_fallocate, ring_fdatasync, ring_read, ring_write, ring_writev};
 pub use runtime::{Runtime, RuntimeHandle};
 
 use executor::{LocalTask, TaskWaker};

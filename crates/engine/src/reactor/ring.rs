@@ -320,6 +320,28 @@ pub(crate) fn ring_writev(
     )
 }
 
+/// `fallocate(fd, mode, off, len)` (hole punching: `FileDev::discard`).
+pub(crate) fn ring_fallocate(
+    l: &Local,
+    fd: RawFd,
+    off: u64,
+    len: u64,
+    mode: i32,
+    punt: bool,
+) -> RingOp {
+    l.push(
+        move |ud| {
+            opcode::Fallocate::new(types::Fd(fd), len)
+                .offset(off)
+                .mode(mode)
+                .build()
+                .flags(member_flags(punt))
+                .user_data(ud)
+        },
+        None,
+    )
+}
+
 pub(crate) fn ring_fdatasync(l: &Local, fd: RawFd, punt: bool) -> RingOp {
     l.push(
         move |ud| {
