@@ -110,6 +110,9 @@ pub struct Plan {
     pub replacements: Vec<(usize, PathBuf, [u8; 16])>,
     /// What `decide` noted for the log.
     pub notes: Vec<Note>,
+    /// Slots whose member `--force` took although stale or marked failed: its metadata
+    /// copies (allocation map) may predate trims the others recorded.
+    pub forced: Vec<usize>,
 }
 
 impl Plan {
@@ -289,6 +292,7 @@ pub fn decide(found: Vec<Found>, refused: Vec<String>, force: bool) -> Result<Pl
         spares: Vec::new(),
         replacements: Vec::new(),
         notes: Vec::new(),
+        forced: Vec::new(),
     };
     // Two copies of one slot: the fresher is considered first.
     let mut found = found;
@@ -428,6 +432,7 @@ impl Plan {
             )));
             self.refused.push(format!("{why}; FORCED into the array"));
             self.sb.states[i] = MemberState::Active;
+            self.forced.push(i);
             self.take(f);
         } else if self.sb.bitmap_chunk != 0 {
             self.refused.push(format!(

@@ -249,8 +249,29 @@ impl<D: BlockDev> Volume<D> {
         Ok(out)
     }
 
-    /// Reads `[off, off + len)`; holes (clear granules) come back as zeros.
+    /// The units `[off, off + len)` touches (for `DiscardLog::since`).
+    fn units_of(&self, off: u64, len: u64) -> std::ops::Range<u64> {
+        let sdb = self.geometry().stripe_data_bytes();
+        off / sdb..(off + len).div_ceil(sdb)
+    }
+
+    /// Reads `[off, off + len)`; holes (clear granules) come back as zeros. Read again if a
+    /// trim discarded any of its units meanwhile (array/discard.rs, `DiscardLog`).
     pub async fn read(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
+        loop {
+            let seen = self.array.discard_log().seq();
+            let r = self.read_once(off, len).await?;
+            if !self
+                .array
+                .discard_log()
+                .since(seen, self.units_of(off, len))
+            {
+                return Ok(r);
+            }
+        }
+    }
+
+    async fn read_once(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
         // Common case first: a read inside one allocated granule needs no run list (the
         // array validates the range; out-of-range granules are never "set" here).
         let gr = self.map.granule;
@@ -264,7 +285,7 @@ impl<D: BlockDev> Volume<D> {
             return self.array.read(off, len).await;
         }
         let mut out = Segments::default();
-        for piece in Box::pin(self.read_sparse(off, len)).await? {
+        for piece in Box::pin(self.read_sparse_once(off, len)).await? {
             match piece {
                 ReadPiece::Data { data, .. } => out.parts.extend(data.parts),
                 ReadPiece::Hole { len, .. } => out.parts.extend(zero_segments(len).parts),
@@ -273,8 +294,23 @@ impl<D: BlockDev> Volume<D> {
         Ok(out)
     }
 
-    /// Reads `[off, off+len)` as data pieces and holes (clear granules), in volume order.
+    /// Reads `[off, off+len)` as data pieces and holes (clear granules), in volume order
+    /// (again if a trim discarded any of its units meanwhile, as `read`).
     pub async fn read_sparse(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
+        loop {
+            let seen = self.array.discard_log().seq();
+            let r = self.read_sparse_once(off, len).await?;
+            if !self
+                .array
+                .discard_log()
+                .since(seen, self.units_of(off, len))
+            {
+                return Ok(r);
+            }
+        }
+    }
+
+    async fn read_sparse_once(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
         let runs = self.allocation(off, len)?;
         self.array.check_serving()?;
         let reads = runs.into_iter().map(|r| async move {

@@ -53,8 +53,12 @@ pub struct Faults {
     /// While set, flushes never complete (reads and writes do): what a test needs to cut
     /// the power between a write and the flush that would make it durable.
     pub flush_hang: AtomicBool,
-    /// Bytes discarded (`BlockDev::discard`) so far.
+    /// Every read yields this many extra times before it copies: a slow read, so other
+    /// requests (a trim of the same range) run while it is in flight.
+    pub read_yields: AtomicU64,
+    /// Bytes discarded (`BlockDev::discard`) so far, and discards asked for (done or not).
     pub discarded: AtomicU64,
+    pub discard_calls: AtomicU64,
     /// While set, discards fail as unsupported (a device without discard support).
     pub no_discard: AtomicBool,
 }
@@ -264,6 +268,9 @@ impl BlockDev for MemDev {
 
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        for _ in 0..self.faults.read_yields.load(Ordering::Relaxed) {
+            yield_once(true).await;
+        }
         self.faults.until_released().await;
         wait_unhung(&self.faults).await;
         let n = buf.len();
@@ -319,12 +326,15 @@ impl BlockDev for MemDev {
         self.faults.until_released().await;
         wait_unhung(&self.faults).await;
         self.tick().and_then(|_| self.faults.check())?;
+        self.faults.discard_calls.fetch_add(1, Ordering::Relaxed);
         if self.faults.no_discard.load(Ordering::Relaxed) {
             return Err(io::Error::from(io::ErrorKind::Unsupported));
         }
         self.faults.discarded.fetch_add(len, Ordering::Relaxed);
+        // Different on every member (mirror copies and parity do not agree by chance).
+        let salt = self.name.bytes().fold(0u8, |a, b| a.wrapping_mul(31) ^ b);
         let junk: Vec<u8> = (off..off + len)
-            .map(|b| 0xA5 ^ (b as u8).wrapping_mul(31) ^ (b >> 12) as u8)
+            .map(|b| 0xA5 ^ salt ^ (b as u8).wrapping_mul(31) ^ (b >> 12) as u8)
             .collect();
         let mut d = self.state.lock().unwrap();
         let o = off as usize;

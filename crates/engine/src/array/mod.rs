@@ -185,6 +185,8 @@ pub struct Array<D: BlockDev> {
     me: std::sync::Weak<Self>,
     /// Trims reach the members as discards (array/discard.rs; `ArrayOptions::no_discard`).
     discards: bool,
+    /// The discards begun, for reads that raced them (array/discard.rs).
+    discard_log: discard::DiscardLog,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -287,6 +289,7 @@ impl<D: BlockDev> Array<D> {
             rt: rt_handle,
             me: me.clone(),
             discards: !opts.no_discard,
+            discard_log: Default::default(),
         });
         a.members.set_bad(bad);
         *a.recovery

@@ -176,10 +176,20 @@ pub(super) fn rewrite_superblocks_but(
 
 /// `len` bytes at member offset `at` of every usable member of a plan (metadata copies).
 pub(super) fn read_copies(plan: &Plan, at: u64, len: usize) -> Result<Vec<Vec<u8>>, AssembleError> {
+    read_copies_but(plan, at, len, &[])
+}
+
+/// `read_copies`, leaving out the members of slots `skip`.
+pub(super) fn read_copies_but(
+    plan: &Plan,
+    at: u64,
+    len: usize,
+    skip: &[usize],
+) -> Result<Vec<Vec<u8>>, AssembleError> {
     let mut copies = Vec::new();
     for (i, slot) in plan.slots.iter().enumerate() {
         let Some(p) = slot else { continue };
-        if plan.sb.is_failed(i) {
+        if plan.sb.is_failed(i) || skip.contains(&i) {
             continue;
         }
         let f = File::open(p).map_err(io_err(p))?;

@@ -44,7 +44,13 @@ pub(super) fn member_open_err(member: usize) -> impl FnOnce(OpenError) -> Assemb
 pub fn load_map(plan: &Plan) -> Result<(Vec<u64>, usize), AssembleError> {
     let g = plan.sb.geometry;
     let len = uraid_core::alloc::pages(&g) * uraid_core::alloc::PAGE;
-    let copies = read_copies(plan, uraid_core::alloc::MAP_OFFSET, len)?;
+    // A member `--force` took (stale, or marked failed) may hold a map from before trims the
+    // others recorded, and the union would bring those granules back over what their
+    // discards left (array/discard.rs): its copy counts only when no other member has one.
+    let others = (0..plan.slots.len())
+        .any(|i| plan.slots[i].is_some() && !plan.sb.is_failed(i) && !plan.forced.contains(&i));
+    let skip: &[usize] = if others { &plan.forced } else { &[] };
+    let copies = read_copies_but(plan, uraid_core::alloc::MAP_OFFSET, len, skip)?;
     Ok(crate::alloc::merge_map_copies(&g, &copies))
 }
 
