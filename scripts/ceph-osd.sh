@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# A throwaway single-node Ceph cluster (one mon, one mgr, one bluestore OSD) on an NBD export
-# such as `uraid serve`, for tests on a machine without the kernel nbd module or device-mapper.
+# A throwaway single-node Ceph cluster (one mon, one mgr, one bluestore OSD per device) on NBD
+# exports such as `uraid serve`, or on files and block devices, for tests on a machine without
+# the kernel nbd module or device-mapper.
 #
 #   scripts/ceph-osd.sh install                 # Debian packages, if missing (needs root)
 #   scripts/ceph-osd.sh up WORKDIR NBD_URI      # nbdfuse + loop device + mon + mgr + osd.0, pool 'bench'
+#   scripts/ceph-osd.sh up WORKDIR TARGET...    # the same with osd.0, osd.1, ... one per TARGET
 #   scripts/ceph-osd.sh status WORKDIR          # one-line summary
 #   scripts/ceph-osd.sh down WORKDIR            # stop everything `up` started (best effort, idempotent)
 #
-# The NBD export becomes a file with nbdfuse (WORKDIR/fuse/nbd), the file a block device with
-# losetup --direct-io=on, and the OSD's `block` symlink points at that loop device; the OSD is
-# made with `ceph-osd --mkfs`. Not ceph-volume: `lvm` needs device-mapper; `raw prepare` (16.2)
+# A TARGET is an NBD URI (nbd://, nbd+unix://, nbds://, ...), a regular file, or a block device.
+# An NBD export becomes a file with nbdfuse (WORKDIR/fuse/nbd for osd.0, WORKDIR/fuse.N/nbd for
+# osd.N), the file a block device with losetup --direct-io=on; a regular file gets a loop device
+# with direct I/O as well; a block device is used as it is (its first 10 MiB are zeroed). The
+# OSD's `block` symlink points at that device; the OSD is made with `ceph-osd --mkfs`. Not
+# ceph-volume: `lvm` needs device-mapper; `raw prepare` (16.2)
 # needs udevadm (package udev, absent here), puts the OSD dir on a tmpfs it mounts at the
 # hard-coded /var/lib/ceph/osd/CLUSTER-ID, takes the key from /var/lib/ceph/bootstrap-osd,
 # chowns the device and runs mkfs as user ceph, and `raw activate` wants systemd.
@@ -19,12 +24,16 @@
 # clusters can run side by side. Use it with `ceph -c WORKDIR/ceph.conf ...`,
 # `rados -c WORKDIR/ceph.conf -p bench ...` (or export CEPH_CONF=WORKDIR/ceph.conf).
 # Daemons run as root, daemonized with pid files, on loopback only, msgr2 only, cephx on.
+# One host: CRUSH places replicas across OSDs (failure domain osd).
 #
 # Environment:
 #   CEPH_MON_PORT         mon port (msgr2) on 127.0.0.1; default: a free port picked at `up`
-#   CEPH_MS_PORT_MIN/MAX  port range the mgr and OSD bind in (default 6800-7300; they skip
+#   CEPH_MS_PORT_MIN/MAX  port range the mgr and OSDs bind in (default 6800-7300; they skip
 #                         ports in use, so clusters side by side need nothing here)
 #   CEPH_PG_NUM           pg_num of the pool 'bench' (default 8)
+#   CEPH_POOL_SIZE        replicas of every pool (osd pool default size; default 1, at most
+#                         the number of OSDs)
+#   CEPH_POOL_MIN_SIZE    osd pool default min size (default 1)
 #   CEPH_UP_TIMEOUT       seconds `up` waits for HEALTH_OK (default 180)
 #   NBDFUSE_CONNECTIONS   nbdfuse -C (default 4; the server must offer multi-conn)
 #   CEPH_CONF_EXTRA       lines appended to ceph.conf (printf %b: \n works), e.g.
@@ -37,7 +46,6 @@ set -euo pipefail
 CLUSTER=ceph
 MON_ID=a
 MGR_ID=x
-OSD_ID=0
 PY=/usr/bin/python3
 
 die() { echo "ceph-osd.sh: $*" >&2; exit 1; }
@@ -46,7 +54,7 @@ T0=$(date +%s%N)
 elapsed() { local ms=$((($(date +%s%N) - T0) / 1000000)); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
 
 usage() {
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -112,25 +120,26 @@ print("%s%s; mon %d, mgr %s, osd %d up/%d in of %d; pools %d, pgs %d (%s); used 
     pgs or "none", gib(p.get("bytes_used", 0)), gib(p.get("bytes_total", 0))))'
 }
 
-# 0 once health is HEALTH_OK, every pool's PGs are known to the mgr and all are active+clean.
+# 0 once health is HEALTH_OK, all NOSD OSDs are up and in, every pool's PGs are known to the
+# mgr and all are active+clean.
 healthy() {
     local st pools
     st=$(c -s -f json 2>/dev/null) || return 1
     pools=$(c osd pool ls detail -f json 2>/dev/null) || return 1
-    ST=$st POOLS=$pools "$PY" -c '
+    ST=$st POOLS=$pools NOSD=$NOSD "$PY" -c '
 import json, os, sys
-s = json.loads(os.environ["ST"]); pools = json.loads(os.environ["POOLS"])
+s = json.loads(os.environ["ST"]); pools = json.loads(os.environ["POOLS"]); n = int(os.environ["NOSD"])
 want = sum(p["pg_num"] for p in pools)
-p = s["pgmap"]
+p = s["pgmap"]; o = s["osdmap"]
 clean = sum(x["count"] for x in p.get("pgs_by_state", []) if x["state_name"] == "active+clean")
-ok = (s["health"]["status"] == "HEALTH_OK" and s["osdmap"]["num_up_osds"] == 1
+ok = (s["health"]["status"] == "HEALTH_OK" and o["num_up_osds"] == n and o["num_in_osds"] == n
       and s["mgrmap"]["available"] and p["num_pgs"] == want and clean == want)
 sys.exit(0 if ok else 1)'
 }
 
 write_conf() {
     cat >"$W/ceph.conf" <<EOF
-# Written by scripts/ceph-osd.sh up: a single-node test cluster, all state under $W.
+# Written by scripts/ceph-osd.sh up: a single-node test cluster ($NOSD OSDs), all state under $W.
 [global]
 fsid = $FSID
 mon initial members = $MON_ID
@@ -150,9 +159,10 @@ keyring = $W/$CLUSTER.client.admin.keyring
 run dir = $W/run
 crash dir = $W/crash
 mon cluster log file = $W/log/\$cluster.\$channel.log
-# one OSD: pools of size 1, no redundancy warnings, no autoscaler moving pg_num under a test
-osd pool default size = 1
-osd pool default min size = 1
+# pools of size CEPH_POOL_SIZE (1: no redundancy, and no warning about it), no autoscaler
+# moving pg_num under a test; one host, so replicas go to different OSDs (chooseleaf type 0)
+osd pool default size = $POOL_SIZE
+osd pool default min size = $POOL_MIN_SIZE
 osd pool default pg num = 8
 osd pool default pgp num = 8
 osd pool default pg autoscale mode = off
@@ -206,26 +216,67 @@ EOF
     fi
 }
 
-start_nbdfuse() {
-    mkdir -p "$W/fuse"
+# Suffix of osd.N's files: none for osd.0 (the names a single-OSD cluster has always had:
+# fuse/nbd, run/nbdfuse.pid, run/loopdev, log/osd-mkfs.log), ".N" for the others.
+sfx() { [ "$1" -eq 0 ] || printf '.%s' "$1"; }
+
+start_nbdfuse() { # N URI
+    local s fuse i
+    s=$(sfx "$1")
+    fuse=$W/fuse$s
+    mkdir -p "$fuse"
     # nbdfuse stays in the foreground until unmounted; -P writes its pid once it serves.
-    setsid nbdfuse -C "${NBDFUSE_CONNECTIONS:-4}" -P "$W/run/nbdfuse.pid" "$W/fuse" "$URI" \
-        >"$W/log/nbdfuse.log" 2>&1 </dev/null &
-    echo $! >"$W/run/nbdfuse.pid.launch"
-    local i
+    setsid nbdfuse -C "${NBDFUSE_CONNECTIONS:-4}" -P "$W/run/nbdfuse$s.pid" "$fuse" "$2" \
+        >"$W/log/nbdfuse$s.log" 2>&1 </dev/null &
+    echo $! >"$W/run/nbdfuse$s.pid.launch"
     for ((i = 0; i < 300; i++)); do
-        [ -s "$W/run/nbdfuse.pid" ] && [ -e "$W/fuse/nbd" ] && return 0
-        kill -0 "$(cat "$W/run/nbdfuse.pid.launch")" 2>/dev/null ||
-            die "nbdfuse exited: $(tail -3 "$W/log/nbdfuse.log")"
+        [ -s "$W/run/nbdfuse$s.pid" ] && [ -e "$fuse/nbd" ] && return 0
+        kill -0 "$(cat "$W/run/nbdfuse$s.pid.launch")" 2>/dev/null ||
+            die "nbdfuse exited: $(tail -3 "$W/log/nbdfuse$s.log")"
         sleep 0.1
     done
     die "nbdfuse did not come up in 30 s"
 }
 
+# The block device of osd.N for TARGET; sets DEV. run/loopdevSFX records a loop device made
+# here and its backing file (for `down`).
+attach() { # N TARGET
+    local s back size dio what
+    s=$(sfx "$1")
+    case $2 in
+    nbd://* | nbds://* | nbd+*://* | nbds+*://*)
+        start_nbdfuse "$1" "$2"
+        back=$W/fuse$s/nbd
+        what="nbdfuse on $back"
+        ;;
+    *)
+        if [ -b "$2" ]; then
+            DEV=$(realpath "$2")
+            log "osd.$1: block device $DEV ($(($(blockdev --getsize64 "$DEV") / 1048576)) MiB)"
+            return 0
+        fi
+        [ -f "$2" ] || die "$2: not an NBD URI, a regular file or a block device"
+        back=$(realpath "$2")
+        what="file $back"
+        ;;
+    esac
+    DEV=$(losetup --find --show --direct-io=on "$back")
+    printf '%s\n%s\n' "$DEV" "$back" >"$W/run/loopdev$s"
+    size=$(blockdev --getsize64 "$DEV")
+    dio=$(cat "/sys/block/${DEV#/dev/}/loop/dio" 2>/dev/null || echo '?')
+    log "osd.$1: $what, $DEV ($((size / 1048576)) MiB, direct-io $dio)"
+}
+
 cmd_up() {
-    [ $# -eq 2 ] || usage
+    [ $# -ge 2 ] || usage
     W=$(realpath -m "$1")
-    URI=$2
+    shift
+    local targets=("$@") n
+    NOSD=${#targets[@]}
+    POOL_SIZE=${CEPH_POOL_SIZE:-1}
+    POOL_MIN_SIZE=${CEPH_POOL_MIN_SIZE:-1}
+    [ "$POOL_SIZE" -ge 1 ] && [ "$POOL_SIZE" -le "$NOSD" ] ||
+        die "CEPH_POOL_SIZE=$POOL_SIZE: needs 1 to $NOSD (the number of OSDs)"
     [ "$(id -u)" = 0 ] || die "up needs root (FUSE, loop devices)"
     command -v ceph-osd >/dev/null || die "ceph-osd not installed: run '$0 install'"
     if [ -e "$W" ] && [ -n "$(ls -A "$W")" ]; then
@@ -233,24 +284,14 @@ cmd_up() {
     fi
     # Unix socket paths (admin sockets) are limited to 107 bytes.
     [ ${#W} -le 80 ] || die "WORKDIR path too long for admin sockets (max 80 chars): $W"
-    mkdir -p "$W"/{run,log,crash,fuse,mon/$CLUSTER-$MON_ID,mgr/$CLUSTER-$MGR_ID,osd/$CLUSTER-$OSD_ID}
+    mkdir -p "$W"/{run,log,crash,mon/$CLUSTER-$MON_ID,mgr/$CLUSTER-$MGR_ID}
     trap 'up_failed' EXIT
     trap 'exit 1' INT TERM
 
     FSID=$(cat /proc/sys/kernel/random/uuid)
-    OSD_UUID=$(cat /proc/sys/kernel/random/uuid)
     MON_PORT=${CEPH_MON_PORT:-$(free_port)}
     write_conf
-    log "WORKDIR $W, fsid $FSID, mon at v2:127.0.0.1:$MON_PORT"
-
-    # --- block device: NBD export -> nbdfuse file -> loop device
-    start_nbdfuse
-    LOOP=$(losetup --find --show --direct-io=on "$W/fuse/nbd")
-    echo "$LOOP" >"$W/run/loopdev"
-    local size dio
-    size=$(blockdev --getsize64 "$LOOP")
-    dio=$(cat "/sys/block/${LOOP#/dev/}/loop/dio" 2>/dev/null || echo '?')
-    log "nbdfuse on $W/fuse/nbd, $LOOP ($((size / 1048576)) MiB, direct-io $dio)"
+    log "WORKDIR $W, fsid $FSID, mon at v2:127.0.0.1:$MON_PORT, $NOSD OSD(s)"
 
     # --- keys: every daemon's key is made here and imported into the mon at its mkfs, so no
     # `ceph auth` round trips are needed later.
@@ -261,21 +302,29 @@ cmd_up() {
         --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *'
     authtool --create-keyring "$W/mgr/$CLUSTER-$MGR_ID/keyring" --gen-key -n mgr.$MGR_ID \
         --cap mon 'allow profile mgr' --cap osd 'allow *' --cap mds 'allow *'
-    authtool --create-keyring "$W/osd/$CLUSTER-$OSD_ID/keyring" --gen-key -n osd.$OSD_ID \
-        --cap mon 'allow profile osd' --cap mgr 'allow profile osd' --cap osd 'allow *'
     authtool "$K/mon" --import-keyring "$W/$CLUSTER.client.admin.keyring"
     authtool "$K/mon" --import-keyring "$W/mgr/$CLUSTER-$MGR_ID/keyring"
-    authtool "$K/mon" --import-keyring "$W/osd/$CLUSTER-$OSD_ID/keyring"
 
-    # --- OSD mkfs (bluestore on the loop device), in the background while the mon starts:
-    # --no-mon-config, it needs no mon (fsid from ceph.conf, key already in the data dir).
+    # --- per OSD: block device (NBD export -> nbdfuse file -> loop device; file -> loop
+    # device; block device as is), key, and mkfs (bluestore) in the background while the mon
+    # starts: --no-mon-config, it needs no mon (fsid from ceph.conf, key already in the data dir).
     # A volume that held an OSD before still carries its bluestore label, and mkfs would then
     # try to mount the old store and fail: zero the first 10 MiB (ceph-volume zap does the same).
-    dd if=/dev/zero of="$LOOP" bs=1M count=10 oflag=direct conv=fsync status=none
-    ln -s "$LOOP" "$W/osd/$CLUSTER-$OSD_ID/block"
-    ceph-osd -c "$W/ceph.conf" -i $OSD_ID --mkfs --osd-uuid "$OSD_UUID" --no-mon-config \
-        --setuser root --setgroup root >"$W/log/osd-mkfs.log" 2>&1 &
-    local mkfs_pid=$!
+    local uuids=() mkfs_pids=() d
+    for ((n = 0; n < NOSD; n++)); do
+        d=$W/osd/$CLUSTER-$n
+        mkdir -p "$d"
+        attach $n "${targets[$n]}"
+        uuids+=("$(cat /proc/sys/kernel/random/uuid)")
+        authtool --create-keyring "$d/keyring" --gen-key -n osd.$n \
+            --cap mon 'allow profile osd' --cap mgr 'allow profile osd' --cap osd 'allow *'
+        authtool "$K/mon" --import-keyring "$d/keyring"
+        dd if=/dev/zero of="$DEV" bs=1M count=10 oflag=direct conv=fsync status=none
+        ln -s "$DEV" "$d/block"
+        ceph-osd -c "$W/ceph.conf" -i $n --mkfs --osd-uuid "${uuids[$n]}" --no-mon-config \
+            --setuser root --setgroup root >"$W/log/osd-mkfs$(sfx $n).log" 2>&1 &
+        mkfs_pids+=($!)
+    done
 
     # --- mon
     monmaptool --create --fsid "$FSID" --addv $MON_ID "[v2:127.0.0.1:$MON_PORT]" "$K/monmap" >/dev/null
@@ -290,18 +339,30 @@ cmd_up() {
     wait_file "$W/run/mgr.$MGR_ID.pid" 30 "mgr pid file"
     log "mgr.$MGR_ID started (pid $(cat "$W/run/mgr.$MGR_ID.pid"))"
 
-    # --- OSD: register its id and uuid, wait for the mkfs, start it
-    quiet c osd new "$OSD_UUID" $OSD_ID
-    # The pool can be made before the OSD is up (its PGs wait in 'creating').
+    # --- OSDs: register each id and uuid, wait for its mkfs, start it
+    for ((n = 0; n < NOSD; n++)); do
+        quiet c osd new "${uuids[$n]}" $n
+    done
+    # The pool can be made before the OSDs are up (its PGs wait in 'creating').
     quiet c osd pool create bench "${CEPH_PG_NUM:-8}" "${CEPH_PG_NUM:-8}" replicated
     quiet c osd pool application enable bench rados
-    log "pool bench created (pg_num ${CEPH_PG_NUM:-8}, size 1)"
-    wait $mkfs_pid || die "ceph-osd --mkfs failed: $(tail -5 "$W/log/osd-mkfs.log")"
-    log "osd.$OSD_ID mkfs done"
-    rm -f "$W/run/osd.$OSD_ID.pid"
-    ceph-osd -c "$W/ceph.conf" -i $OSD_ID --setuser root --setgroup root >>"$W/log/start.log" 2>&1
-    wait_file "$W/run/osd.$OSD_ID.pid" 60 "osd pid file"
-    log "osd.$OSD_ID started (pid $(cat "$W/run/osd.$OSD_ID.pid"))"
+    log "pool bench created (pg_num ${CEPH_PG_NUM:-8}, size $POOL_SIZE, min_size $POOL_MIN_SIZE)"
+    for ((n = 0; n < NOSD; n++)); do
+        wait "${mkfs_pids[$n]}" || die "ceph-osd --mkfs of osd.$n failed: $(tail -5 "$W/log/osd-mkfs$(sfx $n).log")"
+    done
+    log "mkfs done ($NOSD OSD(s))"
+    # Started side by side (each takes seconds to mount its store before it daemonizes).
+    local start_pids=()
+    for ((n = 0; n < NOSD; n++)); do
+        rm -f "$W/run/osd.$n.pid"
+        ceph-osd -c "$W/ceph.conf" -i $n --setuser root --setgroup root >>"$W/log/start.log" 2>&1 &
+        start_pids+=($!)
+    done
+    for ((n = 0; n < NOSD; n++)); do
+        wait "${start_pids[$n]}" || die "ceph-osd -i $n failed to start: $(tail -5 "$W/log/start.log")"
+        wait_file "$W/run/osd.$n.pid" 60 "osd.$n pid file"
+        log "osd.$n started (pid $(cat "$W/run/osd.$n.pid"))"
+    done
 
     local deadline=$(($(date +%s) + ${CEPH_UP_TIMEOUT:-180}))
     until healthy; do
@@ -358,12 +419,14 @@ stop_pid() { # PID WHAT SECONDS
 
 cmd_down() {
     [ $# -eq 1 ] || usage
-    local W pid d loop
+    local W pid d f loop back rec
     W=$(realpath -m "$1")
     [ -d "$W" ] || { echo "ceph-osd.sh: $W: nothing there"; return 0; }
-    # Daemons: OSD first (it holds the loop device), then mgr, then mon.
-    for d in osd.$OSD_ID mgr.$MGR_ID mon.$MON_ID; do
-        if pid=$(live_pid "$W/run/$d.pid" "$W/ceph.conf"); then
+    # Daemons: OSDs first (they hold the loop devices), then mgr, then mon.
+    for f in "$W"/run/osd.*.pid "$W/run/mgr.$MGR_ID.pid" "$W/run/mon.$MON_ID.pid"; do
+        [ -e "$f" ] || continue
+        d=$(basename "$f" .pid)
+        if pid=$(live_pid "$f" "$W/ceph.conf"); then
             stop_pid "$pid" "$d" 30
             echo "ceph-osd.sh: stopped $d (pid $pid)"
         fi
@@ -372,28 +435,39 @@ cmd_down() {
     for pid in $(pgrep -f -- "ceph-osd -c $W/ceph.conf" || true); do
         stop_pid "$pid" "ceph-osd (mkfs)" 10
     done
-    # Loop devices on the nbdfuse file (the one recorded, and any other found)
+    # Loop devices: each one recorded (device, backing file), detached if it is still on that
+    # file; and any other found on an nbdfuse file of this WORKDIR.
     {
-        [ -s "$W/run/loopdev" ] && cat "$W/run/loopdev"
-        losetup -nO NAME,BACK-FILE 2>/dev/null | awk -v f="$W/fuse/nbd" '$2 == f { print $1 }'
-    } | sort -u | while read -r loop; do
+        for rec in "$W"/run/loopdev "$W"/run/loopdev.*; do
+            [ -s "$rec" ] || continue
+            loop=$(sed -n 1p "$rec")
+            back=$(sed -n 2p "$rec")
+            # A record of one line (older versions): the nbdfuse file of osd.0
+            echo "$loop ${back:-$W/fuse/nbd}"
+        done
+        losetup -nO NAME,BACK-FILE 2>/dev/null |
+            awk -v w="$W/fuse" 'index($2, w) == 1 && $2 ~ /\/nbd$/ { print $1, $2 }'
+    } | sort -u | while read -r loop back; do
         [ -b "$loop" ] || continue
-        if [ "$(losetup -nO BACK-FILE "$loop" 2>/dev/null)" = "$W/fuse/nbd" ]; then
+        if [ "$(losetup -nO BACK-FILE "$loop" 2>/dev/null)" = "$back" ]; then
             losetup -d "$loop" && echo "ceph-osd.sh: detached $loop"
         fi
     done
-    rm -f "$W/run/loopdev"
-    # FUSE mount, then nbdfuse itself
-    if grep -qF " $W/fuse " /proc/mounts; then
-        fusermount3 -u "$W/fuse" 2>/dev/null || fusermount3 -uz "$W/fuse" || umount -l "$W/fuse" || true
-        echo "ceph-osd.sh: unmounted $W/fuse"
-    fi
-    for f in nbdfuse.pid nbdfuse.pid.launch; do
-        if pid=$(live_pid "$W/run/$f" nbdfuse); then
-            stop_pid "$pid" nbdfuse 10
+    rm -f "$W"/run/loopdev "$W"/run/loopdev.*
+    # FUSE mounts, then nbdfuse itself
+    for d in "$W"/fuse "$W"/fuse.*; do
+        if grep -qF " $d " /proc/mounts; then
+            fusermount3 -u "$d" 2>/dev/null || fusermount3 -uz "$d" || umount -l "$d" || true
+            echo "ceph-osd.sh: unmounted $d"
         fi
     done
-    rm -f "$W/run/nbdfuse.pid" "$W/run/nbdfuse.pid.launch"
+    for f in "$W"/run/nbdfuse*.pid "$W"/run/nbdfuse*.pid.launch; do
+        [ -e "$f" ] || continue
+        if pid=$(live_pid "$f" nbdfuse); then
+            stop_pid "$pid" nbdfuse 10
+        fi
+        rm -f "$f"
+    done
     echo "ceph-osd.sh: $W down"
 }
 
