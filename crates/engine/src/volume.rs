@@ -258,9 +258,21 @@ impl<D: BlockDev> Volume<D> {
     /// Reads `[off, off + len)`; holes (clear granules) come back as zeros. Read again if a
     /// trim discarded any of its units meanwhile (array/discard.rs, `DiscardLog`).
     pub async fn read(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
+        self.unless_discarded(off, len, || self.read_once(off, len))
+            .await
+    }
+
+    /// Runs `read` of `[off, off+len)` again until no discard of its units began while it
+    /// ran (array/discard.rs, `DiscardLog`).
+    async fn unless_discarded<T, F: std::future::Future<Output = Result<T, ArrayError>>>(
+        &self,
+        off: u64,
+        len: u64,
+        read: impl Fn() -> F,
+    ) -> Result<T, ArrayError> {
         loop {
             let seen = self.array.discard_log().seq();
-            let r = self.read_once(off, len).await?;
+            let r = read().await?;
             if !self
                 .array
                 .discard_log()
@@ -297,17 +309,8 @@ impl<D: BlockDev> Volume<D> {
     /// Reads `[off, off+len)` as data pieces and holes (clear granules), in volume order
     /// (again if a trim discarded any of its units meanwhile, as `read`).
     pub async fn read_sparse(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
-        loop {
-            let seen = self.array.discard_log().seq();
-            let r = self.read_sparse_once(off, len).await?;
-            if !self
-                .array
-                .discard_log()
-                .since(seen, self.units_of(off, len))
-            {
-                return Ok(r);
-            }
-        }
+        self.unless_discarded(off, len, || self.read_sparse_once(off, len))
+            .await
     }
 
     async fn read_sparse_once(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
