@@ -6,13 +6,17 @@ TCP loopback; every device preconditioned (written end to end) first. For each c
 MB/s and the server's CPU time per request (utime+stime from /proc/PID/stat around the run,
 divided by the requests fio completed). Runs alternate between servers; medians are reported.
 
-    scripts/bench_nbd.py [--set throughput|qd1|cpu] [--runs 3] [--runtime 4]
-                         [--dir /dev/shm/uraid-nbd] [--out -]
+    scripts/bench_nbd.py [--set throughput|qd1|cpu|seqwrite] [--runs 3] [--runtime 4]
+                         [--dir /dev/shm/uraid-nbd] [--out -] [--no-busy-poll-too]
+                         [--no-merge-wait-too]
 
 Sets: `throughput` (default) the four QD32/QD8 jobs; `qd1` 4k random read and write at queue
 depth 1 with mean and p99 latency (issue 13's QD1 targets: uraid against nbdkit, RAID0, RAID1
 and RAID6); `cpu` 4k random read at QD32 with the server's CPU per request (issue 13's CPU
-target).
+target); `seqwrite` 128 KiB and 1 MiB sequential writes at QD8 beside 4k random writes at QD32
+and QD1 (issue 26's write-merging targets), with each uraid array's stripe operations
+(full-stripe, reconstruct, read-modify-write, plugged) counted over the run.
+`--no-merge-wait-too` adds each uraid array with `--merge-wait 0` (write plugging's A/B).
 """
 import argparse, json, os, shutil, statistics, sys
 
@@ -34,6 +38,12 @@ SETS = {
     "cpu": [
         ("4k randread QD32", "randread", "4k", 32, "iops"),
     ],
+    "seqwrite": [
+        ("128k seq write QD8", "write", "128k", 8, "mbps"),
+        ("1M seq write QD8", "write", "1m", 8, "mbps"),
+        ("4k randwrite QD32", "randwrite", "4k", 32, "iops"),
+        ("4k randwrite QD1", "randwrite", "4k", 1, "lat"),
+    ],
 }
 
 
@@ -43,8 +53,9 @@ UNITS = {"iops": "IOPS", "mbps": "MB/s", "lat": "us mean"}
 class Peer:
     """One server compared, started over a Unix socket or TCP loopback for each run."""
 
-    def __init__(self, name, argv_unix, argv_tcp, uri_unix, uri_tcp, sock, port):
+    def __init__(self, name, argv_unix, argv_tcp, uri_unix, uri_tcp, sock, port, ctl=None):
         self.name = name
+        self.ctl = ctl  # uraid's control socket (stripe operation counts)
         self.server = {"unix": Server(argv_unix, sock=sock), "tcp": Server(argv_tcp, port=port)}
         self.uri = {"unix": uri_unix, "tcp": uri_tcp}
         self.proc = None
@@ -69,6 +80,36 @@ def fio(uri, rw, bs, qd, runtime, extra=()):
     return side["iops"], side["bw_bytes"] / 1e6, side["total_ios"], lat
 
 
+def stripe_ops(s):
+    """A uraid server's stripe operation counters (`/status`), or None for a peer."""
+    if not s.ctl:
+        return None
+    ctl, members = s.ctl
+    out = run([URAID, "status", "--control", f"unix:{ctl}", "--json"] + members)
+    ops = json.loads(out)["stripe_operations"]
+    keep = ("full", "reconstruct", "read_modify_write", "merged", "plugged", "plug_filled")
+    return {k: ops.get(k, 0) for k in keep}
+
+
+def seqwrite_ratios(servers, workloads, results, opcounts, transport):
+    """Each uraid cell against nbdkit's (higher is better for MB/s and IOPS, lower for
+    latency), with the median stripe operations of its runs."""
+    lines = ["| workload | server | / nbdkit | full | reconstruct | read-modify-write | plugged (filled) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for wl, _, _, _, metric in workloads:
+        ref = statistics.median(x[0] for x in results[("nbdkit file", transport, wl)])
+        for s in servers:
+            if not s.name.startswith("uraid"):
+                continue
+            v = statistics.median(x[0] for x in results[(s.name, transport, wl)])
+            oc = opcounts.get((s.name, transport, wl), {})
+            med = lambda k: f"{statistics.median(oc[k]):.0f}" if k in oc else "-"
+            lines.append(f"| {wl} | {s.name} | {v / ref:.2f}× | {med('full')} | {med('reconstruct')} | "
+                         f"{med('read_modify_write')} | {med('plugged')} ({med('plug_filled')}) |")
+    lines.append("")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", choices=sorted(SETS), default="throughput")
@@ -78,6 +119,8 @@ def main():
     ap.add_argument("--out", default="-")
     ap.add_argument("--no-busy-poll-too", action="store_true",
                     help="also run each uraid array with --busy-poll 0 (the busy-poll's A/B)")
+    ap.add_argument("--no-merge-wait-too", action="store_true",
+                    help="also run each uraid array with --merge-wait 0 (write plugging's A/B)")
     a = ap.parse_args()
     workloads = SETS[a.set]
     for tool in ("fio", "nbdkit", "qemu-nbd"):
@@ -104,14 +147,21 @@ def main():
         f.truncate(4 * (MEMBER_MIB - 1) << 20)
 
     servers = []
-    variants = [("", [])] + ([(", no busy-poll", ["--busy-poll", "0"])] if a.no_busy_poll_too else [])
+    variants = [("", [])]
+    if a.no_busy_poll_too:
+        variants.append((", no busy-poll", ["--busy-poll", "0"]))
+    if a.no_merge_wait_too:
+        variants.append((", no merge-wait", ["--merge-wait", "0"]))
     for name, members in arrays:
-        for suffix, extra in variants:
-            sock, port = os.path.join(sockdir, name.split()[1] + suffix[-4:] + ".sock"), free_port()
-            base = [URAID, "serve", "--export", "v"] + extra
+        for vi, (suffix, extra) in enumerate(variants):
+            tag = f"{name.split()[1]}-{vi}"
+            sock, port = os.path.join(sockdir, tag + ".sock"), free_port()
+            ctl = os.path.join(sockdir, tag + ".ctl")
+            base = [URAID, "serve", "--export", "v", "--control", f"unix:{ctl}"] + extra
             servers.append(Peer(name + suffix, base + ["--listen", f"unix:{sock}"] + members,
                                   base + ["--listen", f"tcp:127.0.0.1:{port}"] + members,
-                                  f"nbd+unix:///v?socket={sock}", f"nbd://127.0.0.1:{port}/v", sock, port))
+                                  f"nbd+unix:///v?socket={sock}", f"nbd://127.0.0.1:{port}/v", sock, port,
+                                  ctl=(ctl, members)))
     sock, port = os.path.join(sockdir, "nbdkit.sock"), free_port()
     servers.append(Peer("nbdkit file", ["nbdkit", "-f", "-U", sock, "file", peer],
                           ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", peer],
@@ -124,7 +174,7 @@ def main():
 
     # Precondition: every device written end to end (1M sequential writes through the server).
     for s in servers[:-1]:  # qemu-nbd shares nbdkit's file
-        if s.name.endswith("no busy-poll"):  # same members as the one before it
+        if s.name.endswith(("no busy-poll", "no merge-wait")):  # same members as before it
             continue
         s.start("unix")
         fio(s.uri["unix"], "write", "1m", 8, 0, ["--size=100%"])
@@ -132,14 +182,23 @@ def main():
         print(f"preconditioned {s.name}", file=sys.stderr)
 
     results = {}  # (server, transport, workload) -> list of (value, cpu_us_per_req)
+    opcounts = {}  # (server, transport, workload) -> {plan: [count per run]}
     for transport in ("unix", "tcp"):
         for r in range(a.runs):
             for s in servers:
                 s.start(transport)
                 for wl, rw, bs, qd, metric in workloads:
+                    ops0 = stripe_ops(s)
                     t0 = cpu_ticks(s.proc.pid)
                     iops, mbps, ios, lat = fio(s.uri[transport], rw, bs, qd, a.runtime)
                     t1 = cpu_ticks(s.proc.pid)
+                    if ops0 is not None:
+                        ops1 = stripe_ops(s)
+                        d = {k: ops1[k] - ops0.get(k, 0) for k in ops1}
+                        for k, v in d.items():
+                            opcounts.setdefault((s.name, transport, wl), {}).setdefault(k, []).append(v)
+                        print(f"    stripe operations: " + ", ".join(f"{k} {v}" for k, v in d.items() if v),
+                              file=sys.stderr)
                     cpu_us = (t1 - t0) / TICK * 1e6 / max(ios, 1)
                     val = {"iops": iops, "mbps": mbps, "lat": lat[0]}[metric]
                     results.setdefault((s.name, transport, wl), []).append(
@@ -176,6 +235,9 @@ def main():
             lines.append(f"| {wl} | " + " | ".join(cells) + " |")
         lines.append("")
         if a.set == "throughput":
+            continue
+        if a.set == "seqwrite":
+            lines.extend(seqwrite_ratios(servers, workloads, results, opcounts, transport))
             continue
         # Ratios against nbdkit, the issue's reference peer.
         lines.append("| workload | server | " + ("mean / nbdkit | p99 / nbdkit" if a.set == "qd1"

@@ -95,6 +95,12 @@ pub struct ServeArgs {
     /// depth 1 saves a wake-up per request). 0 turns it off.
     #[arg(long, value_name = "USECS", default_value_t = 50)]
     pub busy_poll: u64,
+    /// Write merging: a partial-stripe write of a sequential stream with enough requests in
+    /// flight waits at most this many microseconds for the rest of its stripe, so the stripe
+    /// is written whole instead of by read-modify-write (FUA writes and FLUSH never wait).
+    /// 0 turns it off.
+    #[arg(long, value_name = "USECS", default_value_t = 500)]
+    pub merge_wait: u64,
     /// Fail a member whose I/O has had no completion for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub io_timeout: f64,
@@ -301,6 +307,7 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         },
         frozen_metadata: false,
         no_discard: args.discard == "off",
+        merge_wait: Duration::from_micros(args.merge_wait),
     };
     // Members first: a member another process holds is refused before any socket is bound.
     // Read-only: opened read-only, and nothing is ever written (superblocks frozen: a

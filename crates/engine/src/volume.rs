@@ -363,7 +363,16 @@ impl<D: BlockDev> Volume<D> {
 
     /// Writes `data` at `off`, filling clear granules it touches first (module docs).
     pub async fn write(&self, off: u64, data: impl Into<WriteBuf>) -> Result<(), ArrayError> {
-        let data: WriteBuf = data.into();
+        self.write_as(off, data.into(), true).await
+    }
+
+    /// `write` for a write the client waits to be durable (FUA): it never waits for the rest
+    /// of its stripe, and ends the waits of others (`Array::write_now`, stripe/plug.rs).
+    pub async fn write_now(&self, off: u64, data: impl Into<WriteBuf>) -> Result<(), ArrayError> {
+        self.write_as(off, data.into(), false).await
+    }
+
+    async fn write_as(&self, off: u64, data: WriteBuf, may_wait: bool) -> Result<(), ArrayError> {
         let len = data.len() as u64;
         self.array.validate(off, len)?;
         if len == 0 {
@@ -373,7 +382,7 @@ impl<D: BlockDev> Volume<D> {
         let gr = self.map.granule;
         let (g0, g1) = (off / gr, (off + len - 1) / gr);
         if (g0..=g1).all(|g| self.map.is_set(g)) {
-            return self.array.write(off, data).await;
+            return self.array.write_as(off, data, may_wait).await;
         }
         // First write into a granule (rare once a volume is in use): boxed, so the common
         // write's future stays small.
@@ -384,7 +393,7 @@ impl<D: BlockDev> Volume<D> {
                     claimed.push(g);
                 }
             }
-            let r = self.fill(off, &data, &claimed).await;
+            let r = self.fill(off, &data, &claimed, may_wait).await;
             for g in claimed {
                 self.map.release(g);
             }
@@ -395,8 +404,14 @@ impl<D: BlockDev> Volume<D> {
 
     /// Writes with `claimed` granules clear and ours, makes the granules durable, then
     /// persists their bits.
-    async fn fill(&self, off: u64, data: &WriteBuf, claimed: &[u64]) -> Result<(), ArrayError> {
-        self.write_claimed(off, data, claimed).await?;
+    async fn fill(
+        &self,
+        off: u64,
+        data: &WriteBuf,
+        claimed: &[u64],
+        may_wait: bool,
+    ) -> Result<(), ArrayError> {
+        self.write_claimed(off, data, claimed, may_wait).await?;
         if claimed.is_empty() {
             return Ok(());
         }
@@ -415,6 +430,7 @@ impl<D: BlockDev> Volume<D> {
         off: u64,
         data: &WriteBuf,
         claimed: &[u64],
+        may_wait: bool,
     ) -> Result<(), ArrayError> {
         let len = data.len() as u64;
         let end = off + len;
@@ -453,7 +469,10 @@ impl<D: BlockDev> Volume<D> {
                 writes.push((head_end, WriteBuf::from(mid)));
             }
         }
-        for r in join_all(writes.into_iter().map(|(o, d)| self.array.write(o, d))).await {
+        let writes = writes
+            .into_iter()
+            .map(|(o, d)| self.array.write_as(o, d, may_wait));
+        for r in join_all(writes).await {
             r?;
         }
         Ok(())

@@ -270,6 +270,8 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
                 total.acked_writes += r.acked_writes;
                 total.reads_checked += r.reads_checked;
                 total.discarded += r.discarded;
+                total.plugged += r.plugged;
+                total.plug_filled += r.plug_filled;
                 total.actions.extend(r.actions);
             }
             Err(e) => failures.push(e),
@@ -312,15 +314,22 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
     );
     // Trims of whole granules reached the members (discards that leave junk behind).
     assert!(!ci_range || total.discarded > 0, "no discards: {total:?}");
+    // Sequential streams were plugged, and some of their stripes filled.
+    assert!(
+        !ci_range || total.plug_filled > 0,
+        "no plugs filled: {total:?}"
+    );
     eprintln!(
         "{} stages, {} power cuts, {} writes acknowledged, {} reads checked, {} member bytes \
-         discarded; adds {}, replaces {}, rebuilds {}, resyncs {}, scrubs {}, removes {}, \
+         discarded, {} plugged stripe writes ({} filled); adds {}, replaces {}, rebuilds {}, resyncs {}, scrubs {}, removes {}, \
          planted {}",
         total.stages,
         total.power_cuts,
         total.acked_writes,
         total.reads_checked,
         total.discarded,
+        total.plugged,
+        total.plug_filled,
         count("added"),
         count("replace run"),
         count("rebuild:"),

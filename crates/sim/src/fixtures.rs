@@ -21,6 +21,8 @@ pub fn sim_options() -> ArrayOptions {
         },
         frozen_metadata: false,
         no_discard: false,
+        // Sequential writes at depth wait for their stripe as `serve` makes them (plug.rs).
+        merge_wait: std::time::Duration::from_micros(500),
     }
 }
 

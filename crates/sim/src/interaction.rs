@@ -163,6 +163,10 @@ pub struct SimReport {
     pub reads_refused: usize,
     /// Member bytes discarded (trims of whole granules passed down).
     pub discarded: u64,
+    /// Stripe writes that waited for the rest of their stripe, and those whose stripe
+    /// filled (stripe/plug.rs).
+    pub plugged: u64,
+    pub plug_filled: u64,
     /// Every fault and lifecycle action taken, in order ("fail 2", "add 2", ...).
     pub actions: Vec<String>,
 }
@@ -721,6 +725,9 @@ fn run_stage(
         .count();
     report.reads_checked += st.reads.load(Ordering::Relaxed) as usize;
     report.reads_refused += st.refused.load(Ordering::Relaxed) as usize;
+    let ops = st.vol.array().stats.snapshot();
+    report.plugged += ops.plugged_writes;
+    report.plug_filled += ops.plug_filled;
     report.discarded += st
         .faults
         .lock()
@@ -1007,13 +1014,39 @@ async fn client(st: &Stage, seed: u64) {
             len = n * sdb;
         }
         match kind {
+            30..=34 if sdb >= 2 * SECTOR => {
+                // A sequential stream of partial-stripe writes issued one after another
+                // without waiting for each other (an NBD client's pipelined writes): the
+                // array's plugs wait for the rest of their stripes (stripe/plug.rs).
+                let piece = (sdb / (2 + r.below(3)) / SECTOR).max(1) * SECTOR;
+                let start = r.below(sectors) * SECTOR;
+                let base = (seed.wrapping_mul(1000) + i as u64) << 8;
+                let writes = (0..4 + r.below(13))
+                    .map(|j| (j, start + j * piece))
+                    .take_while(|&(_, o)| o + piece <= size)
+                    .map(|(j, o)| async move {
+                        for _ in 0..j {
+                            uraid_engine::reactor::yield_now().await;
+                        }
+                        let data = payload(base + 1 + j, piece as usize);
+                        let ev = st.begin_write(o, data.clone());
+                        let ok = st.vol.write(o, data).await.is_ok();
+                        st.end_write(ev, ok);
+                    });
+                futures::future::join_all(writes).await;
+            }
             0..=39 => {
                 let data = payload(seed.wrapping_mul(1000) + i as u64, len as usize);
                 let ev = st.begin_write(off, data.clone());
-                let ok = st.vol.write(off, data).await.is_ok();
+                let ok = if kind >= 35 {
+                    // FUA: never plugged, ends the plugs of others (stripe/plug.rs); then
+                    // the flush the server does for it.
+                    st.vol.write_now(off, data).await.is_ok()
+                } else {
+                    st.vol.write(off, data).await.is_ok()
+                };
                 st.end_write(ev, ok);
                 if kind >= 35 {
-                    // FUA: a write followed by a flush (what the server does for it).
                     st.flush().await;
                 }
             }

@@ -360,7 +360,7 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "uraid_stripe_operations_total",
         kind: "counter",
-        help: "Stripe writes by plan, writes merged into another's stripe operation, degraded reads.",
+        help: "Stripe writes by plan, writes merged into another's stripe operation, stripe writes that waited for the rest of their stripe (plugged) and those whose stripe filled, degraded reads.",
         when: always,
         samples: |m, s| {
             let st = &m.a.stats;
@@ -369,6 +369,8 @@ const FAMILIES: &[Family] = &[
                 ("reconstruct", st.rcw_writes),
                 ("read_modify_write", st.rmw_writes),
                 ("merged", st.merged_writes),
+                ("plugged", st.plugged_writes),
+                ("plug_filled", st.plug_filled),
                 ("degraded_read", st.degraded_reads),
                 ("read_around_slow", st.slow_reads_around),
             ] {

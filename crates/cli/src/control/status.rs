@@ -127,6 +127,7 @@ pub(super) fn status(state: &State) -> Value {
         "stripe_operations": {
             "full": st.full_stripe_writes, "reconstruct": st.rcw_writes,
             "read_modify_write": st.rmw_writes, "merged": st.merged_writes,
+            "plugged": st.plugged_writes, "plug_filled": st.plug_filled,
             "degraded_reads": st.degraded_reads, "corrected_reads": st.corrected_reads,
             "slow_reads_around": st.slow_reads_around,
         },

@@ -45,6 +45,7 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use uraid_core::format::Superblock;
 use uraid_core::geometry::{Extent, Level, SECTOR};
 use uraid_core::{Codec, Geometry, MemberSet};
@@ -72,6 +73,10 @@ pub struct Counters {
     pub rmw_writes: AtomicU64,
     /// Writes that joined another write's stripe operation instead of running their own.
     pub merged_writes: AtomicU64,
+    /// Stripe operations that waited for the rest of their stripe's writes (stripe/plug.rs),
+    /// and those of them whose stripe filled before the wait ended.
+    pub plugged_writes: AtomicU64,
+    pub plug_filled: AtomicU64,
     /// Chunks reconstructed after a media error and rewritten in place.
     pub corrected_reads: AtomicU64,
     /// Chunk reads served by reconstruction around a member flagged slow (slow.rs).
@@ -88,6 +93,8 @@ pub struct StatsSnapshot {
     pub rcw_writes: u64,
     pub rmw_writes: u64,
     pub merged_writes: u64,
+    pub plugged_writes: u64,
+    pub plug_filled: u64,
     pub corrected_reads: u64,
     pub slow_reads_around: u64,
 }
@@ -116,6 +123,8 @@ impl Stats {
             rcw_writes: self.total(|c| &c.rcw_writes),
             rmw_writes: self.total(|c| &c.rmw_writes),
             merged_writes: self.total(|c| &c.merged_writes),
+            plugged_writes: self.total(|c| &c.plugged_writes),
+            plug_filled: self.total(|c| &c.plug_filled),
             corrected_reads: self.total(|c| &c.corrected_reads),
             slow_reads_around: self.total(|c| &c.slow_reads_around),
         }
@@ -133,6 +142,8 @@ impl StatsSnapshot {
             rcw_writes: self.rcw_writes - before.rcw_writes,
             rmw_writes: self.rmw_writes - before.rmw_writes,
             merged_writes: self.merged_writes - before.merged_writes,
+            plugged_writes: self.plugged_writes - before.plugged_writes,
+            plug_filled: self.plug_filled - before.plug_filled,
             corrected_reads: self.corrected_reads - before.corrected_reads,
             slow_reads_around: self.slow_reads_around - before.slow_reads_around,
         }
@@ -148,6 +159,9 @@ pub struct ArrayOptions {
     /// Keep trimmed ranges on the members (no discards: array/discard.rs); `serve
     /// --discard off`.
     pub no_discard: bool,
+    /// The longest a partial-stripe write of a sequential stream waits for the rest of its
+    /// stripe (stripe/plug.rs); zero (the default) never waits. `serve --merge-wait`.
+    pub merge_wait: Duration,
 }
 
 /// The composition of an array's components, and request routing over them. Each field is
@@ -187,6 +201,9 @@ pub struct Array<D: BlockDev> {
     discards: bool,
     /// The discards begun, for reads that raced them (array/discard.rs).
     discard_log: discard::DiscardLog,
+    /// Sequential write streams, and writes waiting for the rest of their stripe
+    /// (stripe/plug.rs).
+    streams: crate::stripe::plug::WriteStreams,
 }
 
 impl<D: BlockDev> HasMembers<D> for Array<D> {
@@ -290,6 +307,11 @@ impl<D: BlockDev> Array<D> {
             me: me.clone(),
             discards: !opts.no_discard,
             discard_log: Default::default(),
+            streams: crate::stripe::plug::WriteStreams::new(if geo.level.is_parity() {
+                opts.merge_wait
+            } else {
+                Duration::ZERO
+            }),
         });
         a.members.set_bad(bad);
         *a.recovery
@@ -630,6 +652,8 @@ impl<D: BlockDev> Array<D> {
     /// returns once any member that failed on the way is recorded failed in the survivors'
     /// superblocks.
     pub async fn flush(&self) -> Result<(), ArrayError> {
+        // Writes waiting for the rest of their stripe go now (stripe/plug.rs).
+        self.streams.kick();
         if self.journal.get().is_some_and(|j| !j.active()) {
             // Acknowledged write-back writes may still be on their way to the members:
             // the fallback drains them and flushes the members.
@@ -1249,13 +1273,38 @@ impl<D: BlockDev> Array<D> {
         off: u64,
         data: impl Into<WriteBuf>,
     ) -> Result<(), ArrayError> {
-        let data: WriteBuf = data.into();
+        self.write_as(off, data.into(), true).await
+    }
+
+    /// `write` for a write the client waits to be durable (FUA): it never waits for the rest
+    /// of its stripe, and ends the waits of others (stripe/plug.rs).
+    pub async fn write_now(
+        self: &Arc<Self>,
+        off: u64,
+        data: impl Into<WriteBuf>,
+    ) -> Result<(), ArrayError> {
+        self.write_as(off, data.into(), false).await
+    }
+
+    /// `write` (`may_wait`) or `write_now`.
+    pub(crate) async fn write_as(
+        self: &Arc<Self>,
+        off: u64,
+        data: WriteBuf,
+        may_wait: bool,
+    ) -> Result<(), ArrayError> {
         let len = data.len() as u64;
         self.validate(off, len)?;
         if len == 0 {
             return Ok(());
         }
         self.check_serving()?;
+        if !may_wait {
+            self.streams.kick();
+        }
+        let plug = self
+            .streams
+            .arrive(off, len, self.geo.stripe_data_bytes(), may_wait);
         let _dirty = self.hold_dirty().await;
         // The regions' write-intent bits are durable before any member is written, and stay
         // set until the guard is dropped (after the member writes).
@@ -1267,7 +1316,7 @@ impl<D: BlockDev> Array<D> {
                     join_all(self.geo.map(off, len).map(|e| self.write_plain(e, &data))).await;
                 results.into_iter().collect::<Result<(), _>>()?;
             }
-            _ => self.write_parity(off, &data).await?,
+            _ => self.write_parity(off, &data, plug).await?,
         }
         self.failure_barrier().await;
         self.check_serving().map(|_| ())

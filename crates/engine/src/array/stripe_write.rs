@@ -5,10 +5,13 @@ use super::Array;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::reactor;
+use crate::stripe::plug::{Outcome, Plug};
 use crate::stripe::{Attempt, PendingWrite, Piece, Turn};
 use crate::{ArrayError, WriteBuf};
 use futures::future::join_all;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use uraid_core::{plan_write, MemberSet, Shard, WritePlan};
 
 /// Whole stripes merged into one member I/O each, at most (a 1 MiB run per member with 64 KiB
@@ -17,11 +20,13 @@ const MERGE_STRIPES: u64 = 16;
 
 impl<D: BlockDev> Array<D> {
     /// Parity-level write of `data` at `off`: runs of whole stripes as one I/O per member
-    /// each, the rest one queued part per stripe.
+    /// each, the rest one queued part per stripe; `plug`: how long a partial stripe may
+    /// wait for the rest of its writes (stripe/plug.rs).
     pub(crate) async fn write_parity(
         self: &Arc<Self>,
         off: u64,
         data: &WriteBuf,
+        plug: Option<Plug<'_>>,
     ) -> Result<(), ArrayError> {
         let (first, whole) = self.whole_stripes(off, data.len() as u64);
         if whole >= 2 && self.journal.get().is_none() && self.members.irregular().is_empty() {
@@ -36,7 +41,7 @@ impl<D: BlockDev> Array<D> {
                     Ok(())
                 } else {
                     let len = (n * self.geo.stripe_data_bytes()) as usize;
-                    Box::pin(self.write_parity_per_stripe(off, data, rel..rel + len)).await
+                    Box::pin(self.write_parity_per_stripe(off, data, rel..rel + len, None)).await
                 }
             });
             for r in join_all(futs).await {
@@ -44,7 +49,8 @@ impl<D: BlockDev> Array<D> {
             }
             return Ok(());
         }
-        self.write_parity_per_stripe(off, data, 0..data.len()).await
+        self.write_parity_per_stripe(off, data, 0..data.len(), plug)
+            .await
     }
 
     /// Stripes `[first, first + n)` when `[off, off + len)` is exactly whole stripes.
@@ -138,6 +144,7 @@ impl<D: BlockDev> Array<D> {
         off: u64,
         data: &WriteBuf,
         range: std::ops::Range<usize>,
+        plug: Option<Plug<'_>>,
     ) -> Result<(), ArrayError> {
         let mut parts: Vec<(u64, Vec<Piece>)> = Vec::new();
         let len = (range.end - range.start) as u64;
@@ -155,7 +162,7 @@ impl<D: BlockDev> Array<D> {
         }
         let futs = parts
             .into_iter()
-            .map(|(stripe, pieces)| self.queue_stripe_write(stripe, data.clone(), pieces));
+            .map(|(stripe, pieces)| self.queue_stripe_write(stripe, data.clone(), pieces, plug));
         for r in join_all(futs).await {
             r?;
         }
@@ -169,6 +176,7 @@ impl<D: BlockDev> Array<D> {
         stripe: u64,
         src: WriteBuf,
         pieces: Vec<Piece>,
+        plug: Option<Plug<'_>>,
     ) -> Result<(), ArrayError> {
         let (turn, rx) = self.locks.queue(stripe, src, pieces).await;
         match turn {
@@ -178,6 +186,9 @@ impl<D: BlockDev> Array<D> {
                 self.settle_orphans().await;
                 // Let writes that are already runnable join this stripe operation.
                 reactor::yield_now().await;
+                if let Some(p) = plug {
+                    self.plug(stripe, p).await;
+                }
                 let batch = self.locks.take_batch(stripe);
                 if batch.len() > 1 {
                     self.stats.add(|c| &c.merged_writes, batch.len() as u64 - 1);
@@ -202,6 +213,35 @@ impl<D: BlockDev> Array<D> {
                 rx.await.unwrap_or(Err(ArrayError::Shutdown))
             }
         }
+    }
+
+    /// Waits, holding `stripe`, until the writes queued on it fill it (from their first byte
+    /// to its end: `StripeLocks::queued_fill_stripe`), the budget has
+    /// passed, or a FLUSH or FUA write comes (stripe/plug.rs). Counted as a plugged write,
+    /// and as filled when the stripe filled.
+    async fn plug(&self, stripe: u64, plug: Plug<'_>) {
+        let (k, chunk) = (self.geo.data_chunks(), self.geo.chunk);
+        let noop = futures::task::noop_waker();
+        if self.locks.queued_fill_stripe(stripe, k, chunk, &noop) {
+            return;
+        }
+        self.stats.add(|c| &c.plugged_writes, 1);
+        let mut waiter = self.streams.waiter();
+        let mut timer = std::pin::pin!(reactor::sleep(plug.budget));
+        let how = std::future::poll_fn(|cx| {
+            if waiter.kicked(cx.waker()) {
+                return Poll::Ready(Outcome::Kicked);
+            }
+            if self.locks.queued_fill_stripe(stripe, k, chunk, cx.waker()) {
+                return Poll::Ready(Outcome::Filled);
+            }
+            timer.as_mut().poll(cx).map(|()| Outcome::RanOut)
+        })
+        .await;
+        if how == Outcome::Filled {
+            self.stats.add(|c| &c.plug_filled, 1);
+        }
+        plug.report(how);
     }
 
     /// On an unsynced stripe, notes the members of `excl` that met a media error in this

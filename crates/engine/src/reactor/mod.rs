@@ -20,12 +20,14 @@
 mod executor;
 mod ring;
 mod runtime;
+mod timer;
 mod turn;
 
 pub(crate) use executor::{coop, park};
 pub use executor::{spawn_local, spawn_local_output, yield_now};
 pub(crate) use ring::{ring_fallocate, ring_fdatasync, ring_read, ring_write, ring_writev};
 pub use runtime::{Runtime, RuntimeHandle};
+pub use timer::sleep;
 
 use executor::{LocalTask, TaskWaker};
 use io_uring::IoUring;
@@ -137,6 +139,8 @@ pub(crate) struct Local {
     /// In-flight ops whose future was dropped (a request gave up on a hung member). The
     /// reactor does not wait for them at shutdown: their buffers are leaked instead.
     orphans: Cell<usize>,
+    /// Of those, timers (`timer::sleep` dropped early): they complete by themselves.
+    timer_orphans: Cell<usize>,
     /// Whether the eventfd read (the cross-thread wake-up) is queued on the ring.
     efd_armed: Cell<bool>,
 }

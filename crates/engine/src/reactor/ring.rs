@@ -24,6 +24,9 @@ pub(super) struct OpSlot {
     /// Anything else the kernel points into (socket buffers, iovec arrays, msghdr).
     keep: Option<Box<dyn std::any::Any>>,
     orphaned: bool,
+    /// A timer (`timer::sleep`): orphaned, it is no device's I/O left behind, and it
+    /// completes by itself.
+    timer: bool,
 }
 
 impl Local {
@@ -47,6 +50,26 @@ impl Local {
         buf: Option<IoBuf>,
         keep: Option<Box<dyn std::any::Any>>,
     ) -> RingOp {
+        self.push_op(build, buf, keep, false)
+    }
+
+    /// Queues a timer's SQE (`timer::sleep`), the timespec it points to kept until the
+    /// completion.
+    pub(super) fn push_timer(
+        &self,
+        build: impl FnOnce(u64) -> io_uring::squeue::Entry,
+        keep: Box<dyn std::any::Any>,
+    ) -> RingOp {
+        self.push_op(build, None, Some(keep), true)
+    }
+
+    fn push_op(
+        &self,
+        build: impl FnOnce(u64) -> io_uring::squeue::Entry,
+        buf: Option<IoBuf>,
+        keep: Option<Box<dyn std::any::Any>>,
+        timer: bool,
+    ) -> RingOp {
         let ring = self.ring.as_ref().expect("push needs a ring");
         let id = self.ops.borrow_mut().insert(OpSlot {
             result: None,
@@ -54,6 +77,7 @@ impl Local {
             buf,
             keep,
             orphaned: false,
+            timer,
         });
         let sqe = build(id as u64);
         let mut ring = ring.borrow_mut();
@@ -116,6 +140,9 @@ impl Local {
         self.inflight.set(self.inflight.get() - 1);
         if slot.orphaned {
             self.orphans.set(self.orphans.get() - 1);
+            if slot.timer {
+                self.timer_orphans.set(self.timer_orphans.get() - 1);
+            }
             ops.remove(id);
             return;
         }
@@ -236,6 +263,9 @@ impl Drop for RingOp {
                     // The kernel still owns the buffer; free it when the CQE arrives.
                     slot.orphaned = true;
                     l.orphans.set(l.orphans.get() + 1);
+                    if slot.timer {
+                        l.timer_orphans.set(l.timer_orphans.get() + 1);
+                    }
                 }
             }
         }

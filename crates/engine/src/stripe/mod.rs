@@ -18,6 +18,8 @@
 //!   zero: `assert!`, also in release (O(1) under the shard mutex already taken; a violation
 //!   would let two holders write one stripe).
 
+pub(crate) mod plug;
+
 use crate::buf::WriteBuf;
 use crate::error::ArrayError;
 use futures::channel::oneshot;
@@ -68,6 +70,9 @@ struct StripeSlot {
     /// Set by a locker's `unlock` when writes are queued: the next turn is theirs, so a
     /// stream of readers cannot keep writers out either.
     writer_turn: bool,
+    /// The holder waiting for the rest of the stripe's writes (plug.rs): woken when a write
+    /// queues.
+    plugged: Option<Waker>,
 }
 
 impl StripeSlot {
@@ -252,18 +257,22 @@ impl StripeLocks {
     ) -> (Turn<'_>, oneshot::Receiver<Result<(), ArrayError>>) {
         let (tx, mut rx) = oneshot::channel();
         // Queue, and take the stripe at once if it is idle (one trip through the table).
-        let lead = self.with_slot(stripe, |s| {
+        let (lead, plugged) = self.with_slot(stripe, |s| {
             s.pending.push(PendingWrite {
                 src,
                 pieces,
                 done: tx,
             });
-            !s.locked && {
+            let lead = !s.locked && {
                 s.locked = true;
                 s.writer_turn = false;
                 true
-            }
+            };
+            (lead, s.plugged.take())
         });
+        if let Some(w) = plugged {
+            w.wake();
+        }
         let guard = || {
             Turn::Lead(StripeGuard {
                 locks: self,
@@ -297,7 +306,42 @@ impl StripeLocks {
     pub(crate) fn take_batch(&self, stripe: u64) -> Vec<PendingWrite> {
         self.with_slot(stripe, |s| {
             s.live_pending();
+            s.plugged = None;
             std::mem::take(&mut s.pending)
+        })
+    }
+
+    /// For the holder of `stripe` waiting for the rest of its writes (plug.rs): whether the
+    /// writes queued on it cover it from their first byte to its end (its `k` data chunks of
+    /// `chunk` bytes in order: a stream that enters the stripe part-way fills it as far as
+    /// it can); if not, `w` is woken when another write queues.
+    pub(crate) fn queued_fill_stripe(&self, stripe: u64, k: usize, chunk: u64, w: &Waker) -> bool {
+        self.with_slot(stripe, |s| {
+            let mut runs: Vec<(u64, u64)> = s
+                .pending
+                .iter()
+                .flat_map(|p| p.pieces.iter())
+                .map(|p| {
+                    let at = p.index as u64 * chunk + p.chunk_off;
+                    (at, at + p.len)
+                })
+                .collect();
+            runs.sort_unstable();
+            let mut reach = runs.first().map_or(0, |r| r.0);
+            for (lo, hi) in runs {
+                if lo > reach {
+                    break;
+                }
+                reach = reach.max(hi);
+            }
+            let filled = !s.pending.is_empty() && reach >= k as u64 * chunk;
+            if !filled {
+                match &mut s.plugged {
+                    Some(old) => old.clone_from(w),
+                    None => s.plugged = Some(w.clone()),
+                }
+            }
+            filled
         })
     }
 }

@@ -209,9 +209,14 @@ async fn handle<D: BlockDev>(
     let array = &inner.array;
     let result: Result<(), ArrayError> = match cmd {
         Command::Read { off, len, df } => return read(inner, sess, conn, &req, off, len, df).await,
-        Command::Write { off, .. } => {
+        Command::Write { off, fua } => {
             let data = payload.unwrap_or_else(|| buf::alloc(0));
-            array.write(off, data).await
+            if fua {
+                // Never held back to merge with the next write (stripe/plug.rs).
+                array.write_now(off, data).await
+            } else {
+                array.write(off, data).await
+            }
         }
         Command::Flush => array.flush().await,
         Command::Trim { off, len, .. } => in_slices(off, len, |o, n| array.trim(o, n)).await,
