@@ -99,7 +99,8 @@ pub struct ServeArgs {
     /// flight waits at most this many microseconds for the rest of its stripe, so the stripe
     /// is written whole instead of by read-modify-write (FUA writes and FLUSH never wait).
     /// 0 turns it off.
-    #[arg(long, value_name = "USECS", default_value_t = 500)]
+    #[arg(long, value_name = "USECS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub merge_wait: u64,
     /// Fail a member whose I/O has had no completion for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]

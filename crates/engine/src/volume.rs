@@ -373,6 +373,10 @@ impl<D: BlockDev> Volume<D> {
     }
 
     async fn write_as(&self, off: u64, data: WriteBuf, may_wait: bool) -> Result<(), ArrayError> {
+        if !may_wait {
+            // Before anything this write may wait for (a granule claim below).
+            self.array.kick_plugs();
+        }
         let len = data.len() as u64;
         self.array.validate(off, len)?;
         if len == 0 {
@@ -557,7 +561,9 @@ impl<D: BlockDev> Volume<D> {
         let mut pos = off;
         while pos < off + len {
             let n = (off + len - pos).min(STEP);
-            self.write(pos, Arc::new(vec![0u8; n as usize])).await?;
+            // Urgent (stripe/plug.rs): a FUA TRIM or WRITE_ZEROES is never held back by a plug.
+            let zeros = WriteBuf::from(Arc::new(vec![0u8; n as usize]));
+            self.write_as(pos, zeros, false).await?;
             pos += n;
         }
         Ok(())

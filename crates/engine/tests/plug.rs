@@ -118,20 +118,28 @@ fn a_stream_at_queue_depth_1_almost_never_waits() {
     rt.shutdown();
 }
 
-/// A wait as long as 30 s, so only a kick can end it in the test's time: a FLUSH ends it,
-/// a FUA write does too and never waits itself.
+/// A wait of at least half a second (`merge_wait` 1 s), so only a kick or an interruption
+/// ends it within the test's 200 ms: a FLUSH; a FUA write elsewhere; a FUA write, a TRIM
+/// (its zeroing write) and a run of whole stripes (a locker) on the plugged stripe itself.
 #[test]
-fn flush_and_fua_writes_end_a_wait_and_fua_writes_never_wait() {
+fn flush_fua_trim_and_lockers_end_a_wait_and_fua_writes_never_wait() {
     let rt = Runtime::new(1, 64, true).unwrap();
-    let vol = array(&rt, Duration::from_secs(30));
+    let vol = array(&rt, Duration::from_secs(1));
     // A stream at depth whose every stripe fills (so its waits are allowed).
     stream(&rt, &vol, 64, 8, Duration::ZERO);
     let v = vol.clone();
     rt.handle().block_on(0, move || async move {
-        for kick in ["flush", "fua"] {
+        let cases = [
+            "flush",
+            "fua elsewhere",
+            "fua on the stripe",
+            "trim",
+            "locker",
+        ];
+        for (n, kick) in cases.into_iter().enumerate() {
             let base = v.array().stats.snapshot();
-            let at = if kick == "flush" { 64 } else { 68 };
             // The first quarter of a fresh stripe, continuing the stream: it waits.
+            let at = 64 + 4 * n as u64;
             let w = {
                 let v = v.clone();
                 spawn_local_output(async move { v.write(at * PIECE, pattern(at)).await })
@@ -140,24 +148,42 @@ fn flush_and_fua_writes_end_a_wait_and_fua_writes_never_wait() {
                 sleep(Duration::from_micros(100)).await;
             }
             let t0 = Instant::now();
-            if kick == "flush" {
-                v.flush().await.unwrap();
-            } else {
-                // Somewhere else: the FUA write's own stripe is not the waiting one.
-                v.write_now(40 * STRIPE, pattern(999)).await.unwrap();
+            match kick {
+                "flush" => v.flush().await.unwrap(),
+                "fua elsewhere" => v.write_now(40 * STRIPE, pattern(999)).await.unwrap(),
+                "fua on the stripe" => {
+                    let w2 = {
+                        let v = v.clone();
+                        spawn_local_output(async move {
+                            v.write_now((at + 1) * PIECE, pattern(at + 1)).await
+                        })
+                    };
+                    w2.await.unwrap().unwrap();
+                }
+                "trim" => v.trim((at + 1) * PIECE, PIECE).await.unwrap(),
+                _ => {
+                    // Two whole stripes from the plugged one: their locks are taken in turn.
+                    let data = vec![7u8; 2 * STRIPE as usize];
+                    let w2 = {
+                        let v = v.clone();
+                        spawn_local_output(async move { v.write(at * PIECE, data).await })
+                    };
+                    w2.await.unwrap().unwrap();
+                }
             }
             w.await.unwrap().unwrap();
             let took = t0.elapsed();
-            assert!(took < Duration::from_secs(5), "{kick}: {took:?}");
+            assert!(took < Duration::from_millis(200), "{kick}: {took:?}");
             let st = v.array().stats.snapshot().since(&base);
             assert_eq!(st.plugged_writes, 1, "{kick}: {st:?}");
+            assert_eq!(st.plug_filled, 0, "{kick}: {st:?}");
         }
     });
     // FUA writes continuing a stream never wait.
     let base = vol.array().stats.snapshot();
     let v = vol.clone();
     rt.handle().block_on(0, move || async move {
-        let ws = (72..88).map(|i| {
+        let ws = (88..104).map(|i| {
             let v = v.clone();
             spawn_local_output(async move { v.write_now(i * PIECE, pattern(i)).await })
         });

@@ -35,7 +35,7 @@
 
 use crate::crash::{allowed_values, cached_dev, reassemble_on, Clock, Ev};
 use crate::rng::Rng;
-use crate::{fresh_images_with, journal_image, payload, sim_options, MemDev};
+use crate::{fresh_images_with, journal_image, payload, MemDev};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
@@ -43,6 +43,15 @@ use uraid_core::format::{JournalMode, DATA_OFFSET};
 use uraid_core::geometry::SECTOR;
 use uraid_core::{Geometry, Level};
 use uraid_engine::{ArrayError, BlockDev, Runtime, ScrubMode, Volume, WriteBuf};
+
+/// The simulator's array options: `sim_options` with write plugging on, as `serve` runs
+/// (its clients send pipelined sequential streams: stripe/plug.rs).
+fn plugging_options() -> uraid_engine::ArrayOptions {
+    uraid_engine::ArrayOptions {
+        merge_wait: Duration::from_micros(500),
+        ..crate::sim_options()
+    }
+}
 
 /// One run's shape, drawn from its seed.
 #[derive(Debug, Clone)]
@@ -501,7 +510,7 @@ fn run_stage(
         &media.present,
         media.journal,
         Some(rt.handle()),
-        sim_options(),
+        plugging_options(),
         |i, img| {
             let d = cached_dev(format!("mem{i}"), img, &clock);
             d.faults.yield_ops.store(true, Ordering::Relaxed);
@@ -761,7 +770,7 @@ fn verify(
         &media.present,
         media.journal,
         None,
-        sim_options(),
+        plugging_options(),
         |i, img| MemDev::from_image(format!("mem{i}"), img),
     ) {
         Ok(v) => v,
@@ -793,7 +802,7 @@ fn verify(
                 &present,
                 media.journal,
                 None,
-                sim_options(),
+                plugging_options(),
                 |i, img| MemDev::from_image(format!("mem{i}"), img),
             ) {
                 Ok(v) => v,

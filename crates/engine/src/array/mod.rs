@@ -1276,6 +1276,11 @@ impl<D: BlockDev> Array<D> {
         self.write_as(off, data.into(), true).await
     }
 
+    /// Ends every wait for the rest of a stripe under way (stripe/plug.rs).
+    pub(crate) fn kick_plugs(&self) {
+        self.streams.kick();
+    }
+
     /// `write` for a write the client waits to be durable (FUA): it never waits for the rest
     /// of its stripe, and ends the waits of others (stripe/plug.rs).
     pub async fn write_now(
@@ -1299,10 +1304,8 @@ impl<D: BlockDev> Array<D> {
             return Ok(());
         }
         self.check_serving()?;
-        if !may_wait {
-            self.streams.kick();
-        }
-        let plug = self
+        // An urgent write also ends the waits under way (`arrive` kicks).
+        let pace = self
             .streams
             .arrive(off, len, self.geo.stripe_data_bytes(), may_wait);
         let _dirty = self.hold_dirty().await;
@@ -1316,7 +1319,7 @@ impl<D: BlockDev> Array<D> {
                     join_all(self.geo.map(off, len).map(|e| self.write_plain(e, &data))).await;
                 results.into_iter().collect::<Result<(), _>>()?;
             }
-            _ => self.write_parity(off, &data, plug).await?,
+            _ => self.write_parity(off, &data, pace).await?,
         }
         self.failure_barrier().await;
         self.check_serving().map(|_| ())

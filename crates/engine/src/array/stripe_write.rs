@@ -5,8 +5,8 @@ use super::Array;
 use crate::buf::{self, IoBuf, Segments};
 use crate::dev::BlockDev;
 use crate::reactor;
-use crate::stripe::plug::{Outcome, Plug};
-use crate::stripe::{Attempt, PendingWrite, Piece, Turn};
+use crate::stripe::plug::{Outcome, Pace, Plug};
+use crate::stripe::{Attempt, PendingWrite, Piece, PlugCheck, Turn};
 use crate::{ArrayError, WriteBuf};
 use futures::future::join_all;
 use std::future::Future;
@@ -20,13 +20,13 @@ const MERGE_STRIPES: u64 = 16;
 
 impl<D: BlockDev> Array<D> {
     /// Parity-level write of `data` at `off`: runs of whole stripes as one I/O per member
-    /// each, the rest one queued part per stripe; `plug`: how long a partial stripe may
-    /// wait for the rest of its writes (stripe/plug.rs).
+    /// each, the rest one queued part per stripe; `pace`: whether a partial stripe may wait
+    /// for the rest of its writes, or must end such a wait (stripe/plug.rs).
     pub(crate) async fn write_parity(
         self: &Arc<Self>,
         off: u64,
         data: &WriteBuf,
-        plug: Option<Plug<'_>>,
+        pace: Pace<'_>,
     ) -> Result<(), ArrayError> {
         let (first, whole) = self.whole_stripes(off, data.len() as u64);
         if whole >= 2 && self.journal.get().is_none() && self.members.irregular().is_empty() {
@@ -41,7 +41,7 @@ impl<D: BlockDev> Array<D> {
                     Ok(())
                 } else {
                     let len = (n * self.geo.stripe_data_bytes()) as usize;
-                    Box::pin(self.write_parity_per_stripe(off, data, rel..rel + len, None)).await
+                    Box::pin(self.write_parity_per_stripe(off, data, rel..rel + len, pace)).await
                 }
             });
             for r in join_all(futs).await {
@@ -49,7 +49,7 @@ impl<D: BlockDev> Array<D> {
             }
             return Ok(());
         }
-        self.write_parity_per_stripe(off, data, 0..data.len(), plug)
+        self.write_parity_per_stripe(off, data, 0..data.len(), pace)
             .await
     }
 
@@ -144,7 +144,7 @@ impl<D: BlockDev> Array<D> {
         off: u64,
         data: &WriteBuf,
         range: std::ops::Range<usize>,
-        plug: Option<Plug<'_>>,
+        pace: Pace<'_>,
     ) -> Result<(), ArrayError> {
         let mut parts: Vec<(u64, Vec<Piece>)> = Vec::new();
         let len = (range.end - range.start) as u64;
@@ -162,7 +162,7 @@ impl<D: BlockDev> Array<D> {
         }
         let futs = parts
             .into_iter()
-            .map(|(stripe, pieces)| self.queue_stripe_write(stripe, data.clone(), pieces, plug));
+            .map(|(stripe, pieces)| self.queue_stripe_write(stripe, data.clone(), pieces, pace));
         for r in join_all(futs).await {
             r?;
         }
@@ -176,9 +176,10 @@ impl<D: BlockDev> Array<D> {
         stripe: u64,
         src: WriteBuf,
         pieces: Vec<Piece>,
-        plug: Option<Plug<'_>>,
+        pace: Pace<'_>,
     ) -> Result<(), ArrayError> {
-        let (turn, rx) = self.locks.queue(stripe, src, pieces).await;
+        let urgent = matches!(pace, Pace::Urgent);
+        let (turn, rx) = self.locks.queue(stripe, src, pieces, urgent).await;
         match turn {
             Turn::Done(r) => r,
             Turn::Lead(held) => {
@@ -186,7 +187,7 @@ impl<D: BlockDev> Array<D> {
                 self.settle_orphans().await;
                 // Let writes that are already runnable join this stripe operation.
                 reactor::yield_now().await;
-                if let Some(p) = plug {
+                if let Pace::Plug(p) = pace {
                     self.plug(stripe, p).await;
                 }
                 let batch = self.locks.take_batch(stripe);
@@ -216,13 +217,13 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Waits, holding `stripe`, until the writes queued on it fill it (from their first byte
-    /// to its end: `StripeLocks::queued_fill_stripe`), the budget has
-    /// passed, or a FLUSH or FUA write comes (stripe/plug.rs). Counted as a plugged write,
-    /// and as filled when the stripe filled.
+    /// to its end), the budget has passed, a FLUSH or urgent write comes, or an urgent write
+    /// or a locker waits for the stripe (`StripeLocks::plug_check`, stripe/plug.rs). Counted
+    /// as a plugged write, and as filled when the stripe filled.
     async fn plug(&self, stripe: u64, plug: Plug<'_>) {
         let (k, chunk) = (self.geo.data_chunks(), self.geo.chunk);
         let noop = futures::task::noop_waker();
-        if self.locks.queued_fill_stripe(stripe, k, chunk, &noop) {
+        if self.locks.plug_check(stripe, k, chunk, &noop) != PlugCheck::Open {
             return;
         }
         self.stats.add(|c| &c.plugged_writes, 1);
@@ -232,8 +233,10 @@ impl<D: BlockDev> Array<D> {
             if waiter.kicked(cx.waker()) {
                 return Poll::Ready(Outcome::Kicked);
             }
-            if self.locks.queued_fill_stripe(stripe, k, chunk, cx.waker()) {
-                return Poll::Ready(Outcome::Filled);
+            match self.locks.plug_check(stripe, k, chunk, cx.waker()) {
+                PlugCheck::Filled => return Poll::Ready(Outcome::Filled),
+                PlugCheck::Interrupted => return Poll::Ready(Outcome::Kicked),
+                PlugCheck::Open => {}
             }
             timer.as_mut().poll(cx).map(|()| Outcome::RanOut)
         })

@@ -54,6 +54,8 @@ pub(crate) struct Piece {
 pub(crate) struct PendingWrite {
     pub src: WriteBuf,
     pub pieces: Vec<Piece>,
+    /// Ends a plugged holder's wait (FUA, zeroing: plug.rs).
+    pub urgent: bool,
     pub done: oneshot::Sender<Result<(), ArrayError>>,
 }
 
@@ -207,6 +209,10 @@ impl StripeLocks {
                     if !guard.counted {
                         s.lockers += 1;
                         guard.counted = true;
+                        // A plugged holder stops waiting for more writes (plug.rs).
+                        if let Some(w) = s.plugged.take() {
+                            w.wake();
+                        }
                     }
                     s.park(cx.waker());
                     Poll::Pending
@@ -254,6 +260,7 @@ impl StripeLocks {
         stripe: u64,
         src: WriteBuf,
         pieces: Vec<Piece>,
+        urgent: bool,
     ) -> (Turn<'_>, oneshot::Receiver<Result<(), ArrayError>>) {
         let (tx, mut rx) = oneshot::channel();
         // Queue, and take the stripe at once if it is idle (one trip through the table).
@@ -261,6 +268,7 @@ impl StripeLocks {
             s.pending.push(PendingWrite {
                 src,
                 pieces,
+                urgent,
                 done: tx,
             });
             let lead = !s.locked && {
@@ -312,11 +320,16 @@ impl StripeLocks {
     }
 
     /// For the holder of `stripe` waiting for the rest of its writes (plug.rs): whether the
-    /// writes queued on it cover it from their first byte to its end (its `k` data chunks of
+    /// writes queued on it fill it from their first byte to its end (its `k` data chunks of
     /// `chunk` bytes in order: a stream that enters the stripe part-way fills it as far as
-    /// it can); if not, `w` is woken when another write queues.
-    pub(crate) fn queued_fill_stripe(&self, stripe: u64, k: usize, chunk: u64, w: &Waker) -> bool {
+    /// it can), or an urgent write or a locker waits for it; else `w` is woken when another
+    /// write or a locker comes.
+    pub(crate) fn plug_check(&self, stripe: u64, k: usize, chunk: u64, w: &Waker) -> PlugCheck {
         self.with_slot(stripe, |s| {
+            s.live_pending();
+            if s.lockers > 0 || s.pending.iter().any(|p| p.urgent) {
+                return PlugCheck::Interrupted;
+            }
             let mut runs: Vec<(u64, u64)> = s
                 .pending
                 .iter()
@@ -334,16 +347,26 @@ impl StripeLocks {
                 }
                 reach = reach.max(hi);
             }
-            let filled = !s.pending.is_empty() && reach >= k as u64 * chunk;
-            if !filled {
-                match &mut s.plugged {
-                    Some(old) => old.clone_from(w),
-                    None => s.plugged = Some(w.clone()),
-                }
+            if !s.pending.is_empty() && reach >= k as u64 * chunk {
+                return PlugCheck::Filled;
             }
-            filled
+            match &mut s.plugged {
+                Some(old) => old.clone_from(w),
+                None => s.plugged = Some(w.clone()),
+            }
+            PlugCheck::Open
         })
     }
+}
+
+/// What a plugged holder found (`StripeLocks::plug_check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlugCheck {
+    Filled,
+    /// Not yet: wait on.
+    Open,
+    /// An urgent write or a locker waits for the stripe: stop waiting.
+    Interrupted,
 }
 
 use std::future::Future;
@@ -395,7 +418,7 @@ mod tests {
         let locks = StripeLocks::new(1);
         let reader = futures::executor::block_on(locks.lock(7));
         let src: WriteBuf = vec![0u8; 512].into();
-        let mut w = Box::pin(locks.queue(7, src, Vec::new()));
+        let mut w = Box::pin(locks.queue(7, src, Vec::new(), false));
         assert!(
             poll(w.as_mut()).is_pending(),
             "the writer queues behind the locker"

@@ -16,7 +16,8 @@
 //!
 //! Rules:
 //! * Only a stream waits: a write that starts where a recent write ended, or a little past
-//!   it (`REORDER` requests: reordering between connections). Random writes never wait.
+//!   it (`REORDER` requests: reordering between connections). A random write waits only when
+//!   it happens to land there.
 //! * The wait is bounded: twice the time the stripe's missing pieces take to arrive at the
 //!   stream's arrival rate, plus `SLACK`, at least half the array's `merge_wait` and never
 //!   more than it; a stream slower than twice `merge_wait` per stripe does not wait.
@@ -24,10 +25,14 @@
 //!   `COOL_DOWN << (misses - 1)` writes (at most `COOL_DOWN_MAX`); a filled one resets it.
 //!   At queue depth 1 a sequential stream of partial-stripe writes waits on fewer than one
 //!   write in `COOL_DOWN_MAX` once it has missed a few times.
-//! * Durability requests are never delayed by a plug: FUA writes never wait, and a FLUSH or
-//!   a FUA write ends every wait under way (`kick`; such an end is no miss).
-//! * Waiting holds the stripe, nothing else: the stripe operation that follows is the one
-//!   that would have run without the wait, over a larger batch.
+//! * Durability requests are never delayed by a plug: urgent writes (FUA, and the zeroing
+//!   writes of TRIM and WRITE_ZEROES) never wait; a FLUSH or an urgent write ends every wait
+//!   under way (`kick`), and an urgent write or a locker (a degraded read, a walk, a
+//!   write-back read, a run of whole stripes) that queues on a plugged stripe ends its wait
+//!   (`StripeLocks::plug_check`). Such an end is no miss.
+//! * A wait is what the write would have held anyway for a little longer: its stripe, its
+//!   safe-mode and write-intent holds, a first write's granule claims. The stripe operation
+//!   that follows is the one that would have run without the wait, over a larger batch.
 
 use slab::Slab;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -82,8 +87,18 @@ pub(crate) struct WriteStreams {
     max: Duration,
 }
 
-/// A write's permission to wait for the rest of its stripe (`WriteStreams::arrive`), and
-/// where its outcome goes.
+/// How a write meets its stripe (`WriteStreams::arrive`).
+#[derive(Clone, Copy)]
+pub(crate) enum Pace<'a> {
+    /// It may wait for the rest of its stripe.
+    Plug(Plug<'a>),
+    /// It runs as soon as it holds its stripe.
+    Normal,
+    /// As `Normal`, and it ends the wait of a plugged stripe it queues on (FUA; zeroing).
+    Urgent,
+}
+
+/// A write's permission to wait for the rest of its stripe, and where its outcome goes.
 #[derive(Clone, Copy)]
 pub(crate) struct Plug<'a> {
     streams: &'a WriteStreams,
@@ -126,7 +141,11 @@ impl Plug<'_> {
 }
 
 impl WriteStreams {
+    /// The longest `max` may be (longer is taken as this).
+    pub(crate) const MAX_WAIT: Duration = Duration::from_secs(1);
+
     pub(crate) fn new(max: Duration) -> WriteStreams {
+        let max = max.min(Self::MAX_WAIT);
         WriteStreams {
             table: Mutex::new(Table {
                 streams: [Stream::default(); STREAMS],
@@ -145,16 +164,17 @@ impl WriteStreams {
     }
 
     /// A write of `len` bytes at `off` arrives (`stripe`: the array's data bytes per stripe).
-    /// `may_wait`: false for FUA writes. Returns whether it may wait for its stripe, and how
-    /// long.
-    pub(crate) fn arrive(
-        &self,
-        off: u64,
-        len: u64,
-        stripe: u64,
-        may_wait: bool,
-    ) -> Option<Plug<'_>> {
-        self.arrive_at(off, len, stripe, may_wait, Instant::now())
+    /// `may_wait`: false for urgent writes (which also end the waits under way). Returns how
+    /// it meets its stripe.
+    pub(crate) fn arrive(&self, off: u64, len: u64, stripe: u64, may_wait: bool) -> Pace<'_> {
+        if !may_wait {
+            self.kick();
+        }
+        match self.arrive_at(off, len, stripe, may_wait, Instant::now()) {
+            Some(p) => Pace::Plug(p),
+            None if may_wait => Pace::Normal,
+            None => Pace::Urgent,
+        }
     }
 
     /// `arrive` at time `now`.
@@ -336,7 +356,7 @@ mod tests {
         let w = WriteStreams::new(MAX);
         for i in 0..64u64 {
             let p = w.arrive((i * 7919 % 997) << 20, 4096, STRIPE, true);
-            assert!(p.is_none(), "random write {i} waits");
+            assert!(matches!(p, Pace::Normal), "random write {i} waits");
         }
     }
 
