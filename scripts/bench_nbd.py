@@ -13,7 +13,8 @@ divided by the requests fio completed). Runs alternate between servers; medians 
 Sets: `throughput` (default) the four QD32/QD8 jobs; `qd1` 4k random read and write at queue
 depth 1 with mean and p99 latency (issue 13's QD1 targets: uraid against nbdkit, RAID0, RAID1
 and RAID6); `cpu` 4k random read at QD32 with the server's CPU per request (issue 13's CPU
-target); `seqwrite` 128 KiB and 1 MiB sequential writes at QD8 beside 4k random writes at QD32
+target); `seqwrite` 128 KiB and 1 MiB sequential writes at QD8 on one connection and on two
+(each streaming its own half), beside 4k random writes at QD32
 and QD1 (issue 26's write-merging targets), with each uraid array's stripe operations
 (full-stripe, reconstruct, read-modify-write, plugged) counted over the run.
 `--no-merge-wait-too` adds each uraid array with `--merge-wait 0` (write plugging's A/B).
@@ -41,6 +42,9 @@ SETS = {
     "seqwrite": [
         ("128k seq write QD8", "write", "128k", 8, "mbps"),
         ("1M seq write QD8", "write", "1m", 8, "mbps"),
+        # Two connections, each streaming its own half (the PTS suite's throughput load).
+        ("128k seq write 2x QD8", "write", "128k", "2x8", "mbps"),
+        ("1M seq write 2x QD8", "write", "1m", "2x8", "mbps"),
         ("4k randwrite QD32", "randwrite", "4k", 32, "iops"),
         ("4k randwrite QD1", "randwrite", "4k", 1, "lat"),
     ],
@@ -68,9 +72,15 @@ class Peer:
 
 
 def fio(uri, rw, bs, qd, runtime, extra=()):
+    jobs = []
+    if isinstance(qd, str):  # "JOBSxQD": that many connections, each on its own part
+        n, qd = (int(x) for x in qd.split("x"))
+        part = int(FIO_SIZE.rstrip("m")) // n
+        jobs = [f"--numjobs={n}", f"--offset_increment={part}m", "--group_reporting"]
+    size = f"{part}m" if jobs else FIO_SIZE
     cmd = ["fio", "--name=nbd", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
-           f"--iodepth={qd}", f"--size={FIO_SIZE}", "--output-format=json", "--norandommap",
-           "--randrepeat=0"] + list(extra)
+           f"--iodepth={qd}", f"--size={size}", "--output-format=json", "--norandommap",
+           "--randrepeat=0"] + jobs + list(extra)
     if runtime:
         cmd += [f"--runtime={runtime}", "--time_based"]
     j = fio_json(cmd)["jobs"][0]
@@ -192,13 +202,7 @@ def main():
                     t0 = cpu_ticks(s.proc.pid)
                     iops, mbps, ios, lat = fio(s.uri[transport], rw, bs, qd, a.runtime)
                     t1 = cpu_ticks(s.proc.pid)
-                    if ops0 is not None:
-                        ops1 = stripe_ops(s)
-                        d = {k: ops1[k] - ops0.get(k, 0) for k in ops1}
-                        for k, v in d.items():
-                            opcounts.setdefault((s.name, transport, wl), {}).setdefault(k, []).append(v)
-                        print(f"    stripe operations: " + ", ".join(f"{k} {v}" for k, v in d.items() if v),
-                              file=sys.stderr)
+                    ops1 = stripe_ops(s) if ops0 is not None else None
                     cpu_us = (t1 - t0) / TICK * 1e6 / max(ios, 1)
                     val = {"iops": iops, "mbps": mbps, "lat": lat[0]}[metric]
                     results.setdefault((s.name, transport, wl), []).append(
@@ -206,6 +210,12 @@ def main():
                     print(f"{transport} run {r + 1} {s.name:16} {wl:18} {val:10.1f} "
                           f"{UNITS[metric]}  p99 {lat[1]:7.1f} us  {cpu_us:6.2f} us/req",
                           file=sys.stderr)
+                    if ops1 is not None:
+                        d = {k: ops1[k] - ops0.get(k, 0) for k in ops1}
+                        for k, v in d.items():
+                            opcounts.setdefault((s.name, transport, wl), {}).setdefault(k, []).append(v)
+                        print("    stripe operations: " + ", ".join(f"{k} {v}" for k, v in d.items() if v),
+                              file=sys.stderr)
                 s.stop()
 
     lines = []
