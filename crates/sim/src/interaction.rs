@@ -1028,7 +1028,12 @@ async fn client(st: &Stage, seed: u64) {
                 // without waiting for each other (an NBD client's pipelined writes): the
                 // array's plugs wait for the rest of their stripes (stripe/plug.rs).
                 let piece = (sdb / (2 + r.below(3)) / SECTOR).max(1) * SECTOR;
-                let start = r.below(sectors) * SECTOR;
+                let mut start = r.below(sectors) * SECTOR;
+                if r.below(2) == 0 {
+                    // Aligned: whole chunks when a piece is one (the batch then tiles its
+                    // stripe: `stripe_write_tiled`).
+                    start -= start % piece;
+                }
                 let base = (seed.wrapping_mul(1000) + i as u64) << 8;
                 let writes = (0..4 + r.below(13))
                     .map(|j| (j, start + j * piece))

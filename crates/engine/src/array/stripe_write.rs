@@ -197,8 +197,12 @@ impl<D: BlockDev> Array<D> {
                 let (r, tail) = if batch.is_empty() {
                     (Ok(()), None)
                 } else {
-                    match self.stripe_write(stripe, &batch).await {
-                        Ok(tail) => (Ok(()), tail),
+                    match self.stripe_write_tiled(stripe, &batch).await {
+                        Ok(true) => (Ok(()), None),
+                        Ok(false) => match self.stripe_write(stripe, &batch).await {
+                            Ok(tail) => (Ok(()), tail),
+                            Err(e) => (Err(e), None),
+                        },
                         Err(e) => (Err(e), None),
                     }
                 };
@@ -214,6 +218,66 @@ impl<D: BlockDev> Array<D> {
                 rx.await.unwrap_or(Err(ArrayError::Shutdown))
             }
         }
+    }
+
+    /// A batch that tiles `stripe` exactly (every data chunk written whole by one piece: a
+    /// plugged stream of chunk-aligned requests) written as one full-stripe operation from
+    /// the requests' own bytes: parity encoded from them, each member written once with a
+    /// one-piece gather write, no copy into stripe buffers. Only in `write_stripe_run`'s
+    /// plain case (no journal, every member healthy and none rebuilding or with bad
+    /// blocks, the stripe in sync). Returns false (nothing written) when it does not apply.
+    /// Caller holds the stripe.
+    async fn stripe_write_tiled(
+        &self,
+        stripe: u64,
+        batch: &[PendingWrite],
+    ) -> Result<bool, ArrayError> {
+        let g = &self.geo;
+        let (k, mp, chunk) = (g.data_chunks(), g.parity(), g.chunk as usize);
+        if self.journal.get().is_some() || !self.members.irregular().is_empty() {
+            return Ok(false);
+        }
+        let mut tiles: Vec<Option<(&WriteBuf, usize)>> = vec![None; k];
+        for w in batch {
+            for p in &w.pieces {
+                let tile = &mut tiles[p.index];
+                if tile.is_some() || p.chunk_off != 0 || p.len != chunk as u64 {
+                    return Ok(false);
+                }
+                *tile = Some((&w.src, p.src_off));
+            }
+        }
+        let Some(tiles) = tiles.into_iter().collect::<Option<Vec<_>>>() else {
+            return Ok(false);
+        };
+        match self.check_serving() {
+            Ok(f) if f.is_empty() => {}
+            Ok(_) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        if self.recovery.resync.unsynced(stripe) {
+            return Ok(false);
+        }
+        let codec = self.codec.as_ref().expect("parity level has a codec");
+        let srcs: Vec<&[u8]> = tiles.iter().map(|&(b, o)| &b[o..o + chunk]).collect();
+        let mut parity: Vec<IoBuf> = (0..mp).map(|_| buf::alloc(chunk)).collect();
+        {
+            let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+            codec.encode(&srcs, &mut dsts);
+        }
+        let at = g.member_offset(stripe, 0);
+        let data = tiles.iter().enumerate().map(|(i, &(b, o))| {
+            let parts = vec![b.segment(o..o + chunk)];
+            (g.data_member(stripe, i), at, Segments { parts })
+        });
+        let parity = parity.into_iter().enumerate().map(|(j, p)| {
+            let parts = vec![(Arc::new(p), 0..chunk)];
+            (g.parity_member(stripe, j), at, Segments { parts })
+        });
+        let writes: Vec<(usize, u64, Segments)> = data.chain(parity).collect();
+        self.stats.add(|c| &c.full_stripe_writes, 1);
+        self.write_members(writes).await;
+        self.check_serving().map(|_| true)
     }
 
     /// Waits, holding `stripe`, until the writes queued on it fill it (from their first byte
