@@ -93,6 +93,8 @@ fn a_stream_of_partial_stripe_writes_at_depth_is_written_in_full_stripes() {
         } else {
             assert!(st.full_stripe_writes >= full_at_least, "{st:?}");
             assert!(st.plug_filled >= full_at_least - 1, "{st:?}");
+            // Whole-chunk pieces tile their stripes: written from the requests' bytes.
+            assert!(st.tiled_writes >= full_at_least - 1, "{st:?}");
         }
         drop(vol);
         rt.shutdown();

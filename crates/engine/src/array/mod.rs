@@ -77,6 +77,9 @@ pub struct Counters {
     /// and those of them whose stripe filled before the wait ended.
     pub plugged_writes: AtomicU64,
     pub plug_filled: AtomicU64,
+    /// Full-stripe writes of a batch of whole chunks from the requests' own bytes
+    /// (`stripe_write_tiled`; also counted in `full_stripe_writes`).
+    pub tiled_writes: AtomicU64,
     /// Chunks reconstructed after a media error and rewritten in place.
     pub corrected_reads: AtomicU64,
     /// Chunk reads served by reconstruction around a member flagged slow (slow.rs).
@@ -95,6 +98,7 @@ pub struct StatsSnapshot {
     pub merged_writes: u64,
     pub plugged_writes: u64,
     pub plug_filled: u64,
+    pub tiled_writes: u64,
     pub corrected_reads: u64,
     pub slow_reads_around: u64,
 }
@@ -125,6 +129,7 @@ impl Stats {
             merged_writes: self.total(|c| &c.merged_writes),
             plugged_writes: self.total(|c| &c.plugged_writes),
             plug_filled: self.total(|c| &c.plug_filled),
+            tiled_writes: self.total(|c| &c.tiled_writes),
             corrected_reads: self.total(|c| &c.corrected_reads),
             slow_reads_around: self.total(|c| &c.slow_reads_around),
         }
@@ -144,6 +149,7 @@ impl StatsSnapshot {
             merged_writes: self.merged_writes - before.merged_writes,
             plugged_writes: self.plugged_writes - before.plugged_writes,
             plug_filled: self.plug_filled - before.plug_filled,
+            tiled_writes: self.tiled_writes - before.tiled_writes,
             corrected_reads: self.corrected_reads - before.corrected_reads,
             slow_reads_around: self.slow_reads_around - before.slow_reads_around,
         }

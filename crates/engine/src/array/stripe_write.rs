@@ -87,16 +87,12 @@ impl<D: BlockDev> Array<D> {
         }
         // Releases the run's stripes, in order.
         let unlock = || drop(held);
-        let clean = match self.check_serving() {
-            Ok(f) => f.is_empty() && self.members.irregular().is_empty(),
-            Err(e) => {
+        match self.plain_case(stripes) {
+            Ok(true) => {}
+            r => {
                 unlock();
-                return Err(e);
+                return r;
             }
-        };
-        if !clean || stripes.clone().any(|s| self.recovery.resync.unsynced(s)) {
-            unlock();
-            return Ok(false);
         }
         let g = &self.geo;
         let (k, mp, chunk) = (g.data_chunks(), g.parity(), g.chunk as usize);
@@ -234,9 +230,6 @@ impl<D: BlockDev> Array<D> {
     ) -> Result<bool, ArrayError> {
         let g = &self.geo;
         let (k, mp, chunk) = (g.data_chunks(), g.parity(), g.chunk as usize);
-        if self.journal.get().is_some() || !self.members.irregular().is_empty() {
-            return Ok(false);
-        }
         let mut tiles: Vec<Option<(&WriteBuf, usize)>> = vec![None; k];
         for w in batch {
             for p in &w.pieces {
@@ -250,12 +243,7 @@ impl<D: BlockDev> Array<D> {
         let Some(tiles) = tiles.into_iter().collect::<Option<Vec<_>>>() else {
             return Ok(false);
         };
-        match self.check_serving() {
-            Ok(f) if f.is_empty() => {}
-            Ok(_) => return Ok(false),
-            Err(e) => return Err(e),
-        }
-        if self.recovery.resync.unsynced(stripe) {
+        if !self.plain_case(stripe..stripe + 1)? {
             return Ok(false);
         }
         let codec = self.codec.as_ref().expect("parity level has a codec");
@@ -276,8 +264,21 @@ impl<D: BlockDev> Array<D> {
         });
         let writes: Vec<(usize, u64, Segments)> = data.chain(parity).collect();
         self.stats.add(|c| &c.full_stripe_writes, 1);
+        self.stats.add(|c| &c.tiled_writes, 1);
         self.write_members(writes).await;
         self.check_serving().map(|_| true)
+    }
+
+    /// Whether held `stripes` are in the plain case the no-copy writes need
+    /// (`write_stripe_run`, `stripe_write_tiled`): no journal, every member in service,
+    /// none failed, rebuilding or with bad blocks, every stripe in sync. Checked with the
+    /// stripes held and nothing awaited before their member writes are issued.
+    fn plain_case(&self, mut stripes: std::ops::Range<u64>) -> Result<bool, ArrayError> {
+        let failed = self.check_serving()?;
+        Ok(self.journal.get().is_none()
+            && failed.is_empty()
+            && self.members.irregular().is_empty()
+            && !stripes.any(|s| self.recovery.resync.unsynced(s)))
     }
 
     /// Waits, holding `stripe`, until the writes queued on it fill it (from their first byte
