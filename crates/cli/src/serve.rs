@@ -102,6 +102,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "USECS", default_value_t = 500,
           value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub merge_wait: u64,
+    /// Read-ahead: sequential read streams (also reordered, or spread over several
+    /// connections) are detected as requests arrive, and whole stripes are read ahead of them
+    /// into a cache of at most --read-ahead-memory. off turns it off.
+    #[arg(long, value_name = "MODE", default_value = "on", value_parser = ["on", "off"])]
+    pub read_ahead: String,
+    /// Memory for read-ahead's cache (K, M, G suffixes); data read ahead and not yet read
+    /// never takes more.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = crate::size::parse)]
+    pub read_ahead_memory: u64,
     /// Fail a member whose I/O has had no completion for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub io_timeout: f64,
@@ -309,6 +318,11 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         frozen_metadata: false,
         no_discard: args.discard == "off",
         merge_wait: Duration::from_micros(args.merge_wait),
+        read_ahead: if args.read_ahead == "on" {
+            args.read_ahead_memory
+        } else {
+            0
+        },
     };
     // Members first: a member another process holds is refused before any socket is bound.
     // Read-only: opened read-only, and nothing is ever written (superblocks frozen: a

@@ -12,7 +12,7 @@
 //! 5. `array`: the composition of the above and request execution for every level
 //!    (array/{stripe_io,stripe_write,journal,admin}.rs are part of it);
 //! 6. `recovery` (resync, rebuild, replace, scrub walks), `volume` (the allocation map and the
-//!    client-facing volume; `alloc` is its map), `assemble` (creating arrays, reading
+//!    client-facing volume; `alloc` is its map, `readahead` its read-ahead state), `assemble` (creating arrays, reading
 //!    superblocks, core's assembly decision, opening an assembly, `assemble::replay`): they
 //!    drive the array through its methods and component accessors;
 //! 7. `supervisor` (`Supervisor`): the threads of a serving volume's background work (the
@@ -33,6 +33,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod net;
 pub mod reactor;
+pub mod readahead;
 pub mod recovery;
 pub mod shard;
 pub mod slow;
@@ -50,6 +51,7 @@ pub use dev::{Access, BlockDev, FileDev, Holder, OpenError};
 pub use members::{Departed, ErrorPolicy, MemberState};
 pub use metadata::MemberId;
 pub use reactor::{Runtime, RuntimeHandle};
+pub use readahead::ReadAheadStats;
 pub use recovery::{
     Priority, RebuildReport, ReplaceOutcome, ResyncReport, ScrubMode, ScrubReport, Throttle,
     REPLACE_PERSIST_EVERY,

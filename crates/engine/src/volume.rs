@@ -19,8 +19,9 @@ use crate::alloc::{zero_segments, AllocMap, ReadPiece};
 use crate::array::{Array, ArrayError, WriteBuf};
 use crate::buf::{self, Segments};
 use crate::dev::BlockDev;
+use crate::readahead::{Found, ReadAhead, ReadAheadStats};
 use futures::future::join_all;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use uraid_core::alloc::{MAP_OFFSET, PAGE};
 use uraid_core::{Geometry, MemberSet};
 
@@ -38,6 +39,22 @@ pub struct Volume<D: BlockDev> {
     /// Every map page written from memory this session (`sync_map`).
     map_synced: std::sync::atomic::AtomicBool,
     map_sync: tokio::sync::Mutex<()>,
+    /// Read-ahead (readahead.rs), unless the array's options turn it off.
+    ra: Option<ReadAhead>,
+    /// This volume, for the prefetch tasks it spawns.
+    me: Weak<Volume<D>>,
+}
+
+/// Calls `ReadAhead::changed` when dropped: a change of the volume's contents ends (done,
+/// failed or abandoned) before it is acknowledged.
+struct Changing<'a>(Option<&'a ReadAhead>, u64, u64);
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        if let Some(ra) = self.0 {
+            ra.changed(self.1, self.2);
+        }
+    }
 }
 
 impl<D: BlockDev> Volume<D> {
@@ -55,11 +72,18 @@ impl<D: BlockDev> Volume<D> {
                 m.is_set_in_range(g)
             }
         }));
-        Arc::new(Volume {
+        let budget = array.read_ahead_budget();
+        let ra = (budget > 0).then(|| {
+            let g = array.geometry();
+            ReadAhead::new(g.stripe_data_bytes(), g.volume_size(), budget)
+        });
+        Arc::new_cyclic(|me| Volume {
             array,
             map,
             map_synced: std::sync::atomic::AtomicBool::new(false),
             map_sync: tokio::sync::Mutex::new(()),
+            ra,
+            me: me.clone(),
         })
     }
 
@@ -205,6 +229,9 @@ impl<D: BlockDev> Volume<D> {
     }
 
     pub async fn close(&self) -> Result<(), ArrayError> {
+        if let Some(ra) = &self.ra {
+            ra.stop();
+        }
         self.array.close().await
     }
 
@@ -258,8 +285,73 @@ impl<D: BlockDev> Volume<D> {
     /// Reads `[off, off + len)`; holes (clear granules) come back as zeros. Read again if a
     /// trim discarded any of its units meanwhile (array/discard.rs, `DiscardLog`).
     pub async fn read(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
+        let Some(ra) = &self.ra else {
+            return self.read_plain(off, len).await;
+        };
+        let _reading = match self.read_ahead(ra, off, len).await? {
+            (Some(pieces), _) => return Ok(crate::readahead::flatten(pieces)),
+            (None, r) => r,
+        };
+        self.read_plain(off, len).await
+    }
+
+    async fn read_plain(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
         self.unless_discarded(off, len, || self.read_once(off, len))
             .await
+    }
+
+    /// Read-ahead's part of a read (readahead.rs): matches it to a stream, starts the
+    /// stream's prefetches, and serves it from the cache if every unit it touches is there
+    /// (waiting for units in flight). Else None, with the read's in-flight registration to
+    /// hold while it reads the members.
+    async fn read_ahead<'a>(
+        &self,
+        ra: &'a ReadAhead,
+        off: u64,
+        len: u64,
+    ) -> Result<(Option<Vec<ReadPiece>>, crate::readahead::Reading<'a>), ArrayError> {
+        // Checked here too: a read served from the cache never reaches the array's checks.
+        self.array.validate(off, len)?;
+        self.array.check_serving()?;
+        let (jobs, reading) = ra.arrive(off, len);
+        self.prefetch(ra, jobs);
+        let mut waited = false;
+        let found = std::future::poll_fn(|cx| match ra.find(off, len, cx, waited) {
+            Found::Wait => {
+                waited = true;
+                std::task::Poll::Pending
+            }
+            Found::Hit(p) => std::task::Poll::Ready(Some(p)),
+            Found::Miss => std::task::Poll::Ready(None),
+        })
+        .await;
+        if found.is_none() {
+            ra.missed(off, len);
+        }
+        Ok((found, reading))
+    }
+
+    /// Starts read-ahead's prefetches as tasks on this reactor (none off a reactor: their
+    /// units are released at once).
+    fn prefetch(&self, ra: &ReadAhead, jobs: Vec<crate::readahead::Job>) {
+        for job in jobs {
+            match self.me.upgrade() {
+                Some(v) if crate::reactor::current().is_some() => {
+                    crate::reactor::spawn_local(async move {
+                        let r = v.read_sparse_plain(job.off, job.len).await.ok();
+                        if let Some(ra) = &v.ra {
+                            ra.complete(job, r);
+                        }
+                    });
+                }
+                _ => ra.complete(job, None),
+            }
+        }
+    }
+
+    /// Read-ahead's counters; None when it is off.
+    pub fn read_ahead_stats(&self) -> Option<ReadAheadStats> {
+        self.ra.as_ref().map(|ra| ra.stats())
     }
 
     /// Runs `read` of `[off, off+len)` again until no discard of its units began while it
@@ -309,6 +401,17 @@ impl<D: BlockDev> Volume<D> {
     /// Reads `[off, off+len)` as data pieces and holes (clear granules), in volume order
     /// (again if a trim discarded any of its units meanwhile, as `read`).
     pub async fn read_sparse(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
+        let Some(ra) = &self.ra else {
+            return self.read_sparse_plain(off, len).await;
+        };
+        let _reading = match self.read_ahead(ra, off, len).await? {
+            (Some(pieces), _) => return Ok(pieces),
+            (None, r) => r,
+        };
+        self.read_sparse_plain(off, len).await
+    }
+
+    async fn read_sparse_plain(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
         self.unless_discarded(off, len, || self.read_sparse_once(off, len))
             .await
     }
@@ -373,6 +476,7 @@ impl<D: BlockDev> Volume<D> {
     }
 
     async fn write_as(&self, off: u64, data: WriteBuf, may_wait: bool) -> Result<(), ArrayError> {
+        let _changing = Changing(self.ra.as_ref(), off, data.len() as u64);
         if !may_wait {
             // Before anything this write may wait for (a granule claim below).
             self.array.kick_plugs();
@@ -486,6 +590,7 @@ impl<D: BlockDev> Volume<D> {
     /// data I/O); the parts of partially covered allocated granules are written with zeros.
     pub async fn trim(&self, off: u64, len: u64) -> Result<(), ArrayError> {
         self.array.validate(off, len)?;
+        let _changing = Changing(self.ra.as_ref(), off, len);
         self.array.check_serving()?;
         if len == 0 {
             return Ok(());

@@ -272,6 +272,8 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
                 total.discarded += r.discarded;
                 total.plugged += r.plugged;
                 total.plug_filled += r.plug_filled;
+                total.read_ahead_hits += r.read_ahead_hits;
+                total.read_ahead_dropped += r.read_ahead_dropped;
                 total.actions.extend(r.actions);
             }
             Err(e) => failures.push(e),
@@ -319,9 +321,15 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
         !ci_range || total.plug_filled > 0,
         "no plugs filled: {total:?}"
     );
+    // Streams were read ahead, and changes dropped units read ahead.
+    assert!(
+        !ci_range || total.read_ahead_hits > 0 && total.read_ahead_dropped > 0,
+        "read-ahead did not serve and drop: {total:?}"
+    );
     eprintln!(
         "{} stages, {} power cuts, {} writes acknowledged, {} reads checked, {} member bytes \
-         discarded, {} plugged stripe writes ({} filled); adds {}, replaces {}, rebuilds {}, resyncs {}, scrubs {}, removes {}, \
+         discarded, {} plugged stripe writes ({} filled), {} reads from read-ahead ({} bytes \
+         dropped by changes); adds {}, replaces {}, rebuilds {}, resyncs {}, scrubs {}, removes {}, \
          planted {}",
         total.stages,
         total.power_cuts,
@@ -330,6 +338,8 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
         total.discarded,
         total.plugged,
         total.plug_filled,
+        total.read_ahead_hits,
+        total.read_ahead_dropped,
         count("added"),
         count("replace run"),
         count("rebuild:"),

@@ -24,6 +24,9 @@ pub fn sim_options() -> ArrayOptions {
         // No write plugging: its waits are wall-clock time, which would make the crash
         // simulator's trials depend on timing (the interaction simulator turns it on).
         merge_wait: std::time::Duration::ZERO,
+        // No read-ahead: its prefetches are tasks of their own (the interaction simulator
+        // turns it on).
+        read_ahead: 0,
     }
 }
 

@@ -44,11 +44,13 @@ use uraid_core::geometry::SECTOR;
 use uraid_core::{Geometry, Level};
 use uraid_engine::{ArrayError, BlockDev, Runtime, ScrubMode, Volume, WriteBuf};
 
-/// The simulator's array options: `sim_options` with write plugging on, as `serve` runs
-/// (its clients send pipelined sequential streams: stripe/plug.rs).
+/// The simulator's array options: `sim_options` with write plugging and read-ahead on, as
+/// `serve` runs (its clients send pipelined sequential streams: stripe/plug.rs, and read
+/// them back: readahead.rs; a small budget, so units are evicted too).
 fn plugging_options() -> uraid_engine::ArrayOptions {
     uraid_engine::ArrayOptions {
         merge_wait: Duration::from_micros(500),
+        read_ahead: 2 << 20,
         ..crate::sim_options()
     }
 }
@@ -176,6 +178,10 @@ pub struct SimReport {
     /// filled (stripe/plug.rs).
     pub plugged: u64,
     pub plug_filled: u64,
+    /// Reads served from read-ahead (readahead.rs), and bytes it dropped because a change
+    /// overlapped them.
+    pub read_ahead_hits: u64,
+    pub read_ahead_dropped: u64,
     /// Every fault and lifecycle action taken, in order ("fail 2", "add 2", ...).
     pub actions: Vec<String>,
 }
@@ -737,6 +743,10 @@ fn run_stage(
     let ops = st.vol.array().stats.snapshot();
     report.plugged += ops.plugged_writes;
     report.plug_filled += ops.plug_filled;
+    if let Some(ra) = st.vol.read_ahead_stats() {
+        report.read_ahead_hits += ra.hits + ra.late_hits;
+        report.read_ahead_dropped += ra.dropped_bytes;
+    }
     report.discarded += st
         .faults
         .lock()
@@ -1096,6 +1106,47 @@ async fn client(st: &Stage, seed: u64) {
                             return;
                         }
                         st.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            85..=89 => {
+                // A sequential stream of reads issued without waiting for each other (an
+                // NBD client's pipelined reads, which arrive reordered): read-ahead follows
+                // it and serves it from units read ahead (readahead.rs). Every read checked.
+                let piece = (1 + r.below(2 * (sdb / SECTOR).max(1))) * SECTOR;
+                let start = r.below(sectors) * SECTOR;
+                let reads = (0..6 + r.below(20))
+                    .map(|j| (j, start + j * piece))
+                    .take_while(|&(_, o)| o + piece <= size)
+                    .map(|(j, o)| async move {
+                        for _ in 0..(j % 4) {
+                            uraid_engine::reactor::yield_now().await;
+                        }
+                        let issue = st.hist.lock().expect("hist").now();
+                        let was_unsynced = {
+                            let a = st.vol.array();
+                            st.units_of(o, piece).any(|u| a.stripe_unsynced(u))
+                        };
+                        let got = st.vol.read(o, piece).await;
+                        let done = st.hist.lock().expect("hist").now();
+                        match got {
+                            Ok(seg) => {
+                                st.reads.fetch_add(1, Ordering::Relaxed);
+                                st.check_live(o, &seg.to_vec(), issue, done)
+                            }
+                            Err(e) if st.refusal_allowed(o, piece, &e, was_unsynced) => {
+                                st.refused.fetch_add(1, Ordering::Relaxed);
+                                Ok(())
+                            }
+                            Err(e) => {
+                                Err(format!("read {o}+{piece} failed within the tolerance: {e}"))
+                            }
+                        }
+                    });
+                for res in futures::future::join_all(reads).await {
+                    if let Err(e) = res {
+                        st.fail(e);
+                        return;
                     }
                 }
             }

@@ -57,6 +57,8 @@ struct Snapshot<'a> {
     nbd: &'a ServerStats,
     /// NBD counters per command (`OPS`), summed over the reactors.
     nbd_ops: Vec<OpSnapshot>,
+    /// Read-ahead's counters, if it is on.
+    ra: Option<uraid_engine::ReadAheadStats>,
 }
 
 impl<'a> Snapshot<'a> {
@@ -67,6 +69,7 @@ impl<'a> Snapshot<'a> {
             a: state.volume.array().status(),
             nbd,
             nbd_ops: nbd.ops.iter().map(|s| OpCounters::sum(s.iter())).collect(),
+            ra: state.volume.read_ahead_stats(),
         }
     }
 
@@ -354,6 +357,58 @@ const FAMILIES: &[Family] = &[
         samples: |m, s| {
             for (i, ms) in m.a.members.iter().enumerate() {
                 s.value(&m.member(i), ms.bad_bytes);
+            }
+        },
+    },
+    Family {
+        name: "uraid_read_ahead_reads_total",
+        kind: "counter",
+        help: "Reads served by read-ahead (hit: ready; late_hit: waited for its prefetch) and reads of a detected stream that read the members (miss).",
+        when: |m| m.ra.is_some(),
+        samples: |m, s| {
+            if let Some(r) = m.ra {
+                for (k, v) in [("hit", r.hits), ("late_hit", r.late_hits), ("miss", r.misses)] {
+                    s.value(&m.arr_and("result", k), v);
+                }
+            }
+        },
+    },
+    Family {
+        name: "uraid_read_ahead_bytes_total",
+        kind: "counter",
+        help: "Bytes read ahead (prefetched), and of those the ones that left the cache unread (unused) or were dropped because a write, trim or zeroing overlapped them (dropped).",
+        when: |m| m.ra.is_some(),
+        samples: |m, s| {
+            if let Some(r) = m.ra {
+                for (k, v) in [
+                    ("prefetched", r.prefetched_bytes),
+                    ("unused", r.unused_bytes),
+                    ("dropped", r.dropped_bytes),
+                ] {
+                    s.value(&m.arr_and("kind", k), v);
+                }
+            }
+        },
+    },
+    Family {
+        name: "uraid_read_ahead_cache_bytes",
+        kind: "gauge",
+        help: "Bytes held by read-ahead (read ahead and not yet read, or in flight); never above its budget.",
+        when: |m| m.ra.is_some(),
+        samples: |m, s| {
+            if let Some(r) = m.ra {
+                s.value(&[m.arr()], r.cache_bytes);
+            }
+        },
+    },
+    Family {
+        name: "uraid_read_ahead_streams",
+        kind: "gauge",
+        help: "Sequential read streams read-ahead is following.",
+        when: |m| m.ra.is_some(),
+        samples: |m, s| {
+            if let Some(r) = m.ra {
+                s.value(&[m.arr()], r.streams);
             }
         },
     },

@@ -131,6 +131,12 @@ pub(super) fn status(state: &State) -> Value {
             "degraded_reads": st.degraded_reads, "corrected_reads": st.corrected_reads,
             "slow_reads_around": st.slow_reads_around,
         },
+        "read_ahead": state.volume.read_ahead_stats().map(|r| json!({
+            "budget": r.budget, "cache_bytes": r.cache_bytes, "streams": r.streams,
+            "hits": r.hits, "late_hits": r.late_hits, "misses": r.misses,
+            "prefetched_bytes": r.prefetched_bytes, "unused_bytes": r.unused_bytes,
+            "dropped_bytes": r.dropped_bytes,
+        })),
         "background": background(&a),
         "throttle": throttle_json(&a.throttle),
         "bitmap": {

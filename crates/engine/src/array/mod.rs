@@ -168,6 +168,9 @@ pub struct ArrayOptions {
     /// The longest a partial-stripe write of a sequential stream waits for the rest of its
     /// stripe (stripe/plug.rs); zero (the default) never waits. `serve --merge-wait`.
     pub merge_wait: Duration,
+    /// Read-ahead's memory budget in bytes (readahead.rs, used by `Volume`); zero (the
+    /// default) turns it off. `serve --read-ahead`, `--read-ahead-memory`.
+    pub read_ahead: u64,
 }
 
 /// The composition of an array's components, and request routing over them. Each field is
@@ -203,6 +206,8 @@ pub struct Array<D: BlockDev> {
     rt: Option<RuntimeHandle>,
     /// This array (background work started from `&self` holds it).
     me: std::sync::Weak<Self>,
+    /// `ArrayOptions::read_ahead`, for the volume over this array.
+    read_ahead: u64,
     /// Trims reach the members as discards (array/discard.rs; `ArrayOptions::no_discard`).
     discards: bool,
     /// The discards begun, for reads that raced them (array/discard.rs).
@@ -312,6 +317,7 @@ impl<D: BlockDev> Array<D> {
             rt: rt_handle,
             me: me.clone(),
             discards: !opts.no_discard,
+            read_ahead: opts.read_ahead,
             discard_log: Default::default(),
             streams: crate::stripe::plug::WriteStreams::new(if geo.level.is_parity() {
                 opts.merge_wait
@@ -677,6 +683,11 @@ impl<D: BlockDev> Array<D> {
     /// barrier.
     pub(crate) async fn flush_members(&self) {
         self.meta.flush_members(&self.members).await
+    }
+
+    /// Read-ahead's memory budget (`ArrayOptions::read_ahead`; zero: off).
+    pub(crate) fn read_ahead_budget(&self) -> u64 {
+        self.read_ahead
     }
 
     /// A member data-area write that does not go through the journal has completed

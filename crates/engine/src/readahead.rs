@@ -1,0 +1,618 @@
+//! Read-ahead: sequential streams detected as reads arrive, whole stripes read ahead of them
+//! into a bounded cache that the stream's later reads are served from. The volume drives it
+//! (`Volume::read`); this module holds the state and the decisions, and does no I/O.
+//!
+//! Rules (docs/invariants.md, "Read-ahead never serves stale data"):
+//! * **Detection at arrival.** A read is matched when it reaches the volume, before member
+//!   I/O reorders anything, against one table shared by every connection of the volume. It
+//!   belongs to a stream if it starts within a window of the stream's highest end, behind or
+//!   ahead: twice the reads in flight times the read's length, at least 2 reads' length (16
+//!   for a confirmed stream) and at most 16 MiB. A stream
+//!   is confirmed once it has had 4 reads that cover at least half of the span they touched
+//!   and more than one read's length; only confirmed streams prefetch. At most `STREAMS`
+//!   streams; the least recently used is replaced.
+//! * **Whole units.** A prefetch reads whole units (the stripe's data, at least 128 KiB)
+//!   through the volume's own read (holes, degraded decode, waits for write-back all apply).
+//!   Its units are entered in flight first; a read wanting them waits for the prefetch
+//!   instead of reading the members again. A read is served from the cache only if every
+//!   unit it touches is there; else it reads the members as without read-ahead.
+//! * **Distance.** A stream keeps `dist` units ready ahead of its highest end, refilled once
+//!   half of it is used. `dist` doubles (up to `max_dist`) when a read of the stream arrives
+//!   before its units are ready, and halves when a unit it fetched leaves the cache unused.
+//! * **Never stale.** Every change of the volume's contents (write, trim, write-zeroes)
+//!   calls `changed` once its data is on the members (or its write-back wait is registered,
+//!   so the volume's own reads wait for it) and before it is acknowledged, also when it
+//!   fails. `changed` drops the ready units it overlaps and logs the change. A prefetch's
+//!   units become ready only if no change overlapping them was logged since the prefetch
+//!   started, and the log (`EVENTS` long) still reaches back that far; else they are
+//!   dropped and their waiters read the members. So a read that arrives after a change was
+//!   acknowledged is served either by a prefetch that started after the change's data was
+//!   on the members, or by the members.
+//! * **Bounded.** The jobs with a unit in flight or ready together never exceed the budget
+//!   (a ready unit shares its job's buffers, so a job counts whole until its last unit
+//!   goes): a prefetch first evicts the oldest ready units, and is cut short if that is not
+//!   enough.
+
+use crate::alloc::{zero_segments, ReadPiece};
+use crate::buf::Segments;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::Mutex;
+use std::task::{Context, Waker};
+
+/// Streams tracked at once.
+pub const STREAMS: usize = 16;
+/// Reads that confirm a stream.
+const CONFIRM: u64 = 4;
+/// Changes remembered for prefetches still in flight.
+const EVENTS: usize = 256;
+/// The smallest unit read ahead.
+const MIN_UNIT: u64 = 128 << 10;
+/// The largest distance ahead of a stream, and the largest detection window.
+const MAX_AHEAD: u64 = 16 << 20;
+/// The largest single prefetch read (a longer refill is split into several).
+const MAX_JOB: u64 = 1 << 20;
+/// The default memory budget (`serve --read-ahead-memory`).
+pub const DEFAULT_BUDGET: u64 = 64 << 20;
+
+/// Counters, as `/status` and the metrics show them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadAheadStats {
+    /// Memory budget in bytes.
+    pub budget: u64,
+    /// Bytes of units ready or in flight now.
+    pub cache_bytes: u64,
+    /// Confirmed streams now.
+    pub streams: u64,
+    /// Reads served from ready units.
+    pub hits: u64,
+    /// Reads served from units they had to wait for (prefetched too late).
+    pub late_hits: u64,
+    /// Reads of confirmed streams that read the members.
+    pub misses: u64,
+    /// Bytes read ahead.
+    pub prefetched_bytes: u64,
+    /// Bytes read ahead that left the cache without serving a read.
+    pub unused_bytes: u64,
+    /// Bytes read ahead and dropped because a change overlapped them.
+    pub dropped_bytes: u64,
+}
+
+/// One prefetch to run: read `[off, off + len)` and hand the result to `complete`.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub off: u64,
+    pub len: u64,
+    id: u64,
+    /// The change log's generation when the job's units were entered.
+    gen: u64,
+}
+
+struct Stream {
+    id: u64,
+    lo: u64,
+    hi: u64,
+    bytes: u64,
+    reads: u64,
+    confirmed: bool,
+    /// Units kept ready ahead of `hi`.
+    dist: u64,
+    /// Units below this one were prefetched (or were asked to be).
+    pf_end: u64,
+    used: u64,
+}
+
+enum Slot {
+    InFlight,
+    Ready(Vec<ReadPiece>),
+}
+
+struct Entry {
+    slot: Slot,
+    job: u64,
+    stream: u64,
+    /// Position in `State::fifo` (eviction order).
+    seq: u64,
+    /// Bytes of the unit reads took from it.
+    served: u64,
+    waiters: Vec<Waker>,
+}
+
+#[derive(Default)]
+struct State {
+    streams: Vec<Stream>,
+    tick: u64,
+    next_id: u64,
+    entries: BTreeMap<u64, Entry>,
+    fifo: VecDeque<(u64, u64)>,
+    next_seq: u64,
+    /// Bytes of the jobs that still have a unit in `entries`: a ready unit shares its job's
+    /// buffers, so a job's memory is held until its last unit goes.
+    bytes: u64,
+    /// Per job with units in `entries`: (units left, units entered).
+    jobs: std::collections::HashMap<u64, (u64, u64)>,
+    gen: u64,
+    /// (generation, first unit, end unit) of recent changes.
+    events: VecDeque<(u64, u64, u64)>,
+    /// Changes with a generation at or below this one are no longer in `events`.
+    floor: u64,
+}
+
+/// What a read found in the cache.
+pub(crate) enum Found {
+    /// Not every unit is there: read the members.
+    Miss,
+    /// Every unit is ready: the read's pieces, in volume order.
+    Hit(Vec<ReadPiece>),
+    /// Some unit is in flight: the waker is registered, ask again when woken.
+    Wait,
+}
+
+pub(crate) struct ReadAhead {
+    unit: u64,
+    size: u64,
+    budget: u64,
+    max_dist: u64,
+    state: Mutex<State>,
+    /// Entries in the cache (ready or in flight): `changed` and lookups skip the lock at 0.
+    active: AtomicUsize,
+    /// Reads in the volume now (the detection window).
+    in_flight: AtomicUsize,
+    stopped: std::sync::atomic::AtomicBool,
+    hits: AtomicU64,
+    late_hits: AtomicU64,
+    misses: AtomicU64,
+    prefetched: AtomicU64,
+    unused: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// A read in flight in the volume (the detection window counts them).
+pub(crate) struct Reading<'a>(&'a ReadAhead);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+impl ReadAhead {
+    /// `stripe`: the stripe's data bytes; `size`: the volume's; `budget`: bytes of memory.
+    pub(crate) fn new(stripe: u64, size: u64, budget: u64) -> ReadAhead {
+        let unit = stripe * MIN_UNIT.div_ceil(stripe).max(1);
+        let max_dist = (MAX_AHEAD.min(budget / 4) / unit).max(1);
+        ReadAhead {
+            unit,
+            size,
+            budget,
+            max_dist,
+            state: Mutex::new(State::default()),
+            active: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            stopped: Default::default(),
+            hits: AtomicU64::new(0),
+            late_hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            prefetched: AtomicU64::new(0),
+            unused: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic under the lock leaves consistent-enough state: counters and a cache.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// No more prefetches (the volume is closing).
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, SeqCst);
+    }
+
+    /// A read of `[off, off + len)` arrived: matches it to a stream and returns the
+    /// prefetches to start (their units are already entered in flight), and the read's
+    /// in-flight registration.
+    pub(crate) fn arrive(&self, off: u64, len: u64) -> (Vec<Job>, Reading<'_>) {
+        let n = self.in_flight.fetch_add(1, Relaxed) as u64 + 1;
+        let reading = Reading(self);
+        if len == 0 || off >= self.size || self.stopped.load(Relaxed) {
+            return (Vec::new(), reading);
+        }
+        let end = (off + len).min(self.size);
+        // Reads in flight can arrive in any order within about their number times their
+        // length; a confirmed stream also accepts a few requests more.
+        let near = (2 * n * len).clamp(2 * len, MAX_AHEAD);
+        let far = (2 * n * len).clamp(16 * len, MAX_AHEAD);
+        let mut st = self.lock();
+        st.tick += 1;
+        let tick = st.tick;
+        let at = st.streams.iter().position(|s| {
+            let w = if s.confirmed { far } else { near };
+            end > s.hi.saturating_sub(w) && off < s.hi + w
+        });
+        let i = match at {
+            Some(i) => {
+                let s = &mut st.streams[i];
+                s.lo = s.lo.min(off);
+                s.hi = s.hi.max(end);
+                s.bytes += end - off;
+                s.reads += 1;
+                s.used = tick;
+                if !s.confirmed
+                    && s.reads >= CONFIRM
+                    && 2 * s.bytes >= s.hi - s.lo
+                    && s.hi - s.lo > s.bytes / s.reads
+                {
+                    s.confirmed = true;
+                }
+                i
+            }
+            None => {
+                let id = st.next_id;
+                st.next_id += 1;
+                let dist = (4 * len).div_ceil(self.unit).clamp(2, self.max_dist.max(2));
+                let s = Stream {
+                    id,
+                    lo: off,
+                    hi: end,
+                    bytes: end - off,
+                    reads: 1,
+                    confirmed: false,
+                    dist: dist.min(self.max_dist),
+                    pf_end: 0,
+                    used: tick,
+                };
+                if st.streams.len() < STREAMS {
+                    st.streams.push(s);
+                    st.streams.len() - 1
+                } else {
+                    let (j, _) = st
+                        .streams
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, s)| s.used)
+                        .expect("STREAMS > 0");
+                    st.streams[j] = s;
+                    j
+                }
+            }
+        };
+        if !st.streams[i].confirmed {
+            return (Vec::new(), reading);
+        }
+        let (u0, u1) = (off / self.unit, (end - 1) / self.unit);
+        // Before the read needs them, every unit ready: otherwise the distance was short.
+        let ready = (u0..=u1).all(|u| {
+            st.entries
+                .get(&u)
+                .is_some_and(|e| matches!(e.slot, Slot::Ready(_)))
+        });
+        let units = self.size.div_ceil(self.unit);
+        let s = &mut st.streams[i];
+        if !ready {
+            s.dist = (2 * s.dist).min(self.max_dist);
+        }
+        let want = (s.hi.div_ceil(self.unit) + s.dist).min(units);
+        let from = s.pf_end.max(u0);
+        // Refill once half the distance is used (or the read's own units are not asked for).
+        if from >= want || (from > u0 && want - from < s.dist.div_ceil(2)) {
+            return (Vec::new(), reading);
+        }
+        s.pf_end = want;
+        let stream = s.id;
+        let jobs = self.enter(&mut st, from, want, stream);
+        (jobs, reading)
+    }
+
+    /// Enters units `[from, to)` that are not in the cache as in flight for `stream`, within
+    /// the budget (evicting the oldest ready units first), as jobs of at most `MAX_JOB`.
+    fn enter(&self, st: &mut State, from: u64, to: u64, stream: u64) -> Vec<Job> {
+        let mut jobs: Vec<Job> = Vec::new();
+        let per_job = (MAX_JOB / self.unit).max(1);
+        for u in from..to {
+            if st.entries.contains_key(&u) {
+                continue;
+            }
+            while st.bytes + self.unit > self.budget {
+                if !self.evict(st) {
+                    return jobs;
+                }
+            }
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            st.fifo.push_back((u, seq));
+            let extend = jobs
+                .last()
+                .is_some_and(|j| j.off + j.len == u * self.unit && j.len < per_job * self.unit);
+            if !extend {
+                st.next_id += 1;
+                jobs.push(Job {
+                    off: u * self.unit,
+                    len: 0,
+                    id: st.next_id,
+                    gen: st.gen,
+                });
+            }
+            let j = jobs.last_mut().expect("pushed above");
+            j.len = ((u + 1) * self.unit).min(self.size) - j.off;
+            st.entries.insert(
+                u,
+                Entry {
+                    slot: Slot::InFlight,
+                    job: j.id,
+                    stream,
+                    seq,
+                    served: 0,
+                    waiters: Vec::new(),
+                },
+            );
+            let left = st.jobs.entry(j.id).or_insert((0, 0));
+            left.0 += 1;
+            left.1 += 1;
+            st.bytes += self.unit;
+            self.active.fetch_add(1, SeqCst);
+        }
+        jobs
+    }
+
+    /// Evicts the oldest ready unit; false if none is ready.
+    fn evict(&self, st: &mut State) -> bool {
+        let mut skipped = Vec::new();
+        let mut done = false;
+        while let Some((u, seq)) = st.fifo.pop_front() {
+            match st.entries.get(&u) {
+                Some(e) if e.seq == seq => {
+                    if matches!(e.slot, Slot::InFlight) {
+                        skipped.push((u, seq));
+                        continue;
+                    }
+                    self.remove(st, u, true);
+                    done = true;
+                    break;
+                }
+                _ => {} // already gone
+            }
+        }
+        for x in skipped.into_iter().rev() {
+            st.fifo.push_front(x);
+        }
+        done
+    }
+
+    /// Removes unit `u`; `evicted`: it left unused (if it did), so its stream's distance
+    /// halves.
+    fn remove(&self, st: &mut State, u: u64, evicted: bool) -> Option<Entry> {
+        let e = st.entries.remove(&u)?;
+        if let Some(left) = st.jobs.get_mut(&e.job) {
+            left.0 -= 1;
+            if left.0 == 0 {
+                st.bytes -= left.1 * self.unit;
+                st.jobs.remove(&e.job);
+            }
+        }
+        self.active.fetch_sub(1, SeqCst);
+        if evicted && e.served == 0 {
+            self.unused.fetch_add(self.unit, Relaxed);
+            if let Some(s) = st.streams.iter_mut().find(|s| s.id == e.stream) {
+                s.dist = (s.dist / 2).max(1);
+            }
+        }
+        if st.fifo.len() > 4 * st.entries.len() + 64 {
+            let keep: std::collections::HashSet<(u64, u64)> =
+                st.entries.iter().map(|(&u, e)| (u, e.seq)).collect();
+            st.fifo.retain(|x| keep.contains(x));
+        }
+        Some(e)
+    }
+
+    /// The job's read finished: its units become ready if no change overlapped them since
+    /// it started (module rules), else they are dropped; waiters are woken either way.
+    pub(crate) fn complete(&self, job: Job, result: Option<Vec<ReadPiece>>) {
+        let (u0, u1) = (job.off / self.unit, (job.off + job.len).div_ceil(self.unit));
+        let mut st = self.lock();
+        let stale = st.floor > job.gen
+            || st
+                .events
+                .iter()
+                .any(|&(g, a, b)| g > job.gen && a < u1 && u0 < b);
+        let mut wake = Vec::new();
+        for u in u0..u1 {
+            let ours = st
+                .entries
+                .get(&u)
+                .is_some_and(|e| e.job == job.id && matches!(e.slot, Slot::InFlight));
+            if !ours {
+                continue;
+            }
+            match (&result, stale) {
+                (Some(pieces), false) => {
+                    let a = u * self.unit;
+                    let b = (a + self.unit).min(self.size);
+                    let e = st.entries.get_mut(&u).expect("checked above");
+                    e.slot = Slot::Ready(clip(pieces, a, b));
+                    wake.append(&mut e.waiters);
+                }
+                _ => {
+                    if let Some(mut e) = self.remove(&mut st, u, false) {
+                        wake.append(&mut e.waiters);
+                    }
+                    if stale {
+                        self.dropped.fetch_add(self.unit, Relaxed);
+                    }
+                }
+            }
+        }
+        if result.is_some() {
+            self.prefetched.fetch_add(job.len, Relaxed);
+        }
+        drop(st);
+        for w in wake {
+            w.wake();
+        }
+    }
+
+    /// The volume's contents in `[off, off + len)` changed (module rules: after the data is
+    /// on the members, before the change is acknowledged).
+    pub(crate) fn changed(&self, off: u64, len: u64) {
+        if self.active.load(SeqCst) == 0 || len == 0 {
+            return;
+        }
+        let (u0, u1) = (off / self.unit, off.saturating_add(len).div_ceil(self.unit));
+        let mut st = self.lock();
+        st.gen += 1;
+        let g = st.gen;
+        st.events.push_back((g, u0, u1));
+        if st.events.len() > EVENTS {
+            if let Some((old, _, _)) = st.events.pop_front() {
+                st.floor = old;
+            }
+        }
+        let hit: Vec<u64> = st
+            .entries
+            .range(u0..u1)
+            .filter(|(_, e)| matches!(e.slot, Slot::Ready(_)))
+            .map(|(&u, _)| u)
+            .collect();
+        for u in hit {
+            if let Some(e) = self.remove(&mut st, u, false) {
+                if e.served == 0 {
+                    self.dropped.fetch_add(self.unit, Relaxed);
+                }
+            }
+        }
+        // No prefetch in flight: nothing can be checked against the log.
+        if st.entries.is_empty() {
+            st.events.clear();
+            st.floor = st.gen;
+        }
+    }
+
+    /// Looks up `[off, off + len)` (module rules); `cx` is registered on units in flight.
+    /// `waited`: this read waited before (a hit now is late).
+    pub(crate) fn find(&self, off: u64, len: u64, cx: &Context<'_>, waited: bool) -> Found {
+        if self.active.load(SeqCst) == 0 || len == 0 {
+            return Found::Miss;
+        }
+        let end = (off + len).min(self.size);
+        if off >= end {
+            return Found::Miss;
+        }
+        let (u0, u1) = (off / self.unit, (end - 1) / self.unit);
+        let mut st = self.lock();
+        let mut wait = false;
+        for u in u0..=u1 {
+            match st.entries.get_mut(&u) {
+                None => return Found::Miss,
+                Some(e) => {
+                    if matches!(e.slot, Slot::InFlight) {
+                        if !e.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                            e.waiters.push(cx.waker().clone());
+                        }
+                        wait = true;
+                    }
+                }
+            }
+        }
+        if wait {
+            return Found::Wait;
+        }
+        let mut out = Vec::new();
+        for u in u0..=u1 {
+            let a = (u * self.unit).max(off);
+            let b = ((u + 1) * self.unit).min(end);
+            let e = st.entries.get_mut(&u).expect("checked above");
+            if let Slot::Ready(p) = &e.slot {
+                out.extend(clip(p, a, b));
+            }
+            e.served += b - a;
+            if e.served >= self.unit.min(self.size - u * self.unit) {
+                self.remove(&mut st, u, false);
+            }
+        }
+        if waited { &self.late_hits } else { &self.hits }.fetch_add(1, Relaxed);
+        Found::Hit(out)
+    }
+
+    /// A read of a confirmed stream read the members.
+    pub(crate) fn missed(&self, off: u64, len: u64) {
+        let st = self.lock();
+        let end = off + len;
+        if st
+            .streams
+            .iter()
+            .any(|s| s.confirmed && off < s.hi && end > s.lo)
+        {
+            self.misses.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub(crate) fn stats(&self) -> ReadAheadStats {
+        let st = self.lock();
+        ReadAheadStats {
+            budget: self.budget,
+            cache_bytes: st.bytes,
+            streams: st.streams.iter().filter(|s| s.confirmed).count() as u64,
+            hits: self.hits.load(Relaxed),
+            late_hits: self.late_hits.load(Relaxed),
+            misses: self.misses.load(Relaxed),
+            prefetched_bytes: self.prefetched.load(Relaxed),
+            unused_bytes: self.unused.load(Relaxed),
+            dropped_bytes: self.dropped.load(Relaxed),
+        }
+    }
+}
+
+/// The parts of `pieces` (volume order, back to back) inside `[a, b)`.
+pub(crate) fn clip(pieces: &[ReadPiece], a: u64, b: u64) -> Vec<ReadPiece> {
+    let mut out = Vec::new();
+    for p in pieces {
+        match p {
+            ReadPiece::Hole { off, len } => {
+                let (x, y) = ((*off).max(a), (off + len).min(b));
+                if x < y {
+                    out.push(ReadPiece::Hole { off: x, len: y - x });
+                }
+            }
+            ReadPiece::Data { off, data } => {
+                let (x, y) = ((*off).max(a), (off + data.len() as u64).min(b));
+                if x < y {
+                    out.push(ReadPiece::Data {
+                        off: x,
+                        data: slice(data, (x - off) as usize, (y - off) as usize),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Bytes `[from, to)` of `seg`, sharing its buffers.
+fn slice(seg: &Segments, from: usize, to: usize) -> Segments {
+    let mut parts = Vec::new();
+    let mut pos = 0;
+    for (buf, r) in &seg.parts {
+        let (s, e) = (pos, pos + r.len());
+        pos = e;
+        let (x, y) = (s.max(from), e.min(to));
+        if x < y {
+            parts.push((buf.clone(), r.start + (x - s)..r.start + (y - s)));
+        }
+        if pos >= to {
+            break;
+        }
+    }
+    Segments { parts }
+}
+
+/// `pieces` as one run of bytes (holes as zeros).
+pub(crate) fn flatten(pieces: Vec<ReadPiece>) -> Segments {
+    let mut out = Segments::default();
+    for p in pieces {
+        match p {
+            ReadPiece::Data { data, .. } => out.parts.extend(data.parts),
+            ReadPiece::Hole { len, .. } => out.parts.extend(zero_segments(len).parts),
+        }
+    }
+    out
+}
