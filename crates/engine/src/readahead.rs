@@ -10,28 +10,36 @@
 //!   for a confirmed stream) and at most 16 MiB. A stream
 //!   is confirmed once it has had 4 reads that cover at least half of the span they touched
 //!   and more than one read's length; only confirmed streams prefetch. At most `STREAMS`
-//!   streams; the least recently used is replaced.
+//!   streams; a new one replaces the least recently used unconfirmed one (a confirmed one
+//!   only if all are), so random reads between a stream's reads do not push it out.
 //! * **Whole units.** A prefetch reads whole units (the stripe's data, at least 128 KiB)
 //!   through the volume's own read (holes, degraded decode, waits for write-back all apply).
 //!   Its units are entered in flight first; a read wanting them waits for the prefetch
 //!   instead of reading the members again. A read is served from the cache only if every
 //!   unit it touches is there; else it reads the members as without read-ahead.
-//! * **Distance.** A stream keeps `dist` units ready ahead of its highest end, refilled once
-//!   half of it is used. `dist` doubles (up to `max_dist`) when a read of the stream arrives
-//!   before its units are ready, and halves when a unit it fetched leaves the cache unused.
+//! * **Distance.** A stream keeps `dist` units ahead of its highest end, refilled once half
+//!   of it is used: what the stream reads during twice the time a prefetch takes (its rate,
+//!   measured over windows of its reads, times the prefetches' mean latency), at least 2
+//!   units and at most `max_dist`; one refill asks for at most twice the distance. A stream
+//!   held back by a short distance reads faster once
+//!   it grows, which grows it again; on members as fast as memory it stays short, so data
+//!   read ahead is still in the CPU's cache when it is sent.
 //! * **Never stale.** Every change of the volume's contents (write, trim, write-zeroes)
 //!   calls `changed` once its data is on the members (or its write-back wait is registered,
 //!   so the volume's own reads wait for it) and before it is acknowledged, also when it
-//!   fails. `changed` drops the ready units it overlaps and logs the change. A prefetch's
-//!   units become ready only if no change overlapping them was logged since the prefetch
-//!   started, and the log (`EVENTS` long) still reaches back that far; else they are
-//!   dropped and their waiters read the members. So a read that arrives after a change was
-//!   acknowledged is served either by a prefetch that started after the change's data was
-//!   on the members, or by the members.
+//!   fails. `changed` drops the ready units it overlaps and marks the in-flight ones stale:
+//!   a stale unit is dropped when its prefetch completes, and its waiters read the members.
+//!   (A unit is in the cache, in flight, from its prefetch's start to its completion, so
+//!   every change that overlaps a prefetch while it runs marks it.) So a read that arrives
+//!   after a change was acknowledged is served either by a prefetch that started after the
+//!   change's data was on the members, or by the members.
+//! * **Every prefetch completes.** A prefetch's job is owned by a guard that completes it
+//!   as failed if its task is dropped unfinished, so no unit stays in flight forever.
 //! * **Bounded.** The jobs with a unit in flight or ready together never exceed the budget
 //!   (a ready unit shares its job's buffers, so a job counts whole until its last unit
-//!   goes): a prefetch first evicts the oldest ready units, and is cut short if that is not
-//!   enough.
+//!   goes): a prefetch first evicts the oldest ready units (never the arriving read's own),
+//!   and is cut short if that is not enough; the stream's next refill starts where it
+//!   stopped. Replies being sent may still hold a unit's buffers after it left the cache.
 
 use crate::alloc::{zero_segments, ReadPiece};
 use crate::buf::Segments;
@@ -44,8 +52,6 @@ use std::task::{Context, Waker};
 pub const STREAMS: usize = 16;
 /// Reads that confirm a stream.
 const CONFIRM: u64 = 4;
-/// Changes remembered for prefetches still in flight.
-const EVENTS: usize = 256;
 /// The smallest unit read ahead.
 const MIN_UNIT: u64 = 128 << 10;
 /// The largest distance ahead of a stream, and the largest detection window.
@@ -84,19 +90,18 @@ pub(crate) struct Job {
     pub off: u64,
     pub len: u64,
     id: u64,
-    /// The change log's generation when the job's units were entered.
-    gen: u64,
+    started: std::time::Instant,
 }
 
 struct Stream {
-    id: u64,
     lo: u64,
     hi: u64,
     bytes: u64,
     reads: u64,
     confirmed: bool,
-    /// Units kept ready ahead of `hi`.
-    dist: u64,
+    /// The stream's rate in bytes per second, measured over windows of its reads.
+    rate: f64,
+    window: (std::time::Instant, u64),
     /// Units below this one were prefetched (or were asked to be).
     pf_end: u64,
     used: u64,
@@ -110,7 +115,8 @@ enum Slot {
 struct Entry {
     slot: Slot,
     job: u64,
-    stream: u64,
+    /// In flight, and a change overlapped it: dropped when its prefetch completes.
+    stale: bool,
     /// Position in `State::fifo` (eviction order).
     seq: u64,
     /// Bytes of the unit reads took from it.
@@ -131,11 +137,8 @@ struct State {
     bytes: u64,
     /// Per job with units in `entries`: (units left, units entered).
     jobs: std::collections::HashMap<u64, (u64, u64)>,
-    gen: u64,
-    /// (generation, first unit, end unit) of recent changes.
-    events: VecDeque<(u64, u64, u64)>,
-    /// Changes with a generation at or below this one are no longer in `events`.
-    floor: u64,
+    /// Mean time from a prefetch's start to its completion, in seconds (moving average).
+    latency: f64,
 }
 
 /// What a read found in the cache.
@@ -221,8 +224,9 @@ impl ReadAhead {
         let end = (off + len).min(self.size);
         // Reads in flight can arrive in any order within about their number times their
         // length; a confirmed stream also accepts a few requests more.
-        let near = (2 * n * len).clamp(2 * len, MAX_AHEAD);
-        let far = (2 * n * len).clamp(16 * len, MAX_AHEAD);
+        // (`max` then `min`: a read longer than MAX_AHEAD / 2 has a window of 2 reads.)
+        let near = (2 * n * len).min(MAX_AHEAD).max(2 * len);
+        let far = (2 * n * len).max(16 * len).min(MAX_AHEAD).max(2 * len);
         let mut st = self.lock();
         st.tick += 1;
         let tick = st.tick;
@@ -233,6 +237,12 @@ impl ReadAhead {
         let i = match at {
             Some(i) => {
                 let s = &mut st.streams[i];
+                s.window.1 += end - off;
+                let dt = s.window.0.elapsed().as_secs_f64();
+                if s.window.1 >= 4 * self.unit || dt >= 0.02 {
+                    s.rate = s.window.1 as f64 / dt.max(1e-6);
+                    s.window = (std::time::Instant::now(), 0);
+                }
                 s.lo = s.lo.min(off);
                 s.hi = s.hi.max(end);
                 s.bytes += end - off;
@@ -248,17 +258,14 @@ impl ReadAhead {
                 i
             }
             None => {
-                let id = st.next_id;
-                st.next_id += 1;
-                let dist = (4 * len).div_ceil(self.unit).clamp(2, self.max_dist.max(2));
                 let s = Stream {
-                    id,
                     lo: off,
                     hi: end,
                     bytes: end - off,
                     reads: 1,
                     confirmed: false,
-                    dist: dist.min(self.max_dist),
+                    rate: 0.0,
+                    window: (std::time::Instant::now(), 0),
                     pf_end: 0,
                     used: tick,
                 };
@@ -266,11 +273,13 @@ impl ReadAhead {
                     st.streams.push(s);
                     st.streams.len() - 1
                 } else {
+                    // The least recently used, unconfirmed ones first: random reads between
+                    // the reads of a real stream do not push it out.
                     let (j, _) = st
                         .streams
                         .iter()
                         .enumerate()
-                        .min_by_key(|(_, s)| s.used)
+                        .min_by_key(|(_, s)| (s.confirmed, s.used))
                         .expect("STREAMS > 0");
                     st.streams[j] = s;
                     j
@@ -281,32 +290,37 @@ impl ReadAhead {
             return (Vec::new(), reading);
         }
         let (u0, u1) = (off / self.unit, (end - 1) / self.unit);
-        // Before the read needs them, every unit ready: otherwise the distance was short.
-        let ready = (u0..=u1).all(|u| {
-            st.entries
-                .get(&u)
-                .is_some_and(|e| matches!(e.slot, Slot::Ready(_)))
-        });
         let units = self.size.div_ceil(self.unit);
+        let latency = st.latency;
         let s = &mut st.streams[i];
-        if !ready {
-            s.dist = (2 * s.dist).min(self.max_dist);
-        }
-        let want = (s.hi.div_ceil(self.unit) + s.dist).min(units);
+        let dist = ((2.0 * s.rate * latency / self.unit as f64).ceil() as u64 + 1)
+            .max(2)
+            .min(self.max_dist);
         let from = s.pf_end.max(u0);
+        // At most twice the distance at once (a read far ahead of the rest does not fetch
+        // everything in between).
+        let want = (s.hi.div_ceil(self.unit) + dist)
+            .min(units)
+            .min(from + 2 * dist);
         // Refill once half the distance is used (or the read's own units are not asked for).
-        if from >= want || (from > u0 && want - from < s.dist.div_ceil(2)) {
+        if from >= want || (from > u0 && want - from < dist.div_ceil(2)) {
             return (Vec::new(), reading);
         }
-        s.pf_end = want;
-        let stream = s.id;
-        let jobs = self.enter(&mut st, from, want, stream);
+        let (jobs, reached) = self.enter(&mut st, from, want, u0..=u1);
+        st.streams[i].pf_end = reached;
         (jobs, reading)
     }
 
-    /// Enters units `[from, to)` that are not in the cache as in flight for `stream`, within
-    /// the budget (evicting the oldest ready units first), as jobs of at most `MAX_JOB`.
-    fn enter(&self, st: &mut State, from: u64, to: u64, stream: u64) -> Vec<Job> {
+    /// Enters units `[from, to)` that are not in the cache as in flight, within the budget
+    /// (evicting the oldest ready units first, but not `keep`: the arriving read's), as jobs
+    /// of at most `MAX_JOB`; and the unit it stopped at (`to` unless the budget ran out).
+    fn enter(
+        &self,
+        st: &mut State,
+        from: u64,
+        to: u64,
+        keep: std::ops::RangeInclusive<u64>,
+    ) -> (Vec<Job>, u64) {
         let mut jobs: Vec<Job> = Vec::new();
         let per_job = (MAX_JOB / self.unit).max(1);
         for u in from..to {
@@ -314,8 +328,8 @@ impl ReadAhead {
                 continue;
             }
             while st.bytes + self.unit > self.budget {
-                if !self.evict(st) {
-                    return jobs;
+                if !self.evict(st, &keep) {
+                    return (jobs, u);
                 }
             }
             let seq = st.next_seq;
@@ -330,7 +344,7 @@ impl ReadAhead {
                     off: u * self.unit,
                     len: 0,
                     id: st.next_id,
-                    gen: st.gen,
+                    started: std::time::Instant::now(),
                 });
             }
             let j = jobs.last_mut().expect("pushed above");
@@ -340,7 +354,7 @@ impl ReadAhead {
                 Entry {
                     slot: Slot::InFlight,
                     job: j.id,
-                    stream,
+                    stale: false,
                     seq,
                     served: 0,
                     waiters: Vec::new(),
@@ -352,17 +366,17 @@ impl ReadAhead {
             st.bytes += self.unit;
             self.active.fetch_add(1, SeqCst);
         }
-        jobs
+        (jobs, to)
     }
 
-    /// Evicts the oldest ready unit; false if none is ready.
-    fn evict(&self, st: &mut State) -> bool {
+    /// Evicts the oldest ready unit not in `keep`; false if there is none.
+    fn evict(&self, st: &mut State, keep: &std::ops::RangeInclusive<u64>) -> bool {
         let mut skipped = Vec::new();
         let mut done = false;
         while let Some((u, seq)) = st.fifo.pop_front() {
             match st.entries.get(&u) {
                 Some(e) if e.seq == seq => {
-                    if matches!(e.slot, Slot::InFlight) {
+                    if matches!(e.slot, Slot::InFlight) || keep.contains(&u) {
                         skipped.push((u, seq));
                         continue;
                     }
@@ -379,8 +393,7 @@ impl ReadAhead {
         done
     }
 
-    /// Removes unit `u`; `evicted`: it left unused (if it did), so its stream's distance
-    /// halves.
+    /// Removes unit `u`; `evicted`: it left the cache for room (counted if unused).
     fn remove(&self, st: &mut State, u: u64, evicted: bool) -> Option<Entry> {
         let e = st.entries.remove(&u)?;
         if let Some(left) = st.jobs.get_mut(&e.job) {
@@ -393,9 +406,6 @@ impl ReadAhead {
         self.active.fetch_sub(1, SeqCst);
         if evicted && e.served == 0 {
             self.unused.fetch_add(self.unit, Relaxed);
-            if let Some(s) = st.streams.iter_mut().find(|s| s.id == e.stream) {
-                s.dist = (s.dist / 2).max(1);
-            }
         }
         if st.fifo.len() > 4 * st.entries.len() + 64 {
             let keep: std::collections::HashSet<(u64, u64)> =
@@ -410,20 +420,24 @@ impl ReadAhead {
     pub(crate) fn complete(&self, job: Job, result: Option<Vec<ReadPiece>>) {
         let (u0, u1) = (job.off / self.unit, (job.off + job.len).div_ceil(self.unit));
         let mut st = self.lock();
-        let stale = st.floor > job.gen
-            || st
-                .events
-                .iter()
-                .any(|&(g, a, b)| g > job.gen && a < u1 && u0 < b);
+        if result.is_some() {
+            let t = job.started.elapsed().as_secs_f64();
+            st.latency = if st.latency == 0.0 {
+                t
+            } else {
+                0.75 * st.latency + 0.25 * t
+            };
+        }
         let mut wake = Vec::new();
         for u in u0..u1 {
-            let ours = st
+            let Some(stale) = st
                 .entries
                 .get(&u)
-                .is_some_and(|e| e.job == job.id && matches!(e.slot, Slot::InFlight));
-            if !ours {
+                .filter(|e| e.job == job.id && matches!(e.slot, Slot::InFlight))
+                .map(|e| e.stale)
+            else {
                 continue;
-            }
+            };
             match (&result, stale) {
                 (Some(pieces), false) => {
                     let a = u * self.unit;
@@ -459,31 +473,19 @@ impl ReadAhead {
         }
         let (u0, u1) = (off / self.unit, off.saturating_add(len).div_ceil(self.unit));
         let mut st = self.lock();
-        st.gen += 1;
-        let g = st.gen;
-        st.events.push_back((g, u0, u1));
-        if st.events.len() > EVENTS {
-            if let Some((old, _, _)) = st.events.pop_front() {
-                st.floor = old;
+        let mut ready = Vec::new();
+        for (&u, e) in st.entries.range_mut(u0..u1) {
+            match e.slot {
+                Slot::InFlight => e.stale = true,
+                Slot::Ready(_) => ready.push(u),
             }
         }
-        let hit: Vec<u64> = st
-            .entries
-            .range(u0..u1)
-            .filter(|(_, e)| matches!(e.slot, Slot::Ready(_)))
-            .map(|(&u, _)| u)
-            .collect();
-        for u in hit {
+        for u in ready {
             if let Some(e) = self.remove(&mut st, u, false) {
                 if e.served == 0 {
                     self.dropped.fetch_add(self.unit, Relaxed);
                 }
             }
-        }
-        // No prefetch in flight: nothing can be checked against the log.
-        if st.entries.is_empty() {
-            st.events.clear();
-            st.floor = st.gen;
         }
     }
 
@@ -522,7 +524,9 @@ impl ReadAhead {
             let b = ((u + 1) * self.unit).min(end);
             let e = st.entries.get_mut(&u).expect("checked above");
             if let Slot::Ready(p) = &e.slot {
-                out.extend(clip(p, a, b));
+                for piece in clip(p, a, b) {
+                    push_merged(&mut out, piece);
+                }
             }
             e.served += b - a;
             if e.served >= self.unit.min(self.size - u * self.unit) {
@@ -585,6 +589,18 @@ pub(crate) fn clip(pieces: &[ReadPiece], a: u64, b: u64) -> Vec<ReadPiece> {
         }
     }
     out
+}
+
+/// Appends `p` to `out`, merged into the last piece if both are holes or both data (the
+/// pieces of one read come back as few chunks as without read-ahead).
+fn push_merged(out: &mut Vec<ReadPiece>, p: ReadPiece) {
+    match (out.last_mut(), p) {
+        (Some(ReadPiece::Hole { len, .. }), ReadPiece::Hole { len: more, .. }) => *len += more,
+        (Some(ReadPiece::Data { data, .. }), ReadPiece::Data { data: more, .. }) => {
+            data.parts.extend(more.parts)
+        }
+        (_, p) => out.push(p),
+    }
 }
 
 /// Bytes `[from, to)` of `seg`, sharing its buffers.

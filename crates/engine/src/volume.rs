@@ -45,6 +45,21 @@ pub struct Volume<D: BlockDev> {
     me: Weak<Volume<D>>,
 }
 
+/// A prefetch's task: completes its job as failed if the task is dropped before it
+/// finishes (readahead.rs: every prefetch completes).
+struct Prefetch<D: BlockDev> {
+    vol: Arc<Volume<D>>,
+    job: Option<crate::readahead::Job>,
+}
+
+impl<D: BlockDev> Drop for Prefetch<D> {
+    fn drop(&mut self) {
+        if let (Some(job), Some(ra)) = (self.job.take(), &self.vol.ra) {
+            ra.complete(job, None);
+        }
+    }
+}
+
 /// Calls `ReadAhead::changed` when dropped: a change of the volume's contents ends (done,
 /// failed or abandoned) before it is acknowledged.
 struct Changing<'a>(Option<&'a ReadAhead>, u64, u64);
@@ -325,8 +340,10 @@ impl<D: BlockDev> Volume<D> {
             Found::Miss => std::task::Poll::Ready(None),
         })
         .await;
-        if found.is_none() {
-            ra.missed(off, len);
+        match found {
+            None => ra.missed(off, len),
+            // The array may have stopped serving while the read waited.
+            Some(_) => self.array.check_serving().map(|_| ())?,
         }
         Ok((found, reading))
     }
@@ -336,10 +353,15 @@ impl<D: BlockDev> Volume<D> {
     fn prefetch(&self, ra: &ReadAhead, jobs: Vec<crate::readahead::Job>) {
         for job in jobs {
             match self.me.upgrade() {
-                Some(v) if crate::reactor::current().is_some() => {
+                Some(vol) if crate::reactor::current().is_some() => {
                     crate::reactor::spawn_local(async move {
-                        let r = v.read_sparse_plain(job.off, job.len).await.ok();
-                        if let Some(ra) = &v.ra {
+                        let (off, len) = (job.off, job.len);
+                        let mut p = Prefetch {
+                            vol,
+                            job: Some(job),
+                        };
+                        let r = p.vol.read_sparse_plain(off, len).await.ok();
+                        if let (Some(job), Some(ra)) = (p.job.take(), &p.vol.ra) {
                             ra.complete(job, r);
                         }
                     });
@@ -476,13 +498,13 @@ impl<D: BlockDev> Volume<D> {
     }
 
     async fn write_as(&self, off: u64, data: WriteBuf, may_wait: bool) -> Result<(), ArrayError> {
-        let _changing = Changing(self.ra.as_ref(), off, data.len() as u64);
         if !may_wait {
             // Before anything this write may wait for (a granule claim below).
             self.array.kick_plugs();
         }
         let len = data.len() as u64;
         self.array.validate(off, len)?;
+        let _changing = Changing(self.ra.as_ref(), off, len);
         if len == 0 {
             return Ok(());
         }

@@ -364,3 +364,57 @@ fn a_change_drops_units_ready_and_in_flight() {
         });
     }
 }
+
+/// Reads longer than the detection window's bounds (2 MiB, and NBD's largest, 32 MiB) are
+/// matched and served like any other, and random reads 32 deep start (almost) nothing.
+#[test]
+fn large_reads_and_deep_random_reads() {
+    let rt = Runtime::new(1, 256, false).unwrap();
+    let (vol, _) = volume(&rt, 8 << 20, 16 << 20);
+    let v = vol.clone();
+    rt.handle().block_on(0, move || async move {
+        let n = v.size() / BLOCK;
+        let per = (2 << 20) / BLOCK;
+        stream(&v, 0, n / 2, per, per).await;
+        let got = v.read(0, 32 << 20).await.unwrap().to_vec();
+        assert!(versions(0, &got).iter().all(|&x| x == 0));
+        let got = v.read_sparse(32 << 20, 32 << 20).await.unwrap();
+        let mut all = Vec::new();
+        for p in got {
+            match p {
+                uraid_engine::ReadPiece::Data { data, .. } => all.extend(data.to_vec()),
+                uraid_engine::ReadPiece::Hole { len, .. } => all.extend(vec![0; len as usize]),
+            }
+        }
+        assert!(versions((32 << 20) / BLOCK, &all).iter().all(|&x| x == 0));
+    });
+    let s = stats(&vol);
+    assert!(s.hits + s.late_hits > 0, "{s:?}");
+
+    let (vol, _) = volume(&rt, BUDGET, 16 << 20);
+    let v = vol.clone();
+    rt.handle().block_on(0, move || async move {
+        let n = v.size() / BLOCK;
+        let mut done = Vec::new();
+        for t in 0..32u64 {
+            let v = v.clone();
+            done.push(spawn_local_output(async move {
+                let mut rng = Rng::new(100 + t);
+                for _ in 0..100 {
+                    let b = rng.below(n);
+                    let got = v.read(b * BLOCK, BLOCK).await.unwrap().to_vec();
+                    assert_eq!(versions(b, &got), [0]);
+                }
+            }));
+        }
+        for d in done {
+            d.await.unwrap();
+        }
+    });
+    let s = stats(&vol);
+    assert!(
+        s.prefetched_bytes <= 16 * (128 << 10),
+        "random reads 32 deep read ahead {} bytes: {s:?}",
+        s.prefetched_bytes
+    );
+}

@@ -1084,7 +1084,7 @@ async fn client(st: &Stage, seed: u64) {
                 let ok = st.vol.write_zeros(off, len).await.is_ok();
                 st.end_write(ev, ok);
             }
-            50..=84 => {
+            50..=79 => {
                 let issue = st.hist.lock().expect("hist").now();
                 let was_unsynced = {
                     let a = st.vol.array();
@@ -1109,7 +1109,7 @@ async fn client(st: &Stage, seed: u64) {
                     }
                 }
             }
-            85..=89 => {
+            80..=84 => {
                 // A sequential stream of reads issued without waiting for each other (an
                 // NBD client's pipelined reads, which arrive reordered): read-ahead follows
                 // it and serves it from units read ahead (readahead.rs). Every read checked.
