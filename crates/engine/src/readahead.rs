@@ -18,8 +18,9 @@
 //!   instead of reading the members again. A read is served from the cache only if every
 //!   unit it touches is there; else it reads the members as without read-ahead.
 //! * **Distance.** A stream keeps `dist` units ahead of its highest end, refilled once half
-//!   of it is used: what the stream reads during twice the time a prefetch takes (its rate,
-//!   measured over windows of its reads, times the prefetches' mean latency), at least 2
+//!   of it is used: what the stream reads during twice the time a prefetch's read takes (its
+//!   rate, measured over windows of at least 2 ms, times the prefetches' mean read latency, from
+//!   the task's start: time queued behind other tasks would feed back into it), at least 2
 //!   units and at most `max_dist`; one refill asks for at most twice the distance. A stream
 //!   held back by a short distance reads faster once
 //!   it grows, which grows it again; on members as fast as memory it stays short, so data
@@ -90,7 +91,16 @@ pub(crate) struct Job {
     pub off: u64,
     pub len: u64,
     id: u64,
+    /// When its read began (`Job::begin`): the latency the distance follows is the members'
+    /// and the volume's, not the time the task waited to run.
     started: std::time::Instant,
+}
+
+impl Job {
+    /// The job's read begins now.
+    pub(crate) fn begin(&mut self) {
+        self.started = std::time::Instant::now();
+    }
 }
 
 struct Stream {
@@ -239,8 +249,10 @@ impl ReadAhead {
                 let s = &mut st.streams[i];
                 s.window.1 += end - off;
                 let dt = s.window.0.elapsed().as_secs_f64();
-                if s.window.1 >= 4 * self.unit || dt >= 0.02 {
-                    s.rate = s.window.1 as f64 / dt.max(1e-6);
+                // Windows of at least 2 ms: reads served from the cache arrive in bursts.
+                if dt >= 0.002 {
+                    let r = s.window.1 as f64 / dt;
+                    s.rate = if s.rate == 0.0 { r } else { (s.rate + r) / 2.0 };
                     s.window = (std::time::Instant::now(), 0);
                 }
                 s.lo = s.lo.min(off);

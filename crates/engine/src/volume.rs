@@ -355,6 +355,8 @@ impl<D: BlockDev> Volume<D> {
             match self.me.upgrade() {
                 Some(vol) if crate::reactor::current().is_some() => {
                     crate::reactor::spawn_local(async move {
+                        let mut job = job;
+                        job.begin();
                         let (off, len) = (job.off, job.len);
                         let mut p = Prefetch {
                             vol,
