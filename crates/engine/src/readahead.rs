@@ -8,8 +8,8 @@
 //!   belongs to a stream if it starts within a window of the stream's highest end, behind or
 //!   ahead: twice the reads in flight times the read's length, at least 2 reads' length (16
 //!   for a confirmed stream) and at most 16 MiB. A stream
-//!   is confirmed once it has had 4 reads that cover at least half of the span they touched
-//!   and more than one read's length; only confirmed streams prefetch. At most `STREAMS`
+//!   is confirmed once it has had 4 reads, of 128 KiB together at least, that cover at least
+//!   half of the span they touched and more than one read's length; only confirmed streams prefetch. At most `STREAMS`
 //!   streams; a new one replaces the least recently used unconfirmed one (a confirmed one
 //!   only if all are), so random reads between a stream's reads do not push it out.
 //! * **Whole units.** A prefetch reads whole units (the stripe's data, at least 128 KiB)
@@ -262,6 +262,7 @@ impl ReadAhead {
                 s.used = tick;
                 if !s.confirmed
                     && s.reads >= CONFIRM
+                    && s.bytes >= MIN_UNIT
                     && 2 * s.bytes >= s.hi - s.lo
                     && s.hi - s.lo > s.bytes / s.reads
                 {
