@@ -65,6 +65,9 @@ def main():
     cells = [
         ("seq 128k QD1", dict(rw="read", bs=128 << 10, qd=1)),
         ("seq 128k QD16", dict(rw="read", bs=128 << 10, qd=16)),
+        ("seq 128k, 4 strided jobs x QD1 (reordered)", dict(rw="read", bs=128 << 10, qd=1, jobs=4,
+                                                            strided=True)),
+        ("seq 128k QD4", dict(rw="read", bs=128 << 10, qd=4)),
         ("seq 128k, 4 strided jobs x QD4 (reordered)", dict(rw="read", bs=128 << 10, qd=4, jobs=4,
                                                             strided=True)),
         ("nbdcopy, 4 connections", None),
@@ -105,6 +108,7 @@ def main():
                 for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
                     s = server(mode).start()
                     for name, c in cells:
+                        before = status(s.ctl)["read_ahead"] if mode == "on" else None
                         if c is None:
                             secs = nbdcopy(s.uri, 4)
                             vol = int(run(["nbdinfo", "--size", s.uri]).strip())
@@ -113,8 +117,14 @@ def main():
                         else:
                             res[(name, mode)].append(fio(s.uri, a.runtime, **c))
                         v = res[(name, mode)][-1]
+                        ctr = ""
+                        if before:
+                            after = status(s.ctl)["read_ahead"]
+                            ctr = "; " + ", ".join(f"{k} {after[k] - before[k]}" for k in
+                                                   ("hits", "late_hits", "misses", "prefetched_bytes",
+                                                    "unused_bytes"))
                         print(f"{kind} run {r + 1} read-ahead {mode}: {name}: {v[0]:.1f} MB/s, "
-                              f"{v[1]:.0f} IOPS", flush=True)
+                              f"{v[1]:.0f} IOPS{ctr}", flush=True)
                     if mode == "on":
                         ra.append(status(s.ctl)["read_ahead"])
                     rss[mode].append(vmhwm(s.pid))
@@ -133,10 +143,10 @@ def main():
                 med[name] = (statistics.median(on), statistics.median(off))
                 print(f"| {name} | {med[name][0]:,.0f} {unit} | {med[name][1]:,.0f} {unit} | "
                       f"{med[name][0] / med[name][1]:.2f} | {spread(on):.0%}, {spread(off):.0%} |")
-            seq16 = med["seq 128k QD16"][0]
-            strided = med["seq 128k, 4 strided jobs x QD4 (reordered)"][0]
-            print(f"\nreordered stream vs the in-order stream at the same depth (read-ahead on): "
-                  f"{strided / seq16:.2f}")
+            for depth, inorder in ((1, "seq 128k QD4"), (4, "seq 128k QD16")):
+                strided = med[f"seq 128k, 4 strided jobs x QD{depth} (reordered)"][0]
+                print(f"\nreordered stream (4 jobs x QD{depth}) vs the in-order stream at the same "
+                      f"depth ({inorder}), read-ahead on: {strided / med[inorder][0]:.2f}")
             print(f"peak RSS (VmHWM), median: read-ahead on {statistics.median(rss['on']) / 2**20:.0f} MiB, "
                   f"off {statistics.median(rss['off']) / 2**20:.0f} MiB (budget {a.memory})")
             last = ra[-1]

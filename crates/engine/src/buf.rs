@@ -24,8 +24,10 @@ unsafe impl Send for IoBuf {}
 // SAFETY: shared access only hands out &[u8].
 unsafe impl Sync for IoBuf {}
 
-/// Buffers kept per size class and thread.
+/// Buffers kept per size class and thread: at most this many, and at most `POOL_BYTES` of
+/// them (a count alone let a thread keep 512 x 4 MiB).
 const POOL_DEPTH: usize = 512;
+const POOL_BYTES: usize = 16 << 20;
 /// Classes above this size are not pooled.
 const POOL_MAX_CLASS: usize = 4 << 20;
 
@@ -110,7 +112,7 @@ impl Drop for IoBuf {
                 if p.len() <= i {
                     p.resize_with(i + 1, Vec::new);
                 }
-                if p[i].len() < POOL_DEPTH {
+                if p[i].len() < POOL_DEPTH.min(POOL_BYTES / cap).max(4) {
                     p[i].push(ptr);
                     true
                 } else {

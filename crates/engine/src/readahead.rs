@@ -181,11 +181,15 @@ pub(crate) struct ReadAhead {
 }
 
 /// A read in flight in the volume (the detection window counts them).
-pub(crate) struct Reading<'a>(&'a ReadAhead);
+pub(crate) struct Reading<'a> {
+    ra: &'a ReadAhead,
+    /// The read belongs to a confirmed stream (a miss of it is counted).
+    streamed: bool,
+}
 
 impl Drop for Reading<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Relaxed);
+        self.ra.in_flight.fetch_sub(1, Relaxed);
     }
 }
 
@@ -227,7 +231,10 @@ impl ReadAhead {
     /// in-flight registration.
     pub(crate) fn arrive(&self, off: u64, len: u64) -> (Vec<Job>, Reading<'_>) {
         let n = self.in_flight.fetch_add(1, Relaxed) as u64 + 1;
-        let reading = Reading(self);
+        let mut reading = Reading {
+            ra: self,
+            streamed: false,
+        };
         if len == 0 || off >= self.size || self.stopped.load(Relaxed) {
             return (Vec::new(), reading);
         }
@@ -302,6 +309,7 @@ impl ReadAhead {
         if !st.streams[i].confirmed {
             return (Vec::new(), reading);
         }
+        reading.streamed = true;
         let (u0, u1) = (off / self.unit, (end - 1) / self.unit);
         let units = self.size.div_ceil(self.unit);
         let latency = st.latency;
@@ -551,14 +559,8 @@ impl ReadAhead {
     }
 
     /// A read of a confirmed stream read the members.
-    pub(crate) fn missed(&self, off: u64, len: u64) {
-        let st = self.lock();
-        let end = off + len;
-        if st
-            .streams
-            .iter()
-            .any(|s| s.confirmed && off < s.hi && end > s.lo)
-        {
+    pub(crate) fn missed(&self, reading: &Reading<'_>) {
+        if reading.streamed {
             self.misses.fetch_add(1, Relaxed);
         }
     }

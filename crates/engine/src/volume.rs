@@ -341,7 +341,7 @@ impl<D: BlockDev> Volume<D> {
         })
         .await;
         match found {
-            None => ra.missed(off, len),
+            None => ra.missed(&reading),
             // The array may have stopped serving while the read waited.
             Some(_) => self.array.check_serving().map(|_| ())?,
         }
