@@ -10,8 +10,9 @@
 //!   for a confirmed stream) and at most 16 MiB. A stream
 //!   is confirmed once it has had 4 reads, of 128 KiB together at least, that cover at least
 //!   half of the span they touched and more than one read's length; only confirmed streams prefetch. At most `STREAMS`
-//!   streams; a new one replaces the least recently used unconfirmed one (a confirmed one
-//!   only if all are), so random reads between a stream's reads do not push it out.
+//!   streams; a new one replaces the least recently used one that is unconfirmed or idle
+//!   (no read among the last `IDLE` arrivals), so random reads between a live stream's reads
+//!   do not push it out; an idle stream that a read matches starts over, unconfirmed.
 //! * **Whole units.** A prefetch reads whole units (the stripe's data, at least 128 KiB)
 //!   through the volume's own read (holes, degraded decode, waits for write-back all apply).
 //!   Its units are entered in flight first; a read wanting them waits for the prefetch
@@ -38,8 +39,8 @@
 //!   as failed if its task is dropped unfinished, so no unit stays in flight forever.
 //! * **Bounded.** The jobs with a unit in flight or ready together never exceed the budget
 //!   (a ready unit shares its job's buffers, so a job counts whole until its last unit
-//!   goes): a prefetch first evicts the oldest ready units (never the arriving read's own),
-//!   and is cut short if that is not enough; the stream's next refill starts where it
+//!   goes): a prefetch first evicts the oldest jobs that can go whole (every unit ready, none
+//!   the arriving read's own), and is cut short if that is not enough; the stream's next refill starts where it
 //!   stopped. Replies being sent may still hold a unit's buffers after it left the cache.
 
 use crate::alloc::{zero_segments, ReadPiece};
@@ -51,6 +52,9 @@ use std::task::{Context, Waker};
 
 /// Streams tracked at once.
 pub const STREAMS: usize = 16;
+/// A confirmed stream without a read among this many arrivals is replaced like an
+/// unconfirmed one.
+const IDLE: u64 = 256;
 /// Reads that confirm a stream.
 const CONFIRM: u64 = 4;
 /// The smallest unit read ahead.
@@ -145,8 +149,9 @@ struct State {
     /// Bytes of the jobs that still have a unit in `entries`: a ready unit shares its job's
     /// buffers, so a job's memory is held until its last unit goes.
     bytes: u64,
-    /// Per job with units in `entries`: (units left, units entered).
-    jobs: std::collections::HashMap<u64, (u64, u64)>,
+    /// Per job with units in `entries`: (units left, units entered, first unit; a job's
+    /// units are consecutive).
+    jobs: std::collections::HashMap<u64, (u64, u64, u64)>,
     /// Mean time from a prefetch's start to its completion, in seconds (moving average).
     latency: f64,
 }
@@ -254,6 +259,11 @@ impl ReadAhead {
         let i = match at {
             Some(i) => {
                 let s = &mut st.streams[i];
+                if tick - s.used >= IDLE {
+                    // An ended stream's window caught a read: it starts over, unconfirmed.
+                    s.confirmed = false;
+                    (s.lo, s.hi, s.bytes, s.reads) = (off, end, 0, 0);
+                }
                 s.window.1 += end - off;
                 let dt = s.window.0.elapsed().as_secs_f64();
                 // Windows of at least 2 ms: reads served from the cache arrive in bursts.
@@ -293,13 +303,14 @@ impl ReadAhead {
                     st.streams.push(s);
                     st.streams.len() - 1
                 } else {
-                    // The least recently used, unconfirmed ones first: random reads between
-                    // the reads of a real stream do not push it out.
+                    // The least recently used, unconfirmed or idle ones first: random reads
+                    // between the reads of a live stream do not push it out, and streams
+                    // that ended leave their slots.
                     let (j, _) = st
                         .streams
                         .iter()
                         .enumerate()
-                        .min_by_key(|(_, s)| (s.confirmed, s.used))
+                        .min_by_key(|(_, s)| (s.confirmed && tick - s.used < IDLE, s.used))
                         .expect("STREAMS > 0");
                     st.streams[j] = s;
                     j
@@ -314,9 +325,12 @@ impl ReadAhead {
         let units = self.size.div_ceil(self.unit);
         let latency = st.latency;
         let s = &mut st.streams[i];
-        let dist = ((2.0 * s.rate * latency / self.unit as f64).ceil() as u64 + 1)
-            .max(2)
-            .min(self.max_dist);
+        let dist = ((2.0 * s.rate * latency / self.unit as f64)
+            .ceil()
+            .min(self.max_dist as f64) as u64
+            + 1)
+        .max(2)
+        .min(self.max_dist);
         let from = s.pf_end.max(u0);
         // At most twice the distance at once (a read far ahead of the rest does not fetch
         // everything in between).
@@ -381,7 +395,7 @@ impl ReadAhead {
                     waiters: Vec::new(),
                 },
             );
-            let left = st.jobs.entry(j.id).or_insert((0, 0));
+            let left = st.jobs.entry(j.id).or_insert((0, 0, u));
             left.0 += 1;
             left.1 += 1;
             st.bytes += self.unit;
@@ -390,23 +404,37 @@ impl ReadAhead {
         (jobs, to)
     }
 
-    /// Evicts the oldest ready unit not in `keep`; false if there is none.
+    /// Evicts the job of the oldest ready unit whose job can go whole (every unit of it
+    /// still here ready, none in `keep`): only that frees memory (a job's buffers stay while
+    /// any unit of it does), so no unit is thrown away for nothing. False if there is none.
     fn evict(&self, st: &mut State, keep: &std::ops::RangeInclusive<u64>) -> bool {
         let mut skipped = Vec::new();
         let mut done = false;
         while let Some((u, seq)) = st.fifo.pop_front() {
-            match st.entries.get(&u) {
-                Some(e) if e.seq == seq => {
-                    if matches!(e.slot, Slot::InFlight) || keep.contains(&u) {
-                        skipped.push((u, seq));
-                        continue;
-                    }
-                    self.remove(st, u, true);
-                    done = true;
-                    break;
-                }
-                _ => {} // already gone
+            let Some(e) = st.entries.get(&u).filter(|e| e.seq == seq) else {
+                continue; // already gone
+            };
+            let job = e.job;
+            let Some(&(_, total, first)) = st.jobs.get(&job) else {
+                continue;
+            };
+            let ours: Vec<(u64, bool)> = (first..first + total)
+                .filter_map(|v| {
+                    st.entries
+                        .get(&v)
+                        .filter(|x| x.job == job)
+                        .map(|x| (v, matches!(x.slot, Slot::Ready(_)) && !keep.contains(&v)))
+                })
+                .collect();
+            if ours.iter().any(|&(_, free)| !free) {
+                skipped.push((u, seq));
+                continue;
             }
+            for (v, _) in ours {
+                self.remove(st, v, true);
+            }
+            done = true;
+            break;
         }
         for x in skipped.into_iter().rev() {
             st.fifo.push_front(x);

@@ -354,14 +354,16 @@ impl<D: BlockDev> Volume<D> {
         for job in jobs {
             match self.me.upgrade() {
                 Some(vol) if crate::reactor::current().is_some() => {
+                    let (off, len) = (job.off, job.len);
+                    // Owned by the task from the start: dropped unpolled, it still completes.
+                    let mut p = Prefetch {
+                        vol,
+                        job: Some(job),
+                    };
                     crate::reactor::spawn_local(async move {
-                        let mut job = job;
-                        job.begin();
-                        let (off, len) = (job.off, job.len);
-                        let mut p = Prefetch {
-                            vol,
-                            job: Some(job),
-                        };
+                        if let Some(job) = p.job.as_mut() {
+                            job.begin();
+                        }
                         let r = p.vol.read_sparse_plain(off, len).await.ok();
                         if let (Some(job), Some(ra)) = (p.job.take(), &p.vol.ra) {
                             ra.complete(job, r);

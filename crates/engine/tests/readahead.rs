@@ -420,3 +420,81 @@ fn large_reads_and_deep_random_reads() {
         s.prefetched_bytes
     );
 }
+
+/// The stream table full of confirmed streams that ended: new streams still get read-ahead
+/// (idle ones are replaced), even two read interleaved; afterwards, with every prefetch done,
+/// a trim of the whole volume leaves nothing cached; and `read_sparse` served from the cache
+/// returns holes as holes, in as few pieces as without read-ahead.
+#[test]
+fn ended_streams_leave_their_slots_and_sparse_reads_keep_their_holes() {
+    let rt = Runtime::new(1, 256, false).unwrap();
+    let (vol, _) = volume(&rt, 8 << 20, 16 << 20);
+    let v = vol.clone();
+    rt.handle().block_on(0, move || async move {
+        let n = v.size() / BLOCK;
+        // 16 streams of 16 reads of 32 KiB each, then nothing more of them.
+        for k in 0..16 {
+            stream(&v, k * (n / 16), 128, 8, 8).await;
+        }
+        // Idle long enough: random reads.
+        let mut rng = Rng::new(3);
+        for _ in 0..300 {
+            let b = rng.below(n);
+            v.read(b * BLOCK, BLOCK).await.unwrap();
+        }
+        let before = stats(&v);
+        // Two new streams, read interleaved.
+        let (a, b) = (n / 32, n / 2 + n / 32);
+        for i in 0..64 {
+            for s in [a, b] {
+                let got = v
+                    .read((s + i * 8) * BLOCK, 8 * BLOCK)
+                    .await
+                    .unwrap()
+                    .to_vec();
+                assert!(versions(s + i * 8, &got).iter().all(|&x| x == 0));
+            }
+        }
+        let after = stats(&v);
+        let served = after.hits + after.late_hits - before.hits - before.late_hits;
+        assert!(
+            served >= 64,
+            "two new streams got {served} reads from read-ahead: {after:?}"
+        );
+        // Every prefetch done, then everything trimmed: nothing left cached.
+        for _ in 0..200 {
+            yield_now().await;
+        }
+        v.trim(0, v.size()).await.unwrap();
+        assert_eq!(stats(&v).cache_bytes, 0, "{:?}", stats(&v));
+        // Every other 256 KiB written again: data and holes alternate. A sparse stream over
+        // them, served from the cache, returns the holes as holes.
+        for g in (0..v.size() / (256 << 10)).step_by(2) {
+            let b0 = g * 64;
+            let mut data = Vec::new();
+            for b in b0..b0 + 64 {
+                data.extend(block(b, 1));
+            }
+            v.write(b0 * BLOCK, data).await.unwrap();
+        }
+        let hits0 = stats(&v).hits + stats(&v).late_hits;
+        for r in 0..64u64 {
+            let off = r * (128 << 10);
+            let pieces = v.read_sparse(off, 128 << 10).await.unwrap();
+            assert_eq!(pieces.len(), 1, "read {r}: {} pieces", pieces.len());
+            let hole = (off / (256 << 10)) % 2 == 1;
+            match &pieces[0] {
+                uraid_engine::ReadPiece::Hole { len, .. } => {
+                    assert!(hole && *len == 128 << 10, "read {r}")
+                }
+                uraid_engine::ReadPiece::Data { data, .. } => {
+                    assert!(!hole, "read {r}: data where a hole is");
+                    let b0 = off / BLOCK;
+                    assert!(versions(b0, &data.to_vec()).iter().all(|&x| x == 1));
+                }
+            }
+        }
+        let s = stats(&v);
+        assert!(s.hits + s.late_hits > hits0, "{s:?}");
+    });
+}
