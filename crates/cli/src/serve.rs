@@ -104,8 +104,9 @@ pub struct ServeArgs {
     pub merge_wait: u64,
     /// Read-ahead: sequential read streams (also reordered, or spread over several
     /// connections) are detected as requests arrive, and whole stripes are read ahead of them
-    /// into a cache of at most --read-ahead-memory. off turns it off.
-    #[arg(long, value_name = "MODE", default_value = "on", value_parser = ["on", "off"])]
+    /// into a cache of at most --read-ahead-memory. auto: on unless every member is memory
+    /// (tmpfs), where there is no latency to hide; on: always; off: never.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = ["auto", "on", "off"])]
     pub read_ahead: String,
     /// Memory for read-ahead's cache (K, M, G suffixes); data read ahead and not yet read
     /// never takes more.
@@ -318,11 +319,12 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         frozen_metadata: false,
         no_discard: args.discard == "off",
         merge_wait: Duration::from_micros(args.merge_wait),
-        read_ahead: if args.read_ahead == "on" {
-            args.read_ahead_memory
-        } else {
+        read_ahead: if args.read_ahead == "off" {
             0
+        } else {
+            args.read_ahead_memory
         },
+        read_ahead_always: args.read_ahead == "on",
     };
     // Members first: a member another process holds is refused before any socket is bound.
     // Read-only: opened read-only, and nothing is ever written (superblocks frozen: a

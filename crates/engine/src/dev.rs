@@ -43,6 +43,11 @@ pub trait BlockDev: Send + Sync + 'static {
     /// that has another one): let go of it (its exclusive claim) although the handle stays
     /// alive for I/O still on its way, which from now on reaches nothing.
     fn retire(&self) {}
+    /// Whether reads complete as a memory copy on the calling thread (tmpfs members): there
+    /// is no device latency for read-ahead to hide (`serve --read-ahead auto`).
+    fn completes_inline(&self) -> bool {
+        false
+    }
 }
 
 /// A member that is a regular file or a block device, opened with O_DIRECT. I/O goes through
@@ -492,6 +497,10 @@ impl BlockDev for FileDev {
         &self.path
     }
 
+    fn completes_inline(&self) -> bool {
+        self.memory
+    }
+
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         let want = buf.len();
         match reactor::local().filter(|l| l.has_ring() && !self.memory) {
@@ -602,6 +611,35 @@ impl BlockDev for FileDev {
                 }
             }
             None => self.file.sync_data(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member on tmpfs completes inline (so `--read-ahead auto` leaves read-ahead off over
+    /// it); one on another filesystem does not.
+    #[test]
+    fn tmpfs_members_complete_inline() {
+        let dir = std::env::temp_dir();
+        for (base, inline) in [(Path::new("/dev/shm"), Some(true)), (dir.as_path(), None)] {
+            if !base.is_dir() {
+                continue;
+            }
+            let p = base.join(format!("uraid-inline-{}", std::process::id()));
+            std::fs::File::create(&p)
+                .and_then(|f| f.set_len(1 << 20))
+                .expect("member file");
+            let d = FileDev::open_with(&p, Access::ReadWrite).expect("open");
+            let on_tmpfs = on_tmpfs(&d.file);
+            assert_eq!(d.completes_inline(), on_tmpfs);
+            if let Some(want) = inline {
+                assert_eq!(d.completes_inline(), want, "{}", p.display());
+            }
+            drop(d);
+            let _ = std::fs::remove_file(&p);
         }
     }
 }

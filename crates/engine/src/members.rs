@@ -868,6 +868,11 @@ impl<D: BlockDev> Members<D> {
         self.rebuilt[i].store(0, Ordering::Release);
     }
 
+    /// Whether every member device there is completes its reads inline (memory).
+    pub fn all_inline(&self) -> bool {
+        (0..self.count()).all(|i| self.device(i).is_none_or(|d| d.completes_inline()))
+    }
+
     pub fn name(&self, i: usize) -> Option<&str> {
         self.device(i).map(|d| d.name())
     }

@@ -350,6 +350,7 @@ fn hung_journal_is_timed_out_and_the_array_falls_back_to_the_bitmap() {
         no_discard: false,
         merge_wait: Duration::ZERO,
         read_ahead: 0,
+        read_ahead_always: false,
     };
     let (vol, faults, journal) = uraid_sim::mem_array_with_journal(
         Level::Raid6,

@@ -27,6 +27,7 @@ pub fn sim_options() -> ArrayOptions {
         // No read-ahead: its prefetches are tasks of their own (the interaction simulator
         // turns it on).
         read_ahead: 0,
+        read_ahead_always: false,
     }
 }
 

@@ -171,6 +171,9 @@ pub struct ArrayOptions {
     /// Read-ahead's memory budget in bytes (readahead.rs, used by `Volume`); zero (the
     /// default) turns it off. `serve --read-ahead`, `--read-ahead-memory`.
     pub read_ahead: u64,
+    /// Read ahead even when every member is memory (tmpfs), where there is no latency to
+    /// hide and prefetching only costs CPU; `serve --read-ahead on` (`auto` leaves it off).
+    pub read_ahead_always: bool,
 }
 
 /// The composition of an array's components, and request routing over them. Each field is
@@ -206,8 +209,8 @@ pub struct Array<D: BlockDev> {
     rt: Option<RuntimeHandle>,
     /// This array (background work started from `&self` holds it).
     me: std::sync::Weak<Self>,
-    /// `ArrayOptions::read_ahead`, for the volume over this array.
-    read_ahead: u64,
+    /// `ArrayOptions::read_ahead` and `read_ahead_always`, for the volume over this array.
+    read_ahead: (u64, bool),
     /// Trims reach the members as discards (array/discard.rs; `ArrayOptions::no_discard`).
     discards: bool,
     /// The discards begun, for reads that raced them (array/discard.rs).
@@ -317,7 +320,7 @@ impl<D: BlockDev> Array<D> {
             rt: rt_handle,
             me: me.clone(),
             discards: !opts.no_discard,
-            read_ahead: opts.read_ahead,
+            read_ahead: (opts.read_ahead, opts.read_ahead_always),
             discard_log: Default::default(),
             streams: crate::stripe::plug::WriteStreams::new(if geo.level.is_parity() {
                 opts.merge_wait
@@ -685,9 +688,18 @@ impl<D: BlockDev> Array<D> {
         self.meta.flush_members(&self.members).await
     }
 
-    /// Read-ahead's memory budget (`ArrayOptions::read_ahead`; zero: off).
+    /// Whether the options asked for read-ahead (`auto` or `on`).
+    pub(crate) fn read_ahead_configured(&self) -> bool {
+        self.read_ahead.0 > 0
+    }
+
+    /// Read-ahead's memory budget (`ArrayOptions::read_ahead`), zero if it is off: also
+    /// when every member completes its reads inline (memory) unless `read_ahead_always`.
     pub(crate) fn read_ahead_budget(&self) -> u64 {
-        self.read_ahead
+        if !self.read_ahead.1 && self.members.all_inline() {
+            return 0;
+        }
+        self.read_ahead.0
     }
 
     /// A member data-area write that does not go through the journal has completed
