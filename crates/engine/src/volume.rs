@@ -88,12 +88,6 @@ impl<D: BlockDev> Volume<D> {
             }
         }));
         let budget = array.read_ahead_budget();
-        if budget == 0 && array.read_ahead_configured() {
-            tracing::info!(
-                "read-ahead off: every member is memory (tmpfs), with no latency to hide \
-                 (--read-ahead on forces it)"
-            );
-        }
         let ra = (budget > 0).then(|| {
             let g = array.geometry();
             ReadAhead::new(g.stripe_data_bytes(), g.volume_size(), budget)

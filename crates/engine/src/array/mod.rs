@@ -688,11 +688,6 @@ impl<D: BlockDev> Array<D> {
         self.meta.flush_members(&self.members).await
     }
 
-    /// Whether the options asked for read-ahead (`auto` or `on`).
-    pub(crate) fn read_ahead_configured(&self) -> bool {
-        self.read_ahead.0 > 0
-    }
-
     /// Read-ahead's memory budget (`ArrayOptions::read_ahead`), zero if it is off: also
     /// when every member completes its reads inline (memory) unless `read_ahead_always`.
     pub(crate) fn read_ahead_budget(&self) -> u64 {
