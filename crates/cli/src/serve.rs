@@ -441,7 +441,10 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
         say!("uraid: TLS {tls_mode}: {}", t.describe());
     }
     match (array.read_ahead_stats(), args.read_ahead.as_str()) {
-        (Some(r), _) => say!("uraid: read-ahead on, {} of memory", crate::size::human(r.budget)),
+        (Some(r), _) => say!(
+            "uraid: read-ahead on, {} of memory",
+            crate::size::human(r.budget)
+        ),
         (None, "auto") => say!(
             "uraid: read-ahead off: every member is memory (tmpfs), with no latency to hide \
              (--read-ahead on forces it)"

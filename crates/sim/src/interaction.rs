@@ -1085,28 +1085,9 @@ async fn client(st: &Stage, seed: u64) {
                 st.end_write(ev, ok);
             }
             50..=79 => {
-                let issue = st.hist.lock().expect("hist").now();
-                let was_unsynced = {
-                    let a = st.vol.array();
-                    st.units_of(off, len).any(|u| a.stripe_unsynced(u))
-                };
-                let r = st.vol.read(off, len).await;
-                let done = st.hist.lock().expect("hist").now();
-                match r {
-                    Ok(seg) => {
-                        st.reads.fetch_add(1, Ordering::Relaxed);
-                        if let Err(e) = st.check_live(off, &seg.to_vec(), issue, done) {
-                            st.fail(e);
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        if !st.refusal_allowed(off, len, &e, was_unsynced) {
-                            st.fail(format!("read {off}+{len} failed within the tolerance: {e}"));
-                            return;
-                        }
-                        st.refused.fetch_add(1, Ordering::Relaxed);
-                    }
+                if let Err(e) = read_checked(st, off, len).await {
+                    st.fail(e);
+                    return;
                 }
             }
             80..=84 => {
@@ -1122,26 +1103,7 @@ async fn client(st: &Stage, seed: u64) {
                         for _ in 0..(j % 4) {
                             uraid_engine::reactor::yield_now().await;
                         }
-                        let issue = st.hist.lock().expect("hist").now();
-                        let was_unsynced = {
-                            let a = st.vol.array();
-                            st.units_of(o, piece).any(|u| a.stripe_unsynced(u))
-                        };
-                        let got = st.vol.read(o, piece).await;
-                        let done = st.hist.lock().expect("hist").now();
-                        match got {
-                            Ok(seg) => {
-                                st.reads.fetch_add(1, Ordering::Relaxed);
-                                st.check_live(o, &seg.to_vec(), issue, done)
-                            }
-                            Err(e) if st.refusal_allowed(o, piece, &e, was_unsynced) => {
-                                st.refused.fetch_add(1, Ordering::Relaxed);
-                                Ok(())
-                            }
-                            Err(e) => {
-                                Err(format!("read {o}+{piece} failed within the tolerance: {e}"))
-                            }
-                        }
+                        read_checked(st, o, piece).await
                     });
                 for res in futures::future::join_all(reads).await {
                     if let Err(e) = res {
@@ -1155,6 +1117,29 @@ async fn client(st: &Stage, seed: u64) {
         for _ in 0..r.below(3) {
             uraid_engine::reactor::yield_now().await;
         }
+    }
+}
+
+/// Reads `[off, off + len)` and checks it against the history of writes (or that a refusal
+/// was allowed); counts it.
+async fn read_checked(st: &Stage, off: u64, len: u64) -> Result<(), String> {
+    let issue = st.hist.lock().expect("hist").now();
+    let was_unsynced = {
+        let a = st.vol.array();
+        st.units_of(off, len).any(|u| a.stripe_unsynced(u))
+    };
+    let got = st.vol.read(off, len).await;
+    let done = st.hist.lock().expect("hist").now();
+    match got {
+        Ok(seg) => {
+            st.reads.fetch_add(1, Ordering::Relaxed);
+            st.check_live(off, &seg.to_vec(), issue, done)
+        }
+        Err(e) if st.refusal_allowed(off, len, &e, was_unsynced) => {
+            st.refused.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(format!("read {off}+{len} failed within the tolerance: {e}")),
     }
 }
 
