@@ -617,17 +617,26 @@ fn tls_on_allowlist_and_reload_without_dropping_a_client() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let clients = loop {
         let c = status(&srv)["connections"]["clients"].clone();
-        if c.as_array().unwrap().iter().any(|c| c["tls"].is_object()) {
+        // Listed with TLS once STARTTLS is done, in transmission once its options are:
+        // wait for both (status may be read between the two).
+        if c.as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["tls"].is_object() && c["phase"] == "transmission")
+        {
             break c;
         }
-        assert!(Instant::now() < deadline, "no TLS client listed: {c}");
+        assert!(
+            Instant::now() < deadline,
+            "no TLS client in transmission: {c}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     let c = clients
         .as_array()
         .unwrap()
         .iter()
-        .find(|c| c["tls"].is_object())
+        .find(|c| c["tls"].is_object() && c["phase"] == "transmission")
         .unwrap();
     assert_eq!(c["tls"]["version"], "TLSv1.3", "{c}");
     assert!(
