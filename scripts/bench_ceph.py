@@ -74,7 +74,8 @@ except ImportError:
         os.execv(_system, [_system, os.path.abspath(__file__)] + sys.argv[1:])
     sys.exit("bench_ceph: python3-rados not found (installed with ceph-common: scripts/ceph-osd.sh install)")
 
-from benchlib import MIB, TICK, URAID, Server, cpu_ticks, events, run, size_bytes, spread, status, write_report
+from benchlib import (MIB, TICK, URAID, Server, cpu_ticks, events, proc_bytes, run, size_bytes, spread, status,
+                      write_report)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -629,7 +630,7 @@ def b1(a, d, shm, drives, spare, R):
                             - before["uraid"][0]["rebuild_units"]["rebuilt"]) * after["uraid"][0]["chunk"],
              uraid_read=sum(b["read"]["bytes"] - a_["read"]["bytes"] for a_, b in
                             zip(before["uraid"][0]["slots"][1:], after["uraid"][0]["slots"][1:])),
-             rss_osd_mib=sum(rss(cl.pid(f"osd.{i}")) for i in osds) / MIB)
+             rss_osd_mib=sum(proc_bytes(cl.pid(f"osd.{i}"), "VmRSS") for i in osds) / MIB)
     log(f"B1: rebuild done {t_done:.1f} s after the failure ({ev[-1] if ev else 'no event'}); Ceph health "
         f"seen {sorted(hl.status)}, PG states {sorted(hl.pg_states)}; recovery_bytes "
         f"{R['delta']['recovery_bytes']}, num_bytes_recovered {R['delta']['num_bytes_recovered']}")
@@ -681,19 +682,11 @@ def b2(a, d, shm, drives, R):
              recovered_at_clean=at_clean,
              seconds_to_down=t_down, seconds_to_out=t_out, health_seen=sorted(hl.status),
              checks_seen=sorted(hl.checks), pg_states_seen=sorted(hl.pg_states),
-             rss_osd_mib=sum(rss(cl.pid(f"osd.{i}")) for i in osds) / MIB)
+             rss_osd_mib=sum(proc_bytes(cl.pid(f"osd.{i}"), "VmRSS") for i in osds) / MIB)
     log(f"B2: osd.0 down after {t_down:.1f} s, all PGs active+clean after {t_clean:.1f} s, HEALTH_OK after "
         f"{t_ok:.1f} s; recovery_bytes {R['delta']['recovery_bytes']}, num_bytes_recovered "
         f"{R['delta']['num_bytes_recovered']}")
     CLEAN.pop(cl.down)
-
-
-def rss(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def part_b(a, d, shm, R):

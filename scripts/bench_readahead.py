@@ -18,17 +18,9 @@ QD16. The server's peak RSS (VmHWM) is read once per server run. Usage:
 """
 import argparse, os, shutil, statistics, time
 
-from benchlib import URAID, FuseMember, fio_json, run, spread, status, uraid_serve
+from benchlib import URAID, FuseMember, fio_json, proc_bytes, run, spread, status, uraid_serve
 
 MEMBERS = 6
-
-
-def vmhwm(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def fio(uri, runtime, rw, bs, qd, jobs=1, strided=False, size=None):
@@ -127,7 +119,7 @@ def main():
                               f"{v[1]:.0f} IOPS{ctr}", flush=True)
                     if mode == "on":
                         ra.append(status(s.ctl)["read_ahead"])
-                    rss[mode].append(vmhwm(s.pid))
+                    rss[mode].append(proc_bytes(s.pid, "VmHWM"))
                     s.stop(check=True)
             print(f"\n{kind} members; CPU: {cpu}; RAID6 4+2, 64K chunk"
                   + (f", each member behind nbdkit delay-read={a.delay_ms}ms + nbdfuse" if kind == "slow"

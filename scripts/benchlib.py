@@ -31,6 +31,15 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
+def proc_bytes(pid, field):
+    """A size field of /proc/PID/status (VmRSS, VmHWM, ...) in bytes; 0 if absent."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def size_bytes(s):
     """"4k", "64K", "1m", "1G" or a plain number of bytes."""
     mult = {"k": KIB, "m": MIB, "g": 1 << 30}

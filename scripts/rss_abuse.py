@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from benchlib import proc_bytes
+
 MIB = 1 << 20
 REQ_MAGIC, SIMPLE_MAGIC, STRUCT_MAGIC = 0x25609513, 0x67446698, 0x668E33EF
 OPT_MAGIC, OPT_REPLY_MAGIC = 0x49484156454F5054, 0x3E889045565A9
@@ -114,11 +116,7 @@ def read_back(c, off, length, handle=1):
 
 
 def hwm_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
+    return proc_bytes(pid, "VmHWM") // 1024
 
 
 def run(cmd, **kw):

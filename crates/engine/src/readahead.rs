@@ -46,7 +46,7 @@
 use crate::alloc::{zero_segments, ReadPiece};
 use crate::buf::Segments;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 use std::task::{Context, Waker};
 
@@ -63,8 +63,6 @@ const MIN_UNIT: u64 = 128 << 10;
 const MAX_AHEAD: u64 = 16 << 20;
 /// The largest single prefetch read (a longer refill is split into several).
 const MAX_JOB: u64 = 1 << 20;
-/// The default memory budget (`serve --read-ahead-memory`).
-pub const DEFAULT_BUDGET: u64 = 64 << 20;
 
 /// Counters, as `/status` and the metrics show them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -154,6 +152,8 @@ struct State {
     jobs: std::collections::HashMap<u64, (u64, u64, u64)>,
     /// Mean time from a prefetch's start to its completion, in seconds (moving average).
     latency: f64,
+    /// The counters (`stats` fills in the gauges).
+    count: ReadAheadStats,
 }
 
 /// What a read found in the cache.
@@ -177,12 +177,6 @@ pub(crate) struct ReadAhead {
     /// Reads in the volume now (the detection window).
     in_flight: AtomicUsize,
     stopped: std::sync::atomic::AtomicBool,
-    hits: AtomicU64,
-    late_hits: AtomicU64,
-    misses: AtomicU64,
-    prefetched: AtomicU64,
-    unused: AtomicU64,
-    dropped: AtomicU64,
 }
 
 /// A read in flight in the volume (the detection window counts them).
@@ -212,12 +206,6 @@ impl ReadAhead {
             active: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             stopped: Default::default(),
-            hits: AtomicU64::new(0),
-            late_hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            prefetched: AtomicU64::new(0),
-            unused: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
         }
     }
 
@@ -454,7 +442,7 @@ impl ReadAhead {
         }
         self.active.fetch_sub(1, SeqCst);
         if evicted && e.served == 0 {
-            self.unused.fetch_add(self.unit, Relaxed);
+            st.count.unused_bytes += self.unit;
         }
         if st.fifo.len() > 4 * st.entries.len() + 64 {
             let keep: std::collections::HashSet<(u64, u64)> =
@@ -500,13 +488,13 @@ impl ReadAhead {
                         wake.append(&mut e.waiters);
                     }
                     if stale {
-                        self.dropped.fetch_add(self.unit, Relaxed);
+                        st.count.dropped_bytes += self.unit;
                     }
                 }
             }
         }
         if result.is_some() {
-            self.prefetched.fetch_add(job.len, Relaxed);
+            st.count.prefetched_bytes += job.len;
         }
         drop(st);
         for w in wake {
@@ -532,7 +520,7 @@ impl ReadAhead {
         for u in ready {
             if let Some(e) = self.remove(&mut st, u, false) {
                 if e.served == 0 {
-                    self.dropped.fetch_add(self.unit, Relaxed);
+                    st.count.dropped_bytes += self.unit;
                 }
             }
         }
@@ -582,14 +570,18 @@ impl ReadAhead {
                 self.remove(&mut st, u, false);
             }
         }
-        if waited { &self.late_hits } else { &self.hits }.fetch_add(1, Relaxed);
+        if waited {
+            st.count.late_hits += 1;
+        } else {
+            st.count.hits += 1;
+        }
         Found::Hit(out)
     }
 
     /// A read of a confirmed stream read the members.
     pub(crate) fn missed(&self, reading: &Reading<'_>) {
         if reading.streamed {
-            self.misses.fetch_add(1, Relaxed);
+            self.lock().count.misses += 1;
         }
     }
 
@@ -599,12 +591,7 @@ impl ReadAhead {
             budget: self.budget,
             cache_bytes: st.bytes,
             streams: st.streams.iter().filter(|s| s.confirmed).count() as u64,
-            hits: self.hits.load(Relaxed),
-            late_hits: self.late_hits.load(Relaxed),
-            misses: self.misses.load(Relaxed),
-            prefetched_bytes: self.prefetched.load(Relaxed),
-            unused_bytes: self.unused.load(Relaxed),
-            dropped_bytes: self.dropped.load(Relaxed),
+            ..st.count
         }
     }
 }

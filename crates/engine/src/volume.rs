@@ -45,6 +45,14 @@ pub struct Volume<D: BlockDev> {
     me: Weak<Volume<D>>,
 }
 
+/// What read-ahead did for a read (`Volume::read_ahead`).
+enum Ahead<'a> {
+    /// Served from the cache.
+    Hit(Vec<ReadPiece>),
+    /// Read the members, holding this registration meanwhile (None: read-ahead is off).
+    Miss(Option<crate::readahead::Reading<'a>>),
+}
+
 /// A prefetch's task: completes its job as failed if the task is dropped before it
 /// finishes (readahead.rs: every prefetch completes).
 struct Prefetch<D: BlockDev> {
@@ -300,34 +308,25 @@ impl<D: BlockDev> Volume<D> {
     /// Reads `[off, off + len)`; holes (clear granules) come back as zeros. Read again if a
     /// trim discarded any of its units meanwhile (array/discard.rs, `DiscardLog`).
     pub async fn read(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
-        let Some(ra) = &self.ra else {
-            return self.read_plain(off, len).await;
+        let _reading = match self.read_ahead(off, len).await? {
+            Ahead::Hit(pieces) => return Ok(crate::readahead::flatten(pieces)),
+            Ahead::Miss(r) => r,
         };
-        let _reading = match self.read_ahead(ra, off, len).await? {
-            (Some(pieces), _) => return Ok(crate::readahead::flatten(pieces)),
-            (None, r) => r,
-        };
-        self.read_plain(off, len).await
-    }
-
-    async fn read_plain(&self, off: u64, len: u64) -> Result<Segments, ArrayError> {
         self.unless_discarded(off, len, || self.read_once(off, len))
             .await
     }
 
     /// Read-ahead's part of a read (readahead.rs): matches it to a stream, starts the
     /// stream's prefetches, and serves it from the cache if every unit it touches is there
-    /// (waiting for units in flight). Else None, with the read's in-flight registration to
-    /// hold while it reads the members.
-    async fn read_ahead<'a>(
-        &self,
-        ra: &'a ReadAhead,
-        off: u64,
-        len: u64,
-    ) -> Result<(Option<Vec<ReadPiece>>, crate::readahead::Reading<'a>), ArrayError> {
-        // Checked here too: a read served from the cache never reaches the array's checks.
+    /// (waiting for units in flight). Else a miss, with the read's in-flight registration
+    /// (None with read-ahead off) to hold while it reads the members.
+    async fn read_ahead(&self, off: u64, len: u64) -> Result<Ahead<'_>, ArrayError> {
+        let Some(ra) = &self.ra else {
+            return Ok(Ahead::Miss(None));
+        };
+        // Before anything uses the range: a read served from the cache never reaches the
+        // array's checks (`check_serving` follows a hit; a miss gets both from the array).
         self.array.validate(off, len)?;
-        self.array.check_serving()?;
         let (jobs, reading) = ra.arrive(off, len);
         self.prefetch(ra, jobs);
         let mut waited = false;
@@ -341,11 +340,15 @@ impl<D: BlockDev> Volume<D> {
         })
         .await;
         match found {
-            None => ra.missed(&reading),
-            // The array may have stopped serving while the read waited.
-            Some(_) => self.array.check_serving().map(|_| ())?,
+            None => {
+                ra.missed(&reading);
+                Ok(Ahead::Miss(Some(reading)))
+            }
+            Some(pieces) => {
+                self.array.check_serving()?;
+                Ok(Ahead::Hit(pieces))
+            }
         }
-        Ok((found, reading))
     }
 
     /// Starts read-ahead's prefetches as tasks on this reactor (none off a reactor: their
@@ -427,12 +430,9 @@ impl<D: BlockDev> Volume<D> {
     /// Reads `[off, off+len)` as data pieces and holes (clear granules), in volume order
     /// (again if a trim discarded any of its units meanwhile, as `read`).
     pub async fn read_sparse(&self, off: u64, len: u64) -> Result<Vec<ReadPiece>, ArrayError> {
-        let Some(ra) = &self.ra else {
-            return self.read_sparse_plain(off, len).await;
-        };
-        let _reading = match self.read_ahead(ra, off, len).await? {
-            (Some(pieces), _) => return Ok(pieces),
-            (None, r) => r,
+        let _reading = match self.read_ahead(off, len).await? {
+            Ahead::Hit(pieces) => return Ok(pieces),
+            Ahead::Miss(r) => r,
         };
         self.read_sparse_plain(off, len).await
     }
@@ -496,7 +496,7 @@ impl<D: BlockDev> Volume<D> {
     }
 
     /// `write` for a write the client waits to be durable (FUA): it never waits for the rest
-    /// of its stripe, and ends the waits of others (`Array::write_now`, stripe/plug.rs).
+    /// of its stripe, and ends the waits of others (`Array::write_as`, stripe/plug.rs).
     pub async fn write_now(&self, off: u64, data: impl Into<WriteBuf>) -> Result<(), ArrayError> {
         self.write_as(off, data.into(), false).await
     }

@@ -1305,17 +1305,8 @@ impl<D: BlockDev> Array<D> {
         self.streams.kick();
     }
 
-    /// `write` for a write the client waits to be durable (FUA): it never waits for the rest
-    /// of its stripe, and ends the waits of others (stripe/plug.rs).
-    pub async fn write_now(
-        self: &Arc<Self>,
-        off: u64,
-        data: impl Into<WriteBuf>,
-    ) -> Result<(), ArrayError> {
-        self.write_as(off, data.into(), false).await
-    }
-
-    /// `write` (`may_wait`) or `write_now`.
+    /// `write` (`may_wait`), or a write the client waits to be durable (FUA: never waits for
+    /// the rest of its stripe, and ends the waits of others; stripe/plug.rs).
     pub(crate) async fn write_as(
         self: &Arc<Self>,
         off: u64,

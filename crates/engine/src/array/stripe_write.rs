@@ -94,26 +94,43 @@ impl<D: BlockDev> Array<D> {
                 return r;
             }
         }
+        let (k, chunk) = (self.geo.data_chunks(), self.geo.chunk as usize);
+        self.write_full_stripes(first, n, |r, i| (data, rel + (r * k + i) * chunk))
+            .await;
+        unlock();
+        self.check_serving().map(|_| true)
+    }
+
+    /// Writes the `n` whole stripes from `first`, chunk `i` of stripe `first + r` taken from
+    /// `src(r, i)` (a buffer and the chunk's offset in it): parity encoded per stripe from
+    /// those bytes, and each member written once with its chunks of all `n` stripes, which
+    /// lie back to back on it: a gather write of the buffers where they are (no copy) where
+    /// it holds data, of the encoder's output where it holds parity. The caller holds the
+    /// stripes and checked `plain_case`.
+    async fn write_full_stripes<'a>(
+        &self,
+        first: u64,
+        n: u64,
+        src: impl Fn(usize, usize) -> (&'a WriteBuf, usize),
+    ) {
         let g = &self.geo;
         let (k, mp, chunk) = (g.data_chunks(), g.parity(), g.chunk as usize);
-        // Every member is written once with its chunk of each stripe of the run, back to back:
-        // a gather write of the client's bytes where they are (no copy) for the stripes where
-        // it holds data, of the encoder's output where it holds parity (parity rotates).
         let mut gathers: Vec<Segments> = (0..k + mp).map(|_| Segments::default()).collect();
-        let codec = self.codec.as_ref().expect("parity level has a codec");
         for r in 0..n as usize {
             let stripe = first + r as u64;
-            let src = |i: usize| rel + (r * k + i) * chunk;
-            let srcs: Vec<&[u8]> = (0..k).map(|i| &data[src(i)..src(i) + chunk]).collect();
+            let srcs: Vec<&[u8]> = (0..k)
+                .map(|i| {
+                    let (b, o) = src(r, i);
+                    &b[o..o + chunk]
+                })
+                .collect();
             let mut parity: Vec<IoBuf> = (0..mp).map(|_| buf::alloc(chunk)).collect();
-            {
-                let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-                codec.encode(&srcs, &mut dsts);
-            }
+            self.encode(&srcs, &mut parity);
             for i in 0..k {
+                let (b, o) = src(r, i);
                 gathers[g.data_member(stripe, i)]
                     .parts
-                    .push(data.segment(src(i)..src(i) + chunk));
+                    .push(b.segment(o..o + chunk));
             }
             for (j, p) in parity.into_iter().enumerate() {
                 gathers[g.parity_member(stripe, j)]
@@ -123,14 +140,20 @@ impl<D: BlockDev> Array<D> {
         }
         self.stats.add(|c| &c.full_stripe_writes, n);
         let at = g.member_offset(first, 0);
-        let writes: Vec<(usize, u64, Segments)> = gathers
+        let writes = gathers
             .into_iter()
             .enumerate()
             .map(|(m, segs)| (m, at, segs))
             .collect();
         self.write_members(writes).await;
-        unlock();
-        self.check_serving().map(|_| true)
+    }
+
+    /// Encodes the parity of `srcs` (the stripe's data chunks, or equal spans of them) into
+    /// `parity`.
+    fn encode(&self, srcs: &[&[u8]], parity: &mut [IoBuf]) {
+        let codec = self.codec.as_ref().expect("parity level has a codec");
+        let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
+        codec.encode(srcs, &mut dsts);
     }
 
     /// Parity-level write of `data[range]` (volume bytes `off + range`), one queued stripe
@@ -228,8 +251,7 @@ impl<D: BlockDev> Array<D> {
         stripe: u64,
         batch: &[PendingWrite],
     ) -> Result<bool, ArrayError> {
-        let g = &self.geo;
-        let (k, mp, chunk) = (g.data_chunks(), g.parity(), g.chunk as usize);
+        let (k, chunk) = (self.geo.data_chunks(), self.geo.chunk as usize);
         let mut tiles: Vec<Option<(&WriteBuf, usize)>> = vec![None; k];
         for w in batch {
             for p in &w.pieces {
@@ -246,26 +268,8 @@ impl<D: BlockDev> Array<D> {
         if !self.plain_case(stripe..stripe + 1)? {
             return Ok(false);
         }
-        let codec = self.codec.as_ref().expect("parity level has a codec");
-        let srcs: Vec<&[u8]> = tiles.iter().map(|&(b, o)| &b[o..o + chunk]).collect();
-        let mut parity: Vec<IoBuf> = (0..mp).map(|_| buf::alloc(chunk)).collect();
-        {
-            let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-            codec.encode(&srcs, &mut dsts);
-        }
-        let at = g.member_offset(stripe, 0);
-        let data = tiles.iter().enumerate().map(|(i, &(b, o))| {
-            let parts = vec![b.segment(o..o + chunk)];
-            (g.data_member(stripe, i), at, Segments { parts })
-        });
-        let parity = parity.into_iter().enumerate().map(|(j, p)| {
-            let parts = vec![(Arc::new(p), 0..chunk)];
-            (g.parity_member(stripe, j), at, Segments { parts })
-        });
-        let writes: Vec<(usize, u64, Segments)> = data.chain(parity).collect();
-        self.stats.add(|c| &c.full_stripe_writes, 1);
+        self.write_full_stripes(stripe, 1, |_, i| tiles[i]).await;
         self.stats.add(|c| &c.tiled_writes, 1);
-        self.write_members(writes).await;
         self.check_serving().map(|_| true)
     }
 
@@ -479,7 +483,6 @@ impl<D: BlockDev> Array<D> {
         let g = self.geo;
         let k = g.data_chunks();
         let (lo, span) = (mods.lo, mods.hi - mods.lo);
-        let codec = self.codec.as_ref().expect("parity level has a codec");
         let mut decoded = MemberSet::EMPTY;
         let old = match self
             .fetch_data_noting(stripe, lo, span, fetch, excl, &mut decoded)
@@ -515,11 +518,8 @@ impl<D: BlockDev> Array<D> {
         for i in (0..k).filter(|&i| touched[i]) {
             mods.overlay(i, &mut data[i]);
         }
-        {
-            let srcs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-            let mut dsts: Vec<&mut [u8]> = parity.iter_mut().map(|b| &mut b[..]).collect();
-            codec.encode(&srcs, &mut dsts);
-        }
+        let srcs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+        self.encode(&srcs, parity);
         if fetch.is_empty() {
             self.stats.add(|c| &c.full_stripe_writes, 1);
         } else {
