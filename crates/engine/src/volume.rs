@@ -502,10 +502,6 @@ impl<D: BlockDev> Volume<D> {
     }
 
     async fn write_as(&self, off: u64, data: WriteBuf, may_wait: bool) -> Result<(), ArrayError> {
-        if !may_wait {
-            // Before anything this write may wait for (a granule claim below).
-            self.array.kick_plugs();
-        }
         let len = data.len() as u64;
         self.array.validate(off, len)?;
         let _changing = Changing(self.ra.as_ref(), off, len);
@@ -521,6 +517,11 @@ impl<D: BlockDev> Volume<D> {
         // First write into a granule (rare once a volume is in use): boxed, so the common
         // write's future stays small.
         Box::pin(async move {
+            if !may_wait {
+                // Urgent: before waiting for a granule claim a plugged fill may hold (the
+                // array's own `arrive` kicks the common path).
+                self.array.kick_plugs();
+            }
             let mut claimed = Vec::new();
             for g in g0..=g1 {
                 if !self.map.is_set(g) && self.map.claim(g).await {
