@@ -76,7 +76,9 @@ fn a_stream_of_partial_stripe_writes_at_depth_is_written_in_full_stripes() {
     let n = 256;
     for (wait, full_at_least) in [
         (Duration::ZERO, 0),
-        (Duration::from_millis(5), n / 4 * 8 / 10),
+        // Long enough that a wait does not run out on a loaded host (one that does stops the
+        // stream's waits for 64 writes: 16 stripes).
+        (Duration::from_millis(50), n / 4 * 8 / 10),
     ] {
         let rt = Runtime::new(1, 64, true).unwrap();
         let vol = array(&rt, wait);
