@@ -15,8 +15,12 @@ pub const BUF_ALIGN: usize = 4096;
 pub struct IoBuf {
     ptr: NonNull<u8>,
     len: usize,
-    /// Allocated size: the size class, a power of two >= BUF_ALIGN.
+    /// Allocated size: for a pooled buffer its size class, a power of two >= BUF_ALIGN; else
+    /// the length in whole pages.
     cap: usize,
+    /// Returned to the pool when dropped; false for buffers allocated inside `unpooled`, which
+    /// are mapped and unmapped (`map`).
+    pooled: bool,
 }
 
 // SAFETY: IoBuf uniquely owns its allocation, like Vec<u8>.
@@ -33,6 +37,24 @@ const POOL_MAX_CLASS: usize = 4 << 20;
 
 thread_local! {
     static POOL: std::cell::RefCell<Vec<Vec<NonNull<u8>>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Inside `unpooled`'s poll: buffers allocated now go back to the allocator when dropped.
+    static UNPOOLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `fut` with every buffer it allocates outside the pools: when such a buffer is dropped
+/// (on any thread) its memory goes back to the system instead of a thread's pool. For
+/// memory that a budget bounds (read-ahead's cache): pooled, each buffer the cache released
+/// would stay with the thread that dropped it, up to `POOL_BYTES` per size class and thread,
+/// beside the budget.
+pub async fn unpooled<F: std::future::Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        let was = UNPOOLED.with(|u| u.replace(true));
+        let r = fut.as_mut().poll(cx);
+        UNPOOLED.with(|u| u.set(was));
+        r
+    })
+    .await
 }
 
 fn class_index(cap: usize) -> usize {
@@ -47,23 +69,48 @@ impl IoBuf {
     /// A buffer of `len` bytes with unspecified (initialised) contents. The caller overwrites
     /// what it uses.
     pub fn with_len(len: usize) -> IoBuf {
-        let cap = len.max(BUF_ALIGN).next_power_of_two();
-        if cap <= POOL_MAX_CLASS {
+        let pooled = !UNPOOLED.with(|u| u.get());
+        // A pooled buffer is a size class; an unpooled one never meets another size, so it
+        // only rounds up to whole pages.
+        let cap = if pooled {
+            len.max(BUF_ALIGN).next_power_of_two()
+        } else {
+            len.max(1).next_multiple_of(BUF_ALIGN)
+        };
+        if pooled && cap <= POOL_MAX_CLASS {
             let hit = POOL.try_with(|p| {
                 p.borrow_mut()
                     .get_mut(class_index(cap))
                     .and_then(|v| v.pop())
             });
             if let Ok(Some(ptr)) = hit {
-                return IoBuf { ptr, len, cap };
+                return IoBuf {
+                    ptr,
+                    len,
+                    cap,
+                    pooled,
+                };
             }
+        }
+        if !pooled {
+            return IoBuf {
+                ptr: spare_take(cap).unwrap_or_else(|| map(cap)),
+                len,
+                cap,
+                pooled,
+            };
         }
         let layout = Self::layout(cap);
         // SAFETY: layout has non-zero size. Zeroing on first allocation makes every byte
         // initialised, which recycled buffers then stay.
         let p = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(p).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        IoBuf { ptr, len, cap }
+        IoBuf {
+            ptr,
+            len,
+            cap,
+            pooled,
+        }
     }
 
     /// A zero-filled buffer of `len` bytes.
@@ -79,6 +126,128 @@ impl IoBuf {
         b.copy_from_slice(data);
         b
     }
+}
+
+/// Unpooled buffers dropped and kept for reuse, by exact length, shared by every thread:
+/// at most `limit` bytes, the sum of what `Spare` reservations asked for. The rest is
+/// unmapped. Mapping every buffer afresh cost read-ahead two thirds of its throughput on
+/// memory members (zeroing and unmapping 1 GB/s is most of a core).
+struct Spares {
+    /// Addresses by length (None until the first is kept: a const-built static).
+    by_len: Option<std::collections::HashMap<usize, Vec<usize>>>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl Spares {
+    const fn new() -> Spares {
+        Spares {
+            by_len: None,
+            bytes: 0,
+            limit: 0,
+        }
+    }
+
+    fn take(&mut self, cap: usize) -> Option<usize> {
+        let p = self.by_len.as_mut()?.get_mut(&cap)?.pop()?;
+        self.bytes -= cap;
+        Some(p)
+    }
+
+    /// Keeps `p` (`cap` bytes) if the limit allows; else gives it back.
+    fn keep(&mut self, p: usize, cap: usize) -> Option<usize> {
+        if self.bytes + cap > self.limit {
+            return Some(p);
+        }
+        self.by_len
+            .get_or_insert_with(Default::default)
+            .entry(cap)
+            .or_default()
+            .push(p);
+        self.bytes += cap;
+        None
+    }
+
+    /// Lowers the limit by `by`; the buffers now over it, to unmap.
+    fn shrink(&mut self, by: usize) -> Vec<(usize, usize)> {
+        self.limit -= by;
+        let mut over = Vec::new();
+        for (&cap, v) in self.by_len.iter_mut().flatten() {
+            while self.bytes > self.limit {
+                let Some(p) = v.pop() else { break };
+                self.bytes -= cap;
+                over.push((p, cap));
+            }
+        }
+        over
+    }
+}
+
+static SPARES: std::sync::Mutex<Spares> = std::sync::Mutex::new(Spares::new());
+
+fn spares<R>(f: impl FnOnce(&mut Spares) -> R) -> R {
+    // A panic under the lock leaves the lists consistent: each push and pop is whole.
+    f(&mut SPARES.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+fn spare_take(cap: usize) -> Option<NonNull<u8>> {
+    NonNull::new(spares(|s| s.take(cap))? as *mut u8)
+}
+
+/// Keeps `ptr` (an unpooled buffer of `cap` bytes) for reuse if the limit allows; else gives
+/// it back to be unmapped.
+fn spare_keep(ptr: NonNull<u8>, cap: usize) -> Option<NonNull<u8>> {
+    NonNull::new(spares(|s| s.keep(ptr.as_ptr() as usize, cap))? as *mut u8)
+}
+
+/// A share of the spare-buffer limit, held by whoever bounds its unpooled memory (read-ahead
+/// keeps `bytes` of its budget for it); given back when dropped.
+#[derive(Debug)]
+pub struct Spare(usize);
+
+impl Spare {
+    pub fn reserve(bytes: usize) -> Spare {
+        spares(|s| s.limit += bytes);
+        Spare(bytes)
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        for (p, cap) in spares(|s| s.shrink(self.0)) {
+            if let Some(p) = NonNull::new(p as *mut u8) {
+                unmap(p, cap);
+            }
+        }
+    }
+}
+
+fn unmap(ptr: NonNull<u8>, cap: usize) {
+    // SAFETY: `ptr` was mapped by `map` with exactly this length and is unmapped once: its
+    // buffer was dropped and it left the spare lists.
+    unsafe { libc::munmap(ptr.as_ptr().cast(), cap) };
+}
+
+/// `len` bytes (a multiple of the page size) of anonymous memory, zero-filled and populated
+/// up front (one fault per mapping, not per page). Unpooled buffers are mapped rather than
+/// taken from the allocator: glibc keeps freed heap memory in its arenas, so the memory a
+/// budget gave back stayed resident (read-ahead with a 64 MiB budget held 3x that).
+fn map(len: usize) -> NonNull<u8> {
+    // SAFETY: a fresh private anonymous mapping: no existing memory is touched.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        alloc::handle_alloc_error(IoBuf::layout(len));
+    }
+    NonNull::new(p.cast()).unwrap_or_else(|| alloc::handle_alloc_error(IoBuf::layout(len)))
 }
 
 impl std::ops::Deref for IoBuf {
@@ -105,7 +274,7 @@ impl Clone for IoBuf {
 impl Drop for IoBuf {
     fn drop(&mut self) {
         let (ptr, cap) = (self.ptr, self.cap);
-        if cap <= POOL_MAX_CLASS {
+        if self.pooled && cap <= POOL_MAX_CLASS {
             let kept = POOL.try_with(|p| {
                 let mut p = p.borrow_mut();
                 let i = class_index(cap);
@@ -122,6 +291,12 @@ impl Drop for IoBuf {
             if kept == Ok(true) {
                 return;
             }
+        }
+        if !self.pooled {
+            if let Some(ptr) = spare_keep(ptr, cap) {
+                unmap(ptr, cap);
+            }
+            return;
         }
         // SAFETY: allocated in with_len with exactly this layout, and freed once (a pooled
         // pointer is owned by the pool, not by any IoBuf).
@@ -184,6 +359,59 @@ mod tests {
         let z = zeroed(8192);
         assert_eq!(z.as_ptr(), p);
         assert!(z.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn spares_stay_within_their_limit() {
+        let mut s = Spares::new();
+        assert_eq!(s.keep(0x1000, 4096), Some(0x1000), "no limit: nothing kept");
+        s.limit = 3 * 4096;
+        assert_eq!(s.keep(0x1000, 4096), None);
+        assert_eq!(s.keep(0x2000, 8192), None);
+        assert_eq!(
+            s.keep(0x4000, 4096),
+            Some(0x4000),
+            "over the limit: given back"
+        );
+        assert_eq!(
+            (s.take(8192), s.take(8192), s.bytes),
+            (Some(0x2000), None, 4096)
+        );
+        assert_eq!(s.take(12288), None, "only exact lengths are reused");
+        assert_eq!(s.keep(0x2000, 8192), None);
+        let over = s.shrink(2 * 4096);
+        let given: usize = over.iter().map(|&(_, cap)| cap).sum();
+        assert!(s.bytes <= s.limit && s.limit == 4096, "{over:?}");
+        assert_eq!(
+            s.bytes + given,
+            3 * 4096,
+            "every buffer kept or given back once"
+        );
+    }
+
+    #[test]
+    fn unpooled_buffers_skip_the_pool_when_dropped() {
+        use std::future::Future;
+        // A class no other test here uses, so the pool starts empty for it on this thread.
+        let len = 3 << 20;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let fut = std::pin::pin!(unpooled(async move { alloc(len) }));
+        let std::task::Poll::Ready(b) = fut.poll(&mut cx) else {
+            panic!("an async block without awaits completes in one poll");
+        };
+        assert!(
+            !b.pooled && b.cap == len,
+            "unpooled: exact pages, no size class"
+        );
+        drop(b);
+        let in_pool = POOL.with(|p| p.borrow().get(class_index(4 << 20)).map_or(0, |v| v.len()));
+        assert_eq!(in_pool, 0, "an unpooled buffer went back to the pool");
+        // Outside the scope allocation pools again.
+        let c = alloc(len);
+        assert!(c.pooled);
+        drop(c);
+        let in_pool = POOL.with(|p| p.borrow().get(class_index(4 << 20)).map_or(0, |v| v.len()));
+        assert_eq!(in_pool, 1);
     }
 }
 

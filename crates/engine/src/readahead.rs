@@ -38,6 +38,8 @@
 //! * **Every prefetch completes.** A prefetch's job is owned by a guard that completes it
 //!   as failed if its task is dropped unfinished, so no unit stays in flight forever.
 //! * **Bounded.** The jobs with a unit in flight or ready together never exceed the budget
+//!   less its spare share (`SPARE_SHARE`: buffers the cache freed, kept for reuse; prefetch
+//!   buffers are unpooled, buf.rs, so nothing else keeps them)
 //!   (a ready unit shares its job's buffers, so a job counts whole until its last unit
 //!   goes): a prefetch first evicts the oldest jobs that can go whole (every unit ready, none
 //!   the arriving read's own), and is cut short if that is not enough; the stream's next refill starts where it
@@ -63,6 +65,9 @@ const MIN_UNIT: u64 = 128 << 10;
 const MAX_AHEAD: u64 = 16 << 20;
 /// The largest single prefetch read (a longer refill is split into several).
 const MAX_JOB: u64 = 1 << 20;
+/// One part in this of the budget is kept as spare buffers (buf.rs, `Spare`) freed by the
+/// cache for its next prefetches; the prefetches hold the rest.
+const SPARE_SHARE: u64 = 8;
 
 /// Counters, as `/status` and the metrics show them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -169,7 +174,11 @@ pub(crate) enum Found {
 pub(crate) struct ReadAhead {
     unit: u64,
     size: u64,
+    /// The whole budget, as shown.
     budget: u64,
+    /// The part of it prefetches may hold; the rest is kept as spare buffers for reuse.
+    cache_budget: u64,
+    _spare: crate::buf::Spare,
     max_dist: u64,
     state: Mutex<State>,
     /// Entries in the cache (ready or in flight): `changed` and lookups skip the lock at 0.
@@ -197,10 +206,13 @@ impl ReadAhead {
     pub(crate) fn new(stripe: u64, size: u64, budget: u64) -> ReadAhead {
         let unit = stripe * MIN_UNIT.div_ceil(stripe).max(1);
         let max_dist = (MAX_AHEAD.min(budget / 4) / unit).max(1);
+        let spare = budget / SPARE_SHARE;
         ReadAhead {
             unit,
             size,
             budget,
+            cache_budget: budget - spare,
+            _spare: crate::buf::Spare::reserve(spare as usize),
             max_dist,
             state: Mutex::new(State::default()),
             active: AtomicUsize::new(0),
@@ -350,7 +362,7 @@ impl ReadAhead {
             if st.entries.contains_key(&u) {
                 continue;
             }
-            while st.bytes + self.unit > self.budget {
+            while st.bytes + self.unit > self.cache_budget {
                 if !self.evict(st, &keep) {
                     return (jobs, u);
                 }

@@ -367,7 +367,11 @@ impl<D: BlockDev> Volume<D> {
                         if let Some(job) = p.job.as_mut() {
                             job.begin();
                         }
-                        let r = p.vol.read_sparse_plain(off, len).await.ok();
+                        // Its buffers are the cache's, which the budget bounds: not
+                        // the pools', which would keep them once the cache lets go.
+                        let r = crate::buf::unpooled(p.vol.read_sparse_plain(off, len))
+                            .await
+                            .ok();
                         if let (Some(job), Some(ra)) = (p.job.take(), &p.vol.ra) {
                             ra.complete(job, r);
                         }
