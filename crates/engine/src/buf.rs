@@ -37,25 +37,35 @@ const POOL_MAX_CLASS: usize = 4 << 20;
 
 thread_local! {
     static POOL: std::cell::RefCell<Vec<Vec<NonNull<u8>>>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Inside `unpooled`'s poll: buffers allocated now go back to the allocator when dropped.
+    /// Inside `unpooled`'s poll: buffers allocated now are mapped, not pooled.
     static UNPOOLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `fut` with every buffer it allocates outside the pools: when such a buffer is dropped
-/// (on any thread) its memory goes back to the system instead of a thread's pool. For
-/// memory that a budget bounds (read-ahead's cache): pooled, each buffer the cache released
-/// would stay with the thread that dropped it, up to `POOL_BYTES` per size class and thread,
-/// beside the budget.
+/// Runs `fut` with every buffer of at least `UNPOOLED_MIN` bytes it allocates outside the
+/// pools: mapped for it, and when dropped (on any thread) kept in the shared spare list
+/// within its limit (`Spare`) or unmapped, never put in a thread's pool. For memory that a
+/// budget bounds (read-ahead's cache): pooled, each buffer the cache released would stay with
+/// the thread that dropped it, up to `POOL_BYTES` per size class and thread, beside the
+/// budget.
 pub async fn unpooled<F: std::future::Future>(fut: F) -> F::Output {
+    /// Restores the flag also if the poll unwinds.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            UNPOOLED.with(|u| u.set(self.0));
+        }
+    }
     let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(|cx| {
-        let was = UNPOOLED.with(|u| u.replace(true));
-        let r = fut.as_mut().poll(cx);
-        UNPOOLED.with(|u| u.set(was));
-        r
+        let _restore = Restore(UNPOOLED.with(|u| u.replace(true)));
+        fut.as_mut().poll(cx)
     })
     .await
 }
+
+/// Smaller buffers stay pooled inside `unpooled`: a mapping each would cost more than the
+/// copy it serves (and count against the kernel's limit on mappings).
+const UNPOOLED_MIN: usize = 64 << 10;
 
 fn class_index(cap: usize) -> usize {
     cap.trailing_zeros() as usize
@@ -69,15 +79,21 @@ impl IoBuf {
     /// A buffer of `len` bytes with unspecified (initialised) contents. The caller overwrites
     /// what it uses.
     pub fn with_len(len: usize) -> IoBuf {
-        let pooled = !UNPOOLED.with(|u| u.get());
-        // A pooled buffer is a size class; an unpooled one never meets another size, so it
-        // only rounds up to whole pages.
-        let cap = if pooled {
-            len.max(BUF_ALIGN).next_power_of_two()
-        } else {
-            len.max(1).next_multiple_of(BUF_ALIGN)
-        };
-        if pooled && cap <= POOL_MAX_CLASS {
+        if len >= UNPOOLED_MIN && UNPOOLED.with(|u| u.get()) {
+            // It never meets another size: whole pages, no size class.
+            let cap = len.next_multiple_of(BUF_ALIGN);
+            if let Some(ptr) = spare_take(cap).or_else(|| map(cap)) {
+                return IoBuf {
+                    ptr,
+                    len,
+                    cap,
+                    pooled: false,
+                };
+            }
+            // No mapping to be had (out of memory or of mappings): a pooled buffer.
+        }
+        let cap = len.max(BUF_ALIGN).next_power_of_two();
+        if cap <= POOL_MAX_CLASS {
             let hit = POOL.try_with(|p| {
                 p.borrow_mut()
                     .get_mut(class_index(cap))
@@ -88,17 +104,9 @@ impl IoBuf {
                     ptr,
                     len,
                     cap,
-                    pooled,
+                    pooled: true,
                 };
             }
-        }
-        if !pooled {
-            return IoBuf {
-                ptr: spare_take(cap).unwrap_or_else(|| map(cap)),
-                len,
-                cap,
-                pooled,
-            };
         }
         let layout = Self::layout(cap);
         // SAFETY: layout has non-zero size. Zeroing on first allocation makes every byte
@@ -109,7 +117,7 @@ impl IoBuf {
             ptr,
             len,
             cap,
-            pooled,
+            pooled: true,
         }
     }
 
@@ -154,18 +162,29 @@ impl Spares {
         Some(p)
     }
 
-    /// Keeps `p` (`cap` bytes) if the limit allows; else gives it back.
-    fn keep(&mut self, p: usize, cap: usize) -> Option<usize> {
-        if self.bytes + cap > self.limit {
-            return Some(p);
+    /// Keeps `p` (`cap` bytes), making room by giving back buffers of other lengths (a
+    /// length asked for now is likelier to be asked for again than one kept earlier, e.g.
+    /// before a member failed); `p` itself if it cannot fit. What is given back, to unmap.
+    fn keep(&mut self, p: usize, cap: usize) -> Vec<(usize, usize)> {
+        if cap > self.limit {
+            return vec![(p, cap)];
         }
-        self.by_len
-            .get_or_insert_with(Default::default)
-            .entry(cap)
-            .or_default()
-            .push(p);
+        let by_len = self.by_len.get_or_insert_with(Default::default);
+        let mut over = Vec::new();
+        for (&other, v) in by_len.iter_mut() {
+            while self.bytes + cap > self.limit && other != cap {
+                let Some(q) = v.pop() else { break };
+                self.bytes -= other;
+                over.push((q, other));
+            }
+        }
+        if self.bytes + cap > self.limit {
+            over.push((p, cap));
+            return over;
+        }
+        by_len.entry(cap).or_default().push(p);
         self.bytes += cap;
-        None
+        over
     }
 
     /// Lowers the limit by `by`; the buffers now over it, to unmap.
@@ -194,10 +213,14 @@ fn spare_take(cap: usize) -> Option<NonNull<u8>> {
     NonNull::new(spares(|s| s.take(cap))? as *mut u8)
 }
 
-/// Keeps `ptr` (an unpooled buffer of `cap` bytes) for reuse if the limit allows; else gives
-/// it back to be unmapped.
-fn spare_keep(ptr: NonNull<u8>, cap: usize) -> Option<NonNull<u8>> {
-    NonNull::new(spares(|s| s.keep(ptr.as_ptr() as usize, cap))? as *mut u8)
+/// Keeps `ptr` (an unpooled buffer of `cap` bytes) for reuse if the limit allows, and unmaps
+/// what does not fit.
+fn spare_keep(ptr: NonNull<u8>, cap: usize) {
+    for (p, cap) in spares(|s| s.keep(ptr.as_ptr() as usize, cap)) {
+        if let Some(p) = NonNull::new(p as *mut u8) {
+            unmap(p, cap);
+        }
+    }
 }
 
 /// A share of the spare-buffer limit, held by whoever bounds its unpooled memory (read-ahead
@@ -225,14 +248,15 @@ impl Drop for Spare {
 fn unmap(ptr: NonNull<u8>, cap: usize) {
     // SAFETY: `ptr` was mapped by `map` with exactly this length and is unmapped once: its
     // buffer was dropped and it left the spare lists.
-    unsafe { libc::munmap(ptr.as_ptr().cast(), cap) };
+    let r = unsafe { libc::munmap(ptr.as_ptr().cast(), cap) };
+    debug_assert_eq!(r, 0, "munmap of a buffer's own mapping");
 }
 
 /// `len` bytes (a multiple of the page size) of anonymous memory, zero-filled and populated
 /// up front (one fault per mapping, not per page). Unpooled buffers are mapped rather than
 /// taken from the allocator: glibc keeps freed heap memory in its arenas, so the memory a
 /// budget gave back stayed resident (read-ahead with a 64 MiB budget held 3x that).
-fn map(len: usize) -> NonNull<u8> {
+fn map(len: usize) -> Option<NonNull<u8>> {
     // SAFETY: a fresh private anonymous mapping: no existing memory is touched.
     let p = unsafe {
         libc::mmap(
@@ -245,9 +269,9 @@ fn map(len: usize) -> NonNull<u8> {
         )
     };
     if p == libc::MAP_FAILED {
-        alloc::handle_alloc_error(IoBuf::layout(len));
+        return None;
     }
-    NonNull::new(p.cast()).unwrap_or_else(|| alloc::handle_alloc_error(IoBuf::layout(len)))
+    NonNull::new(p.cast())
 }
 
 impl std::ops::Deref for IoBuf {
@@ -293,9 +317,7 @@ impl Drop for IoBuf {
             }
         }
         if !self.pooled {
-            if let Some(ptr) = spare_keep(ptr, cap) {
-                unmap(ptr, cap);
-            }
+            spare_keep(ptr, cap);
             return;
         }
         // SAFETY: allocated in with_len with exactly this layout, and freed once (a pooled
@@ -364,21 +386,33 @@ mod tests {
     #[test]
     fn spares_stay_within_their_limit() {
         let mut s = Spares::new();
-        assert_eq!(s.keep(0x1000, 4096), Some(0x1000), "no limit: nothing kept");
-        s.limit = 3 * 4096;
-        assert_eq!(s.keep(0x1000, 4096), None);
-        assert_eq!(s.keep(0x2000, 8192), None);
         assert_eq!(
-            s.keep(0x4000, 4096),
-            Some(0x4000),
-            "over the limit: given back"
+            s.keep(0x1000, 4096),
+            [(0x1000, 4096)],
+            "no limit: nothing kept"
         );
+        s.limit = 3 * 4096;
+        assert_eq!(s.keep(0x1000, 4096), []);
+        assert_eq!(s.keep(0x2000, 8192), []);
+        assert_eq!(
+            s.keep(0x4000, 8192),
+            [(0x1000, 4096), (0x4000, 8192)],
+            "no room: given back"
+        );
+        assert_eq!(s.keep(0x1000, 4096), []);
         assert_eq!(
             (s.take(8192), s.take(8192), s.bytes),
             (Some(0x2000), None, 4096)
         );
         assert_eq!(s.take(12288), None, "only exact lengths are reused");
-        assert_eq!(s.keep(0x2000, 8192), None);
+        assert_eq!(
+            s.keep(0x6000, 12288),
+            [(0x1000, 4096)],
+            "another length makes room"
+        );
+        assert_eq!(s.take(12288), Some(0x6000));
+        assert_eq!(s.keep(0x1000, 4096), []);
+        assert_eq!(s.keep(0x2000, 8192), []);
         let over = s.shrink(2 * 4096);
         let given: usize = over.iter().map(|&(_, cap)| cap).sum();
         assert!(s.bytes <= s.limit && s.limit == 4096, "{over:?}");
@@ -394,6 +428,7 @@ mod tests {
         use std::future::Future;
         // A class no other test here uses, so the pool starts empty for it on this thread.
         let len = 3 << 20;
+        assert!(len >= UNPOOLED_MIN);
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let fut = std::pin::pin!(unpooled(async move { alloc(len) }));
         let std::task::Poll::Ready(b) = fut.poll(&mut cx) else {

@@ -206,7 +206,8 @@ impl ReadAhead {
     pub(crate) fn new(stripe: u64, size: u64, budget: u64) -> ReadAhead {
         let unit = stripe * MIN_UNIT.div_ceil(stripe).max(1);
         let max_dist = (MAX_AHEAD.min(budget / 4) / unit).max(1);
-        let spare = budget / SPARE_SHARE;
+        // Never so much that the cache could not hold one unit.
+        let spare = (budget / SPARE_SHARE).min(budget.saturating_sub(unit));
         ReadAhead {
             unit,
             size,
