@@ -75,12 +75,26 @@ def finished_in(ctl, what, timeout=600):
     raise RuntimeError(f"no '{what} ... finished' event")
 
 
-def replace(members, new, size):
-    """Fails member SLOT offline and adds `new` (a fresh file) in its place."""
+def fresh_member(new, size):
+    """An empty member file `new` of `size` bytes, after writing and deleting as much memory in
+    its directory: on this VM a tmpfs page the guest never touched costs several times more to
+    write first (the host backs it then), so a rebuild into a file on such pages ran 2-3x
+    slower than one on pages freed earlier (1G members: 3.3-5.0 s against 1.0-1.5 s, in the
+    same run). Pages just freed are the ones the kernel hands out next."""
+    warm = new + ".warm"
+    with open(warm, "wb") as f:
+        for _ in range(size // (1 << 20)):
+            f.write(bytes(1 << 20))
+    os.unlink(warm)
     if os.path.exists(new):
         os.unlink(new)
     with open(new, "wb") as f:
         f.truncate(size)
+
+
+def replace(members, new, size):
+    """Fails member SLOT offline and adds `new` (a fresh file) in its place."""
+    fresh_member(new, size)
     run([URAID, "fail", str(SLOT), *members])
     run([URAID, "add", new, *members])
     out = list(members)
@@ -122,8 +136,7 @@ def main():
     gen = 0
     for r in range(a.runs):
         survivors = [m for i, m in enumerate(members) if i != SLOT]
-        with open(scratch, "wb") as f:
-            f.truncate(size)
+        fresh_member(scratch, size)
         res["raw_s"].append(raw_rebuild_io(survivors, scratch, span))
         os.unlink(scratch)
         # Idle rebuild.
@@ -145,8 +158,7 @@ def main():
                 run([URAID, "fail", str(SLOT), *members])
             gen += 1
             new = os.path.join(a.dir, f"new{gen}")
-            with open(new, "wb") as f:
-                f.truncate(size)
+            fresh_member(new, size)
             run([URAID, "add", new, *members])
             members[SLOT] = new
             s = serve(a.dir, members, extra)
