@@ -250,6 +250,18 @@ fn unmap(ptr: NonNull<u8>, cap: usize) {
     // buffer was dropped and it left the spare lists.
     let r = unsafe { libc::munmap(ptr.as_ptr().cast(), cap) };
     debug_assert_eq!(r, 0, "munmap of a buffer's own mapping");
+    MAPPED.fetch_sub(cap, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Bytes of unpooled buffers mapped now (in use or spare), and the most there ever were.
+static MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static MAPPED_PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Bytes of unpooled buffers mapped now (in use or kept spare) and the peak since the process
+/// started: what read-ahead's budget bounds, summed over every volume.
+pub fn unpooled_bytes() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (MAPPED.load(Relaxed), MAPPED_PEAK.load(Relaxed))
 }
 
 /// `len` bytes (a multiple of the page size) of anonymous memory, zero-filled and populated
@@ -271,6 +283,9 @@ fn map(len: usize) -> Option<NonNull<u8>> {
     if p == libc::MAP_FAILED {
         return None;
     }
+    use std::sync::atomic::Ordering::Relaxed;
+    let now = MAPPED.fetch_add(len, Relaxed) + len;
+    MAPPED_PEAK.fetch_max(now, Relaxed);
     NonNull::new(p.cast())
 }
 
