@@ -39,7 +39,7 @@
 //!   as failed if its task is dropped unfinished, so no unit stays in flight forever.
 //! * **Bounded.** The jobs with a unit in flight or ready together never exceed the budget
 //!   less its spare share (`SPARE_SHARE`: buffers the cache freed, kept for reuse; prefetch
-//!   buffers are unpooled, buf.rs, so nothing else keeps them)
+//!   buffers of 64 KiB and more are unpooled, buf.rs, so nothing else keeps them)
 //!   (a ready unit shares its job's buffers, so a job counts whole until its last unit
 //!   goes): a prefetch first evicts the oldest jobs that can go whole (every unit ready, none
 //!   the arriving read's own), and is cut short if that is not enough; the stream's next refill starts where it
