@@ -227,8 +227,8 @@ impl Priority {
 ///   stripe lock marks it, after its parity (or mirror copies) were made consistent: by the
 ///   resync walk, by a client write that resyncs it first (`Array::resync_if_unsynced`), or
 ///   by a rebuild that rewrote every chunk of it; or after the chunks of the members
-///   present were found to be one codeword with a parity to spare (`Array::verify_unsynced`,
-///   a degraded array that cannot resync).
+///   present were found to be one codeword with a parity to spare and at most one data
+///   chunk out (`Array::verify_unsynced`, a degraded array that cannot resync).
 /// * Pending ends once (`finish`, or `finish_if_all_synced`) and never starts again; after
 ///   that `unsynced` is false for every unit.
 /// * `given_up`: units a write found unreadable (not retried by writes); `reported`: units

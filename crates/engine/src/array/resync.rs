@@ -71,12 +71,20 @@ impl<D: BlockDev> Array<D> {
     /// failed or behind a rebuild) unusable, each of them out since assembly. With fewer of them
     /// than parities, the chunks that can be read are more than k and can be checked
     /// against each other: decode the data from the first k, recompute every other chunk
-    /// read. If all agree, the stripe is one codeword: no write to it was cut short among
-    /// these members (a torn stripe, some chunks new and others old, is not a codeword
-    /// unless the difference happens to fit the code over every byte of a chunk), and the
-    /// chunks of the members out are the ones it determines. The unit is then marked synced
-    /// (ResyncState's contract) and true returned. False: torn, no parity to spare, not a
-    /// parity level, or a read failed; the caller refuses as before. Caller holds the lock.
+    /// read. If all agree, the stripe is one codeword, and the chunks of the members out are
+    /// the ones it determines. The unit is then marked synced (ResyncState's contract) and
+    /// true returned. False: torn, no parity to spare, not a parity level, a read failed, or
+    /// more than one data chunk out; the caller refuses as before. Caller holds the lock.
+    ///
+    /// Why at most one data chunk out. A write cut short leaves some of the chunks it wrote
+    /// new and the others old: the stripe differs from a codeword by the write's own change
+    /// (a multiple of the code's column for the data chunk it wrote) on a subset of its
+    /// chunks, the same multiple in every byte, so whether the check sees it does not
+    /// depend on the data. With one data chunk out, no such difference fits (the code is MDS:
+    /// it would need a data column proportional to another, or a zero coefficient). With two
+    /// out, some do: EC 3+3 with data chunks 0 and 2 out, a write to chunk 1 torn with parity
+    /// 0 and 2 new passed the check and chunks 0 and 2 decoded as garbage (soak seed 68629;
+    /// resync.rs `a_torn_write_never_passes_the_spare_parity_check`).
     pub(crate) async fn verify_unsynced(&self, unit: u64, out: MemberSet) -> bool {
         let g = self.geo();
         if !g.level.is_parity() {
@@ -93,6 +101,13 @@ impl<D: BlockDev> Array<D> {
             return false;
         }
         let (k, p) = (g.data_chunks(), g.parity());
+        if (0..k)
+            .filter(|&d| out.contains(g.data_member(unit, d)))
+            .count()
+            > 1
+        {
+            return false;
+        }
         let shard_member = |s: usize| {
             if s < k {
                 g.data_member(unit, s)

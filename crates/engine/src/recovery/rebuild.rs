@@ -379,10 +379,12 @@ impl<D: BlockDev> Array<D> {
     }
 
     /// Whether the data decoded for an unsynced `unit`, whose parity encoded from it is
-    /// `parity`, is confirmed: at least one live parity chunk more than the data chunks that
-    /// had to be decoded (missing, being rebuilt, or unreadable: `excl`), and every live
-    /// parity chunk equal to the one encoded. A torn stripe then disagrees with a parity
-    /// the decode did not use. `Retry` when a parity read failed (`excl` grew).
+    /// `parity`, is confirmed: one data chunk decoded at most (missing, being rebuilt, or
+    /// unreadable: `excl`), at least one live parity chunk more, and every live parity chunk
+    /// equal to the one encoded. A torn stripe then disagrees with a parity the decode did
+    /// not use. With two data chunks decoded a torn write can pass (`Array::verify_unsynced`
+    /// says why; resync.rs `a_torn_write_never_passes_the_spare_parity_check`). `Retry`
+    /// when a parity read failed (`excl` grew).
     async fn unsynced_decode_verified(
         &self,
         unit: u64,
@@ -398,7 +400,7 @@ impl<D: BlockDev> Array<D> {
         let live: Vec<usize> = (0..g.parity())
             .filter(|&j| !gone.contains(g.parity_member(unit, j)))
             .collect();
-        if live.len() <= decoded {
+        if decoded > 1 || live.len() <= decoded {
             return Attempt::Done(false);
         }
         let at = g.member_offset(unit, 0);
