@@ -549,9 +549,19 @@ fn dirty_degraded_refuses_exactly_the_torn_stripes_where_a_parity_is_spare() {
 /// members out: the lost chunks are refused or served right, never garbage.
 #[test]
 fn a_torn_write_never_passes_the_spare_parity_check() {
-    let level = Level::Ec { parity: 3 };
-    let (before, want) = written(level, 6);
-    let vol = reassemble(&before, &[true; 6]).unwrap();
+    // Vandermonde rows (RAID6, ec 3+3) and Cauchy (ec 3+4).
+    for (level, n) in [
+        (Level::Ec { parity: 3 }, 6),
+        (Level::Raid6, 6),
+        (Level::Ec { parity: 4 }, 7),
+    ] {
+        torn_writes_never_pass(level, n);
+    }
+}
+
+fn torn_writes_never_pass(level: Level, n: usize) {
+    let (before, want) = written(level, n);
+    let vol = reassemble(&before, &vec![true; n]).unwrap();
     let g = *vol.geometry();
     let sdb = g.stripe_data_bytes();
     let s = 5u64;
@@ -575,8 +585,8 @@ fn a_torn_write_never_passes_the_spare_parity_check() {
         }
         make_dirty(&mut torn);
         // Every set of one or two members out (three parities: two leave one to spare).
-        for out in (0..6usize).flat_map(|a| (a..6).map(move |b| [a, b])) {
-            let present: Vec<bool> = (0..6).map(|m| !out.contains(&m)).collect();
+        for out in (0..n).flat_map(|a| (a..n).map(move |b| [a, b])) {
+            let present: Vec<bool> = (0..n).map(|m| !out.contains(&m)).collect();
             let vol = reassemble(&torn, &present).unwrap();
             assert!(vol.array().needs_resync());
             for i in 0..g.data_chunks() as u64 {
@@ -591,8 +601,8 @@ fn a_torn_write_never_passes_the_spare_parity_check() {
                     got[..] == want[off..off + CHUNK as usize] || (i == 1 && got[..] == new[..]);
                 assert!(
                     ok,
-                    "stripe {s} torn (new on members {:?}), members {out:?} out: data chunk \
-                     {i} served wrong",
+                    "{level:?}: stripe {s} torn (new on members {:?}), members {out:?} out: \
+                     data chunk {i} served wrong",
                     written
                         .iter()
                         .enumerate()
@@ -618,7 +628,7 @@ fn a_torn_write_never_passes_the_spare_parity_check() {
             }
         }
         make_dirty(&mut torn);
-        let present: Vec<bool> = (0..6).map(|m| m != d0 && m != d2).collect();
+        let present: Vec<bool> = (0..n).map(|m| m != d0 && m != d2).collect();
         let vol = reassemble(&torn, &present).unwrap();
         let dev = MemDev::from_image("new", vec![0xEE; torn[d2].len()]);
         let slot = block_on(vol.add_member(dev, uraid_sim::new_device_uuid(9))).unwrap();
@@ -629,8 +639,8 @@ fn a_torn_write_never_passes_the_spare_parity_check() {
             if let Ok(got) = block_on(vol.read(off as u64, CHUNK)) {
                 assert!(
                     got.to_vec()[..] == want[off..off + CHUNK as usize],
-                    "stripe {s} torn (set {torn_set:b}), slot {slot} rebuilt: data chunk {i} \
-                     served wrong"
+                    "{level:?}: stripe {s} torn (set {torn_set:b}), slot {slot} rebuilt: data \
+                     chunk {i} served wrong"
                 );
             }
         }

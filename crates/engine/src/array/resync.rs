@@ -76,15 +76,18 @@ impl<D: BlockDev> Array<D> {
     /// true returned. False: torn, no parity to spare, not a parity level, a read failed, or
     /// more than one data chunk out; the caller refuses as before. Caller holds the lock.
     ///
-    /// Why at most one data chunk out. A write cut short leaves some of the chunks it wrote
-    /// new and the others old: the stripe differs from a codeword by the write's own change
-    /// (a multiple of the code's column for the data chunk it wrote) on a subset of its
-    /// chunks, the same multiple in every byte, so whether the check sees it does not
-    /// depend on the data. With one data chunk out, no such difference fits (the code is MDS:
-    /// it would need a data column proportional to another, or a zero coefficient). With two
-    /// out, some do: EC 3+3 with data chunks 0 and 2 out, a write to chunk 1 torn with parity
-    /// 0 and 2 new passed the check and chunks 0 and 2 decoded as garbage (soak seed 68629;
-    /// resync.rs `a_torn_write_never_passes_the_spare_parity_check`).
+    /// Why at most one data chunk out. A write of one data chunk cut short leaves some of the
+    /// chunks it wrote new and the others old: in each byte the stripe differs from a
+    /// codeword by that byte's change times the code's column for the chunk written, on the
+    /// chunks that got the write, so whether a tear fits does not depend on the data. With
+    /// one data chunk out, none fits (the code is MDS: no data column proportional to
+    /// another, no zero coefficient, no singular 2x2 minor). With two out, some do: EC 3+3
+    /// with data chunks 0 and 2 out, a write to chunk 1 torn with parity 0 and 2 new passed
+    /// the check and chunks 0 and 2 decoded as garbage (soak seed 68629; resync.rs
+    /// `a_torn_write_never_passes_the_spare_parity_check`). What stays possible: a mix of
+    /// two unflushed writes to the same chunk, or one write over more data chunks than there
+    /// are spare parities, fits when the changes happen to stand in the code's ratio in every
+    /// changed byte (likely only for writes that change a byte or a few).
     pub(crate) async fn verify_unsynced(&self, unit: u64, out: MemberSet) -> bool {
         let g = self.geo();
         if !g.level.is_parity() {
