@@ -94,6 +94,7 @@ def fio(env, uri, rw, bs, qd, runtime, extra=()):
         cmd += [f"--runtime={runtime}", "--time_based"]
     j = fio_json(cmd)["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
+    print(f"  client: usr {j['usr_cpu']:.0f}% sys {j['sys_cpu']:.0f}% ctx {j['ctx']}", file=sys.stderr)
     return side["iops"], side["bw_bytes"] / 1e6, side["total_ios"], side["io_bytes"]
 
 
@@ -130,7 +131,13 @@ def main():
     ap.add_argument("--dir", default="/dev/shm/uraid-tls")
     ap.add_argument("--out", default="-")
     ap.add_argument("--uraid", default=URAID, help="uraid binary (built with TLS)")
+    ap.add_argument("--only", default="", help="run only the workloads whose name contains this")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="extra argument for both uraid servers (repeat), e.g. --serve-arg=--busy-poll=0")
     a = ap.parse_args()
+    workloads = [w for w in WORKLOADS if a.only in w[0]]
+    if not workloads:
+        sys.exit(f"no workload matches --only {a.only!r}")
     for tool in ("fio", "nbdkit", "nbdinfo", "certtool"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: run scripts/setup.sh (certtool: gnutls-bin)")
@@ -175,14 +182,14 @@ def main():
 
         lst, _, tail, sock, port = listen("uraid-tls")
         peers.append(Peer(URAID_TLS, [a.uraid, "serve", "--listen", lst, "--control", "none", "--tls", "require",
-                                      "--tls-certificates", certs] + members,
+                                      "--tls-certificates", certs] + a.serve_arg + members,
                           "nbds" + tail, sock, port, os.path.join(tmp, "uraid-tls.log")))
         _, addr, tail, sock, port = listen("nbdkit-tls")
         peers.append(Peer(NBDKIT_TLS, ["nbdkit", "-f", "--exit-with-parent"] + addr +
                           ["--tls=require", f"--tls-certificates={certs}", "file", peer_img],
                           "nbds" + tail, sock, port, os.path.join(tmp, "nbdkit-tls.log")))
         lst, _, tail, sock, port = listen("uraid-plain")
-        peers.append(Peer(URAID_PLAIN, [a.uraid, "serve", "--listen", lst, "--control", "none"] + members,
+        peers.append(Peer(URAID_PLAIN, [a.uraid, "serve", "--listen", lst, "--control", "none"] + a.serve_arg + members,
                           "nbd" + tail, sock, port, os.path.join(tmp, "uraid-plain.log")))
         by_name = {p.name: p for p in peers}
 
@@ -215,7 +222,7 @@ def main():
             order = peers[r % len(peers):] + peers[:r % len(peers)]  # each one first in turn
             for p in order:
                 p.start()
-                for wl, rw, bs, qd, metric in WORKLOADS:
+                for wl, rw, bs, qd, metric in workloads:
                     t0 = cpu_ticks(p.pid)
                     iops, mbps, ios, nbytes = fio(env, p.uri, rw, bs, qd, a.runtime)
                     t1 = cpu_ticks(p.pid)
@@ -252,7 +259,7 @@ def main():
         lines.append("")
         lines.append("| workload | " + " | ".join(p.name for p in peers) + " |")
         lines.append("|---|" + "---:|" * len(peers))
-        for wl, _, _, _, metric in WORKLOADS:
+        for wl, _, _, _, metric in workloads:
             cells = []
             for p in peers:
                 v, c, m = med(p.name, wl, 0), med(p.name, wl, 1), med(p.name, wl, 2)
@@ -265,7 +272,7 @@ def main():
         lines.append("| workload | uraid-TLS / nbdkit-TLS | CPU/req uraid-TLS / nbdkit-TLS "
                      "| uraid-TLS / uraid-plain | CPU/req uraid-TLS / uraid-plain |")
         lines.append("|---|---:|---:|---:|---:|")
-        for wl, _, _, _, metric in WORKLOADS:
+        for wl, _, _, _, metric in workloads:
             cols = []
             for ref in (NBDKIT_TLS, URAID_PLAIN):
                 cols.append(f"{med(URAID_TLS, wl, 0) / med(ref, wl, 0):.2f}×")
@@ -275,7 +282,7 @@ def main():
             lines.append("")
             lines.append("Run-to-run spread of the throughput ((max - min) / median): " + "; ".join(
                 f"{p.name} {wl} {spread([x[0] for x in results[(p.name, wl)]]) * 100:.0f}%"
-                for p in peers for wl, *_ in WORKLOADS) + ".")
+                for p in peers for wl, *_ in workloads) + ".")
         lines.append("")
         lines.append("Servers:")
         lines.append("")

@@ -92,37 +92,29 @@ unsafe impl StableBuf for IoBuf {}
 /// and the buffer: a `Vec` or an aligned `IoBuf` (write payloads, received where the member
 /// writes will take them from).
 pub async fn recv<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<usize>, B) {
-    let end = buf.len();
-    recv_range(fd, buf, start, end, false).await
+    recv_range(fd, buf, start, false).await
 }
 
-/// Receives `buf[start..end]` with MSG_WAITALL: one completion for bytes the caller knows
-/// are on their way, not one per segment. It can still come back short (the peer closed,
-/// the socket was shut down, an error after some data): callers loop as for `recv`.
-pub async fn recv_all<B: StableBuf>(
-    fd: RawFd,
-    buf: B,
-    start: usize,
-    end: usize,
-) -> (io::Result<usize>, B) {
-    recv_range(fd, buf, start, end, true).await
+/// `recv` for the rest of a large transfer the peer is known to be sending (a write
+/// payload): while the reactor waits for nothing else it sleeps instead of busy-polling
+/// (`reactor::Local::mark_bulk`).
+pub async fn recv_bulk<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<usize>, B) {
+    recv_range(fd, buf, start, true).await
 }
 
 async fn recv_range<B: StableBuf>(
     fd: RawFd,
     mut buf: B,
     start: usize,
-    end: usize,
-    wait_all: bool,
+    bulk: bool,
 ) -> (io::Result<usize>, B) {
     let l = match ring() {
         Ok(l) => l,
         Err(e) => return (Err(e), buf),
     };
-    let end = end.min(buf.len());
+    let end = buf.len();
     let start = start.min(end);
     let len = (end - start) as u32;
-    let flags = if wait_all { libc::MSG_WAITALL } else { 0 };
     // SAFETY: start <= buf.len(); the pointer stays valid because the buffer (a Vec or an
     // IoBuf, whose heap block does not move with it) is moved into the op slot until the
     // completion.
@@ -130,13 +122,15 @@ async fn recv_range<B: StableBuf>(
     let op = l.push_keep(
         move |ud| {
             opcode::Recv::new(types::Fd(fd), ptr, len)
-                .flags(flags)
                 .build()
                 .user_data(ud)
         },
         None,
         Some(Box::new(buf)),
     );
+    if bulk {
+        l.mark_bulk(&op);
+    }
     let (res, keep) = op.with_keep().await;
     let buf = *keep
         .and_then(|k| k.downcast::<B>().ok())

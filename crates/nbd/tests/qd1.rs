@@ -102,3 +102,48 @@ fn busy_poll_catches_back_to_back_requests_and_stops_when_idle() {
     drop(c);
     f.stop_within(Duration::from_secs(20));
 }
+
+/// The rest of a large write payload is received as a bulk transfer: while it is in flight
+/// the reactor sleeps between its segments instead of busy-polling for them (the client
+/// streams at its own pace and nothing is answered before the last byte, so a spin would
+/// save a wake-up per segment of one request and burn a core between them).
+#[test]
+fn a_write_payload_arriving_in_pieces_is_not_busy_polled_for() {
+    const LEN: usize = 4 << 20;
+    const PIECE: usize = 16 << 10;
+    let f = Fixture::start("bulkpoll", 16, Config::default());
+    let rt = f.rt.as_ref().expect("runtime").handle();
+    // A budget far above the gaps between pieces: without the rule every piece is polled for.
+    rt.set_busy_poll(Duration::from_millis(2));
+    let mut c = Client::connect(&f.sock);
+    c.go();
+    let payload = block(99, LEN);
+    let before = rt.idle_turns();
+    c.s.write_all(&header(0, CMD_WRITE, 1, 0, LEN as u32))
+        .unwrap();
+    for p in payload.chunks(PIECE) {
+        c.s.write_all(p).unwrap();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert_eq!(c.simple(), (0, 1));
+    let after = rt.idle_turns();
+    let (polled, slept) = (after.0 - before.0, after.1 - before.1);
+    let pieces = (LEN / PIECE) as u64;
+    println!("{pieces} pieces of one write: {polled} idle turns polled, {slept} slept");
+    // The header's turn and the first piece's may still poll, before the payload's receive.
+    assert!(
+        polled <= 2,
+        "the reactor busy-polled {polled} times for one write's payload ({slept} sleeps)"
+    );
+    assert!(
+        slept >= pieces / 4,
+        "only {slept} idle turns for {pieces} pieces sent apart: the test did not see the gaps"
+    );
+    c.request(0, CMD_READ, 2, 0, LEN as u32, &[]);
+    assert_eq!(c.simple(), (0, 2));
+    let mut back = vec![0u8; LEN];
+    c.s.read_exact(&mut back).unwrap();
+    assert!(back == payload, "the write read back wrong");
+    drop(c);
+    f.stop_within(Duration::from_secs(20));
+}

@@ -141,6 +141,8 @@ pub(crate) struct Local {
     orphans: Cell<usize>,
     /// Of those, timers (`timer::sleep` dropped early): they complete by themselves.
     timer_orphans: Cell<usize>,
+    /// In-flight ops (not orphaned) marked bulk (`Local::mark_bulk`).
+    bulk: Cell<usize>,
     /// Whether the eventfd read (the cross-thread wake-up) is queued on the ring.
     efd_armed: Cell<bool>,
 }

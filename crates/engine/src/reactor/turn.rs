@@ -74,6 +74,7 @@ pub(super) fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u
         inflight: Cell::new(0),
         orphans: Cell::new(0),
         timer_orphans: Cell::new(0),
+        bulk: Cell::new(0),
         efd_armed: Cell::new(false),
     });
     LOCAL.with(|l| *l.borrow_mut() = Some(local.clone()));
@@ -207,7 +208,7 @@ fn ring_turn(
     let more = more || !local.efd_armed.get();
     let mut ring = ring.borrow_mut();
     let r = if !more {
-        idle_turn(shared, &mut ring, idle)
+        idle_turn(shared, &mut ring, idle, local.waits_on_bulk())
     } else if spinning || !ring.submission().is_empty() || ring.submission().cq_overflow() {
         shared.count_enter();
         submit(&mut ring)
@@ -222,12 +223,18 @@ fn ring_turn(
     local.reap(&mut ring);
 }
 
-/// A turn with nothing to do: busy-poll if `idle` says it pays (submitting what is queued
-/// first), else, or if the poll runs out, submit and sleep until a completion (or the
-/// eventfd) arrives; `idle` learns how it ended.
-fn idle_turn(shared: &Shared, ring: &mut IoUring, idle: &mut IdlePolicy) -> io::Result<usize> {
+/// A turn with nothing to do: busy-poll if `idle` says it pays and no bulk transfer is in
+/// flight (`Local::mark_bulk`), submitting what is queued first; else,
+/// or if the poll runs out, submit and sleep until a completion (or the eventfd) arrives;
+/// `idle` learns how it ended.
+fn idle_turn(
+    shared: &Shared,
+    ring: &mut IoUring,
+    idle: &mut IdlePolicy,
+    bulk: bool,
+) -> io::Result<usize> {
     let budget = shared.busy_poll_ns.load(Ordering::Relaxed);
-    let poll = idle.should_poll(budget);
+    let poll = idle.should_poll(budget) && !bulk;
     let mut r = Ok(0);
     if poll {
         if !ring.submission().is_empty() {

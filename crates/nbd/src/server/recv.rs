@@ -18,16 +18,14 @@ const RECV_BUF: usize = 256 << 10;
 /// Ciphertext receive buffer of a TLS connection (a few records)...
 const TLS_RECV_BUF: usize = 64 << 10;
 /// ...grown to this once it receives a large write payload (kept for the connection): the
-/// receives between payloads take whatever the client has queued. Measured over a Unix
-/// socket, 1M TLS writes: 830–860 MB/s with this, 540–630 with 148 KiB (room for one
-/// `WAIT_ALL_MAX` receive only).
+/// receives between payloads take whatever the client has queued.
 const TLS_RECV_BUF_LARGE: usize = 1 << 20;
 /// What a TLS session may hold back of the payload: the plaintext of one partial record
 /// (at most 16 KiB), rounded up.
 const RECORD_SLACK: usize = 20 << 10;
-/// Smallest receive worth waiting for whole (MSG_WAITALL), and the largest.
-const WAIT_ALL_MIN: usize = 32 << 10;
-const WAIT_ALL_MAX: usize = 128 << 10;
+/// The rest of a write payload from this size on is received as a bulk transfer
+/// (`net::recv_bulk`: the reactor sleeps, not spins, while it waits only for such).
+const BULK_MIN: usize = 32 << 10;
 
 /// Buffered reader over a socket.
 pub(super) struct Reader {
@@ -110,8 +108,9 @@ impl Reader {
 
     /// Feeds the session more ciphertext (received now if none is waiting). `need`:
     /// plaintext bytes the caller knows the client is sending (the rest of a write's
-    /// payload; 0 when unknown): at least that much ciphertext, less what the session may
-    /// hold of a partial record, is waited for in one receive.
+    /// payload; 0 when unknown): when that much ciphertext, less what the session may hold
+    /// of a partial record, is at least `BULK_MIN`, the receive is a bulk one (and the
+    /// buffer grown to take a large part of it at once).
     async fn feed_tls(fd: RawFd, t: &mut Tls, need: usize) -> io::Result<()> {
         if t.start == t.end {
             let mut ct = t.ct.take().expect("ciphertext buffer present");
@@ -119,11 +118,11 @@ impl Reader {
             if sure > ct.len() && ct.len() < TLS_RECV_BUF_LARGE {
                 ct = vec![0u8; TLS_RECV_BUF_LARGE];
             }
-            // In pieces: records are opened while the rest arrives (a Unix socket holds
-            // about 200 KiB; the client waits while its buffer is full).
-            let sure = sure.min(ct.len()).min(WAIT_ALL_MAX);
-            let (r, ct) = if sure >= WAIT_ALL_MIN {
-                net::recv_all(fd, ct, 0, sure).await
+            // Whatever has arrived, opened at once: waiting for more (MSG_WAITALL) let the
+            // client's socket buffer fill (a Unix socket holds a few records) and the two
+            // sides took turns instead of overlapping.
+            let (r, ct) = if sure >= BULK_MIN {
+                net::recv_bulk(fd, ct, 0).await
             } else {
                 net::recv(fd, ct, 0).await
             };
@@ -233,7 +232,11 @@ impl Reader {
                 got += Self::pull_tls(self.fd, t, &mut v[got..], need).await?;
                 continue;
             }
-            let (r, back) = net::recv(self.fd, v, got).await;
+            let (r, back) = if n - got >= BULK_MIN {
+                net::recv_bulk(self.fd, v, got).await
+            } else {
+                net::recv(self.fd, v, got).await
+            };
             v = back;
             match r? {
                 0 => return Err(eof()),
