@@ -96,8 +96,8 @@ pub async fn recv<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<
 }
 
 /// `recv` for the rest of a large transfer the peer is known to be sending (a write
-/// payload): while the reactor waits for nothing else it sleeps instead of busy-polling
-/// (`reactor::Local::mark_bulk`).
+/// payload): its completion alone is no reason for the reactor to busy-poll in its next idle
+/// turn (`reactor::Local::mark_bulk`).
 pub async fn recv_bulk<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<usize>, B) {
     recv_range(fd, buf, start, true).await
 }

@@ -103,10 +103,10 @@ fn busy_poll_catches_back_to_back_requests_and_stops_when_idle() {
     f.stop_within(Duration::from_secs(20));
 }
 
-/// The rest of a large write payload is received as a bulk transfer: while it is in flight
-/// the reactor sleeps between its segments instead of busy-polling for them (the client
-/// streams at its own pace and nothing is answered before the last byte, so a spin would
-/// save a wake-up per segment of one request and burn a core between them).
+/// The rest of a large write payload is received as a bulk transfer: the reactor sleeps
+/// between its segments instead of busy-polling for them (the client streams at its own
+/// pace and nothing is answered before the last byte, so a spin would save a wake-up per
+/// segment of one request and burn a core between them).
 #[test]
 fn a_write_payload_arriving_in_pieces_is_not_busy_polled_for() {
     const LEN: usize = 4 << 20;
@@ -130,7 +130,8 @@ fn a_write_payload_arriving_in_pieces_is_not_busy_polled_for() {
     let (polled, slept) = (after.0 - before.0, after.1 - before.1);
     let pieces = (LEN / PIECE) as u64;
     println!("{pieces} pieces of one write: {polled} idle turns polled, {slept} slept");
-    // The header's turn and the first piece's may still poll, before the payload's receive.
+    // Polls at the ends only (the header's turn, a poll that finds the first piece and so
+    // stops polling); none between the pieces.
     assert!(
         polled <= 2,
         "the reactor busy-polled {polled} times for one write's payload ({slept} sleeps)"

@@ -141,8 +141,10 @@ pub(crate) struct Local {
     orphans: Cell<usize>,
     /// Of those, timers (`timer::sleep` dropped early): they complete by themselves.
     timer_orphans: Cell<usize>,
-    /// In-flight ops (not orphaned) marked bulk (`Local::mark_bulk`).
-    bulk: Cell<usize>,
+    /// Whether the completions reaped since the last idle turn began include a bulk op's
+    /// (`Local::mark_bulk`), and anything else (another op, the eventfd).
+    done_bulk: Cell<bool>,
+    done_other: Cell<bool>,
     /// Whether the eventfd read (the cross-thread wake-up) is queued on the ring.
     efd_armed: Cell<bool>,
 }

@@ -27,7 +27,7 @@ pub(super) struct OpSlot {
     /// A timer (`timer::sleep`): orphaned, it is no device's I/O left behind, and it
     /// completes by itself.
     timer: bool,
-    /// Counted in `Local::bulk` (see `Local::mark_bulk`).
+    /// See `Local::mark_bulk`.
     bulk: bool,
 }
 
@@ -121,24 +121,27 @@ impl Local {
     }
 
     /// Marks `op` as the rest of a bulk transfer (a large write payload still arriving):
-    /// an idle reactor with such an op in flight sleeps instead of busy-polling
-    /// (`turn::idle_turn`). The peer sends it at its own pace and nothing is answered
-    /// until the whole of it is in, so a spin would save one wake-up in a transfer that
-    /// takes many, at the price of a core spinning between its segments (with a 1 MiB
-    /// TLS write stream: about a third more server CPU per byte, for the same rate).
+    /// an idle turn that ends in its completion, and nothing else's, is no reason to
+    /// busy-poll in the next one (`turn::IdlePolicy`). The peer sends it at its own pace and
+    /// nothing is answered until the whole of it is in, so a spin would save one wake-up in
+    /// a transfer that takes many, at the price of a core spinning between its segments
+    /// (with a 1 MiB TLS write stream: about a third more server CPU per byte, for the same
+    /// rate).
     pub(crate) fn mark_bulk(&self, op: &RingOp) {
         if let Some(slot) = self.ops.borrow_mut().get_mut(op.id) {
-            if slot.result.is_none() && !slot.orphaned && !slot.bulk {
-                slot.bulk = true;
-                self.bulk.set(self.bulk.get() + 1);
-            }
+            slot.bulk = true;
         }
     }
 
-    /// Whether a bulk transfer is in flight. (Any, not only: the reactor that accepts
-    /// connections always has its accept waiting, and a timer may be.)
-    pub(super) fn waits_on_bulk(&self) -> bool {
-        self.bulk.get() > 0
+    /// Forgets what completed so far (an idle turn begins).
+    pub(super) fn clear_done(&self) {
+        self.done_bulk.set(false);
+        self.done_other.set(false);
+    }
+
+    /// Whether what completed since `clear_done` was bulk ops only (at least one).
+    pub(super) fn done_bulk_only(&self) -> bool {
+        self.done_bulk.get() && !self.done_other.get()
     }
 
     /// Handles every completion the completion queue holds (the run loop after each
@@ -148,6 +151,7 @@ impl Local {
         for cqe in ring.completion() {
             n += 1;
             if cqe.user_data() == EVENTFD_TOKEN {
+                self.done_other.set(true);
                 self.efd_armed.set(false);
                 self.shared.notified.store(false, Ordering::Release);
             } else {
@@ -163,8 +167,9 @@ impl Local {
         let Some(slot) = ops.get_mut(id) else { return };
         self.inflight.set(self.inflight.get() - 1);
         if slot.bulk {
-            slot.bulk = false;
-            self.bulk.set(self.bulk.get() - 1);
+            self.done_bulk.set(true);
+        } else {
+            self.done_other.set(true);
         }
         if slot.orphaned {
             self.orphans.set(self.orphans.get() - 1);
@@ -291,10 +296,6 @@ impl Drop for RingOp {
                     // The kernel still owns the buffer; free it when the CQE arrives.
                     slot.orphaned = true;
                     l.orphans.set(l.orphans.get() + 1);
-                    if slot.bulk {
-                        slot.bulk = false;
-                        l.bulk.set(l.bulk.get() - 1);
-                    }
                     if slot.timer {
                         l.timer_orphans.set(l.timer_orphans.get() + 1);
                     }

@@ -33,7 +33,10 @@ pub(super) enum IdleEnd {
 /// might have caught it (under two budgets: the sleep includes the wake-up a poll saves). A
 /// poll that ran out stops polling until such a sleep is seen, so work arriving a little too
 /// far apart costs at most every other idle turn a wasted budget, and an idle reactor sleeps
-/// after one. A budget of 0 never polls.
+/// after one. A budget of 0 never polls. A turn woken by nothing but bulk transfers
+/// (`Local::mark_bulk`: the rest of a write payload) does not poll next either: the client
+/// streams those at its own pace, and a reactor spinning between the segments of one
+/// request costs a core for a wake-up saved now and then.
 #[derive(Debug, Default)]
 pub(super) struct IdlePolicy {
     poll_pays: bool,
@@ -45,9 +48,11 @@ impl IdlePolicy {
         budget_ns > 0 && self.poll_pays
     }
 
-    /// Records how an idle turn with a budget of `budget_ns` ended.
-    pub(super) fn ended(&mut self, end: IdleEnd, budget_ns: u64) {
+    /// Records how an idle turn with a budget of `budget_ns` ended, and whether what it
+    /// found (or woke to) was bulk transfers only.
+    pub(super) fn ended(&mut self, end: IdleEnd, budget_ns: u64, bulk_only: bool) {
         self.poll_pays = match end {
+            _ if bulk_only => false,
             IdleEnd::Found => true,
             IdleEnd::Slept { polled, nanos } => {
                 !polled && budget_ns > 0 && nanos < u128::from(budget_ns.saturating_mul(2))
@@ -74,7 +79,8 @@ pub(super) fn run_reactor(peers: Arc<Vec<Arc<Shared>>>, index: usize, entries: u
         inflight: Cell::new(0),
         orphans: Cell::new(0),
         timer_orphans: Cell::new(0),
-        bulk: Cell::new(0),
+        done_bulk: Cell::new(false),
+        done_other: Cell::new(false),
         efd_armed: Cell::new(false),
     });
     LOCAL.with(|l| *l.borrow_mut() = Some(local.clone()));
@@ -208,7 +214,11 @@ fn ring_turn(
     let more = more || !local.efd_armed.get();
     let mut ring = ring.borrow_mut();
     let r = if !more {
-        idle_turn(shared, &mut ring, idle, local.waits_on_bulk())
+        local.clear_done();
+        let (r, end, budget) = idle_turn(shared, &mut ring, idle);
+        local.reap(&mut ring);
+        idle.ended(end, budget, local.done_bulk_only());
+        r
     } else if spinning || !ring.submission().is_empty() || ring.submission().cq_overflow() {
         shared.count_enter();
         submit(&mut ring)
@@ -223,18 +233,17 @@ fn ring_turn(
     local.reap(&mut ring);
 }
 
-/// A turn with nothing to do: busy-poll if `idle` says it pays and no bulk transfer is in
-/// flight (`Local::mark_bulk`), submitting what is queued first; else,
-/// or if the poll runs out, submit and sleep until a completion (or the eventfd) arrives;
-/// `idle` learns how it ended.
+/// A turn with nothing to do: busy-poll if `idle` says it pays (submitting what is queued
+/// first), else, or if the poll runs out, submit and sleep until a completion (or the
+/// eventfd) arrives. Returns how it ended and the budget, for `idle` to learn from once
+/// the completions are reaped.
 fn idle_turn(
     shared: &Shared,
     ring: &mut IoUring,
-    idle: &mut IdlePolicy,
-    bulk: bool,
-) -> io::Result<usize> {
+    idle: &IdlePolicy,
+) -> (io::Result<usize>, IdleEnd, u64) {
     let budget = shared.busy_poll_ns.load(Ordering::Relaxed);
-    let poll = idle.should_poll(budget) && !bulk;
+    let poll = idle.should_poll(budget);
     let mut r = Ok(0);
     if poll {
         if !ring.submission().is_empty() {
@@ -243,8 +252,7 @@ fn idle_turn(
         }
         if busy_poll(ring, shared, budget) {
             bump(&shared.polled);
-            idle.ended(IdleEnd::Found, budget);
-            return r;
+            return (r, IdleEnd::Found, budget);
         }
     }
     bump(&shared.slept);
@@ -252,14 +260,11 @@ fn idle_turn(
     let t0 = std::time::Instant::now();
     let r = submit_and_wait(ring, 1);
     let nanos = t0.elapsed().as_nanos();
-    idle.ended(
-        IdleEnd::Slept {
-            polled: poll,
-            nanos,
-        },
-        budget,
-    );
-    r
+    let end = IdleEnd::Slept {
+        polled: poll,
+        nanos,
+    };
+    (r, end, budget)
 }
 
 /// An idle reactor without a ring: waits (at most 100 ms) for the eventfd, then consumes it.
@@ -291,30 +296,52 @@ mod tests {
         let mut p = IdlePolicy::default();
         assert!(!p.should_poll(BUDGET), "the first idle turn sleeps");
         // A sleep shorter than two budgets: a poll might have caught it.
-        p.ended(slept(false, 2 * u128::from(BUDGET) - 1), BUDGET);
+        p.ended(slept(false, 2 * u128::from(BUDGET) - 1), BUDGET, false);
         assert!(p.should_poll(BUDGET));
-        p.ended(IdleEnd::Found, BUDGET);
+        p.ended(IdleEnd::Found, BUDGET, false);
         assert!(p.should_poll(BUDGET), "a poll that found work polls again");
         // A poll that ran out: the next idle turn sleeps, however short that sleep was.
-        p.ended(slept(true, 1), BUDGET);
+        p.ended(slept(true, 1), BUDGET, false);
         assert!(!p.should_poll(BUDGET));
-        p.ended(slept(false, 1), BUDGET);
+        p.ended(slept(false, 1), BUDGET, false);
         assert!(p.should_poll(BUDGET));
         // A long sleep (an idle reactor) stops polling.
-        p.ended(slept(false, 2 * u128::from(BUDGET)), BUDGET);
+        p.ended(slept(false, 2 * u128::from(BUDGET)), BUDGET, false);
         assert!(!p.should_poll(BUDGET));
     }
 
     #[test]
     fn busy_polling_with_no_budget_never_starts() {
         let mut p = IdlePolicy::default();
-        p.ended(IdleEnd::Found, BUDGET);
+        p.ended(IdleEnd::Found, BUDGET, false);
         assert!(p.should_poll(BUDGET));
         assert!(!p.should_poll(0), "budget 0 turns polling off at once");
-        p.ended(slept(false, 0), 0);
+        p.ended(slept(false, 0), 0, false);
         assert!(
             !p.should_poll(BUDGET),
             "no sleep is short against a zero budget"
         );
+    }
+
+    #[test]
+    fn a_turn_woken_by_bulk_transfers_only_does_not_poll_next() {
+        let mut p = IdlePolicy::default();
+        p.ended(IdleEnd::Found, BUDGET, false);
+        assert!(p.should_poll(BUDGET));
+        // A poll that found the next segment of a write payload, and nothing else.
+        p.ended(IdleEnd::Found, BUDGET, true);
+        assert!(
+            !p.should_poll(BUDGET),
+            "a bulk segment found by a poll stops polling"
+        );
+        // A short sleep woken by a segment alone: still no poll.
+        p.ended(slept(false, 1), BUDGET, true);
+        assert!(
+            !p.should_poll(BUDGET),
+            "a short sleep woken by bulk only keeps sleeping"
+        );
+        // Anything else among the completions (a request): the usual rule.
+        p.ended(slept(false, 1), BUDGET, false);
+        assert!(p.should_poll(BUDGET));
     }
 }

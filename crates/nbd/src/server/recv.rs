@@ -24,7 +24,8 @@ const TLS_RECV_BUF_LARGE: usize = 1 << 20;
 /// (at most 16 KiB), rounded up.
 const RECORD_SLACK: usize = 20 << 10;
 /// The rest of a write payload from this size on is received as a bulk transfer
-/// (`net::recv_bulk`: the reactor sleeps, not spins, while it waits only for such).
+/// (`net::recv_bulk`: its arrival is no reason for the reactor to busy-poll). Compared with
+/// the plaintext still to come (`take_buf`), or with that less `RECORD_SLACK` (TLS).
 const BULK_MIN: usize = 32 << 10;
 
 /// Buffered reader over a socket.
