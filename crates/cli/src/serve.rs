@@ -92,8 +92,8 @@ pub struct ServeArgs {
     pub threads: Option<usize>,
     /// Busy-poll: a reactor with nothing to do spins this many microseconds for the next
     /// completion before it sleeps, while requests keep arriving within a few of them (queue
-    /// depth 1 saves a wake-up per request), and not while a large write payload is still
-    /// arriving. 0 turns it off.
+    /// depth 1 saves a wake-up per request), and not after a wait that only the pieces of a
+    /// large write payload ended. 0 turns it off.
     #[arg(long, value_name = "USECS", default_value_t = 50)]
     pub busy_poll: u64,
     /// Write merging: a partial-stripe write of a sequential stream with enough requests in

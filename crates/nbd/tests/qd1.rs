@@ -137,7 +137,7 @@ fn a_write_payload_arriving_in_pieces_is_not_busy_polled_for() {
         "the reactor busy-polled {polled} times for one write's payload ({slept} sleeps)"
     );
     assert!(
-        slept >= pieces / 4,
+        slept >= pieces / 8,
         "only {slept} idle turns for {pieces} pieces sent apart: the test did not see the gaps"
     );
     c.request(0, CMD_READ, 2, 0, LEN as u32, &[]);

@@ -145,7 +145,8 @@ impl Local {
     }
 
     /// Handles every completion the completion queue holds (the run loop after each
-    /// `io_uring_enter`, and `push_keep` when a full ring needs room). Returns the count.
+    /// `io_uring_enter` and idle turn, `run_ready` between passes, and `push_op` when a full
+    /// ring needs room). Returns the count.
     pub(super) fn reap(&self, ring: &mut IoUring) -> usize {
         let mut n = 0;
         for cqe in ring.completion() {

@@ -198,7 +198,7 @@ fn arm_eventfd(shared: &Shared, local: &Local, ring: &RefCell<IoUring>, efd_buf:
 /// submissions (completions are read from the shared queue without a syscall), or when
 /// tasks kept waking for `MAX_PASSES` passes (`spinning`: a task yielding until an I/O
 /// completes; the kernel finishes some completions only when this thread enters it).
-/// Nothing to do: `idle_turn`. Then reap.
+/// Nothing to do: `idle_turn`, reap, and `idle.ended` with what was reaped. Then reap.
 fn ring_turn(
     shared: &Shared,
     local: &Local,
