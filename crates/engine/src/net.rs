@@ -92,17 +92,13 @@ unsafe impl StableBuf for IoBuf {}
 /// and the buffer: a `Vec` or an aligned `IoBuf` (write payloads, received where the member
 /// writes will take them from).
 pub async fn recv<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<usize>, B) {
-    recv_range(fd, buf, start, false).await
+    recv_bulk(fd, buf, start, false).await
 }
 
-/// `recv` for the rest of a large transfer the peer is known to be sending (a write
-/// payload): its completion alone is no reason for the reactor to busy-poll in its next idle
-/// turn (`reactor::Local::mark_bulk`).
-pub async fn recv_bulk<B: StableBuf>(fd: RawFd, buf: B, start: usize) -> (io::Result<usize>, B) {
-    recv_range(fd, buf, start, true).await
-}
-
-async fn recv_range<B: StableBuf>(
+/// `recv`, as part of a large transfer the peer is known to be sending (the rest of a write
+/// payload) when `bulk`: its completion alone is then no reason for the reactor to busy-poll
+/// in its next idle turn (`reactor::Local::mark_bulk`).
+pub async fn recv_bulk<B: StableBuf>(
     fd: RawFd,
     mut buf: B,
     start: usize,

@@ -575,8 +575,9 @@ fn torn_writes_never_pass(level: Level, n: usize) {
         .collect();
     let at = (DATA_OFFSET + g.member_offset(s, 0)) as usize;
     let chunk = at..at + CHUNK as usize;
-    let mut served = 0;
-    for torn_set in 1..(1u32 << written.len()) - 1 {
+    // The members' images with the write on the written members whose bit is set in
+    // `torn_set` only, marked dirty (a power cut in the middle of the write).
+    let tear = |torn_set: u32| {
         let mut torn = before.clone();
         for (b, &m) in written.iter().enumerate() {
             if torn_set & (1 << b) != 0 {
@@ -584,6 +585,11 @@ fn torn_writes_never_pass(level: Level, n: usize) {
             }
         }
         make_dirty(&mut torn);
+        torn
+    };
+    let mut served = 0;
+    for torn_set in 1..(1u32 << written.len()) - 1 {
+        let torn = tear(torn_set);
         // Every set of one or two members out (three parities: two leave one to spare).
         for out in (0..n).flat_map(|a| (a..n).map(move |b| [a, b])) {
             let present: Vec<bool> = (0..n).map(|m| !out.contains(&m)).collect();
@@ -621,13 +627,7 @@ fn torn_writes_never_pass(level: Level, n: usize) {
     // refused (listed bad) or right, never garbage.
     let (d0, d2) = (g.data_member(s, 0), g.data_member(s, 2));
     for torn_set in 1..(1u32 << written.len()) - 1 {
-        let mut torn = before.clone();
-        for (b, &m) in written.iter().enumerate() {
-            if torn_set & (1 << b) != 0 {
-                torn[m][chunk.clone()].copy_from_slice(&after[m][chunk.clone()]);
-            }
-        }
-        make_dirty(&mut torn);
+        let torn = tear(torn_set);
         let present: Vec<bool> = (0..n).map(|m| m != d0 && m != d2).collect();
         let vol = reassemble(&torn, &present).unwrap();
         let dev = MemDev::from_image("new", vec![0xEE; torn[d2].len()]);

@@ -122,11 +122,7 @@ impl Reader {
             // Whatever has arrived, opened at once: waiting for more (MSG_WAITALL) let the
             // client's socket buffer fill (a Unix socket holds a few records) and the two
             // sides took turns instead of overlapping.
-            let (r, ct) = if sure >= BULK_MIN {
-                net::recv_bulk(fd, ct, 0).await
-            } else {
-                net::recv(fd, ct, 0).await
-            };
+            let (r, ct) = net::recv_bulk(fd, ct, 0, sure >= BULK_MIN).await;
             t.ct = Some(ct);
             t.start = 0;
             t.end = match r? {
@@ -233,11 +229,7 @@ impl Reader {
                 got += Self::pull_tls(self.fd, t, &mut v[got..], need).await?;
                 continue;
             }
-            let (r, back) = if n - got >= BULK_MIN {
-                net::recv_bulk(self.fd, v, got).await
-            } else {
-                net::recv(self.fd, v, got).await
-            };
+            let (r, back) = net::recv_bulk(self.fd, v, got, n - got >= BULK_MIN).await;
             v = back;
             match r? {
                 0 => return Err(eof()),
