@@ -8,6 +8,7 @@ mod client;
 mod cmd;
 mod config;
 mod control;
+mod copies;
 mod events;
 mod jobs;
 mod notify;
@@ -254,7 +255,15 @@ fn main() {
     // Commands that print (status, list, examine ...) end quietly when their reader goes
     // away (`uraid status | head`), as other Unix tools do; `serve` keeps SIGPIPE ignored
     // and ignores failed prints (a server must not die of its log reader).
-    if std::env::args_os().nth(1).is_some_and(|a| a == "serve") {
+    let serving = std::env::args_os().nth(1).is_some_and(|a| a == "serve");
+    // First thing, before any thread or file: on AMD, start again with glibc's vector
+    // copies (copies.rs). Returns only if it did not exec.
+    let exec_failed = if serving {
+        copies::vector_copies_on_amd()
+    } else {
+        None
+    };
+    if serving {
         // A panic on the main thread of a server ends the process (status 101) after its
         // message, instead of unwinding into the runtime's drop while the reactors keep
         // running (a server half stopped, spinning): what it leaves is what a crash leaves
@@ -275,6 +284,12 @@ fn main() {
     });
     let events = events::Events::default();
     init_logging(&cli, &events);
+    if let Some(e) = exec_failed {
+        tracing::warn!(
+            "could not start again with {}: {e}; copies use glibc's defaults",
+            copies::TUNABLE
+        );
+    }
     // `status` and `detail` answer with their exit status too (mdadm --detail --test):
     // their own failure is a code of its own, not the "degraded" of 1.
     let health = matches!(cli.cmd, Cmd::Status(_) | Cmd::Detail(_));

@@ -441,6 +441,9 @@ pub fn run(args: &ServeArgs, members: &[PathBuf], embedded: bool, events: Events
     if let Some(t) = &tls {
         say!("uraid: TLS {tls_mode}: {}", t.describe());
     }
+    if let Some(t) = crate::copies::current() {
+        say!("uraid: copies: GLIBC_TUNABLES sets {t}");
+    }
     match (array.read_ahead_stats(), args.read_ahead.as_str()) {
         (Some(r), _) => say!(
             "uraid: read-ahead on, {} of memory",

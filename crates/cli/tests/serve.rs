@@ -545,6 +545,54 @@ fn sighup_stops_the_server_cleanly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// What the server said at start about its copies (copies.rs), if anything.
+fn copies_line(s: &Server) -> Option<&str> {
+    s.started
+        .iter()
+        .find_map(|l| l.strip_prefix("uraid: copies: GLIBC_TUNABLES sets "))
+}
+
+/// On an AMD CPU `serve` runs with glibc's vector copies (it started itself again, same
+/// process, with the tunable: copies.rs) and says so; on others it leaves the environment
+/// alone; a value the operator gave is kept either way, and the server serves.
+#[test]
+fn serve_on_amd_runs_with_vector_copies_and_keeps_an_operators_choice() {
+    let dir = tmp("copies");
+    let m = create(&dir, 4, "16M");
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    let amd = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("vendor_id"))
+        .is_some_and(|l| l.ends_with("AuthenticAMD"));
+    let ours = "glibc.cpu.x86_rep_movsb_threshold=1000000000";
+    let s = Serve::new(&dir)
+        .members(&m)
+        .env_remove("GLIBC_TUNABLES")
+        .start();
+    assert_eq!(copies_line(&s), amd.then_some(ours), "AMD CPU: {amd}");
+    let mut c = Client::connect(&s.sock);
+    c.go();
+    c.request(0, 2, 1, 0, 0, &[]);
+    assert!(c.closed());
+    s.stop();
+    // Other tunables do not stop it.
+    let s = Serve::new(&dir)
+        .members(&m)
+        .env("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")
+        .start();
+    assert_eq!(copies_line(&s), amd.then_some(ours));
+    s.stop();
+    // The operator's threshold is the one it runs with, on any CPU.
+    let mine = "glibc.cpu.x86_rep_movsb_threshold=8192";
+    let s = Serve::new(&dir)
+        .members(&m)
+        .env("GLIBC_TUNABLES", format!("glibc.malloc.arena_max=4:{mine}"))
+        .start();
+    assert_eq!(copies_line(&s), Some(mine));
+    s.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Clients that never send (one right after the greeting, one after NBD_OPT_GO) and one
 /// connecting while the server stops do not hold up SIGTERM: exit 0 within 5 s.
 #[test]

@@ -151,6 +151,7 @@ pub struct Serve {
     args: Vec<OsString>,
     members: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    env_removed: Vec<OsString>,
 }
 
 impl Serve {
@@ -164,6 +165,7 @@ impl Serve {
             args: Vec::new(),
             members: Vec::new(),
             env: Vec::new(),
+            env_removed: Vec::new(),
         }
     }
 
@@ -205,6 +207,12 @@ impl Serve {
         self
     }
 
+    /// An environment variable the server does not inherit.
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Serve {
+        self.env_removed.push(key.as_ref().to_owned());
+        self
+    }
+
     pub fn members<S: AsRef<OsStr>>(mut self, members: impl IntoIterator<Item = S>) -> Serve {
         self.members
             .extend(members.into_iter().map(|a| a.as_ref().to_owned()));
@@ -239,6 +247,9 @@ impl Serve {
             ),
             None => Stdio::inherit(),
         };
+        for k in &self.env_removed {
+            cmd.env_remove(k);
+        }
         let mut child = cmd
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args(&self.args)
@@ -265,6 +276,7 @@ impl Serve {
             tcp: None,
             metrics: None,
             log: self.log,
+            started: Vec::new(),
         };
         let deadline = Instant::now() + SERVE_START;
         loop {
@@ -301,7 +313,9 @@ impl Serve {
             if let Some(u) = line.strip_prefix("uraid: Prometheus metrics at ") {
                 srv.metrics = Some(u.to_string());
             }
-            if line.contains("stop with") {
+            let last = line.contains("stop with");
+            srv.started.push(line);
+            if last {
                 break;
             }
         }
@@ -328,6 +342,8 @@ pub struct Server {
     tcp: Option<String>,
     metrics: Option<String>,
     log: Option<PathBuf>,
+    /// What it printed on stdout up to "stop with".
+    pub started: Vec<String>,
 }
 
 impl Server {

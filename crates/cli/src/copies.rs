@@ -1,0 +1,117 @@
+//! glibc's memory copies on AMD CPUs.
+//!
+//! glibc 2.36 (Debian 12) copies blocks from about 2 KiB up to its non-temporal threshold
+//! with `rep movsb` on CPUs that have ERMS/FSRM. On AMD Zen that instruction is several
+//! times slower than glibc's vector loop for some alignments of source against destination
+//! (glibc bug 30994). Current glibc no longer uses it on AMD below the non-temporal
+//! threshold (`rep_movsb_threshold = non_temporal_threshold` for `arch_kind_amd` in
+//! sysdeps/x86/dl-cacheinfo.h). Here the copy that pays is rustls's, one per TLS record
+//! received (docs/benchmarks.md, "NBD over TLS").
+//!
+//! The dynamic loader reads that choice from `GLIBC_TUNABLES` before `main` runs, so
+//! `serve` on an AMD CPU starts itself again once, first thing (exec: the same process id,
+//! no thread or file opened yet), with the tunable that makes an older glibc copy as
+//! current glibc does. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
+//! that is how an operator chooses otherwise, and how the second start knows it is one.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+/// The tunable, and a threshold above any copy: `rep movsb` is never chosen, copies past
+/// the non-temporal threshold still take the non-temporal path (as current glibc on AMD).
+pub const TUNABLE: &str = "glibc.cpu.x86_rep_movsb_threshold";
+const VALUE: &str = "1000000000";
+
+/// The `GLIBC_TUNABLES` to start again with, given the current one; None: start as is
+/// (the tunable is named already).
+pub fn tunables(current: Option<&OsStr>) -> Option<OsString> {
+    let ours = format!("{TUNABLE}={VALUE}");
+    match current {
+        Some(c) if named(c).is_some() => None,
+        Some(c) if !c.is_empty() => {
+            let mut v = c.as_bytes().to_vec();
+            v.push(b':');
+            v.extend_from_slice(ours.as_bytes());
+            Some(OsString::from_vec(v))
+        }
+        _ => Some(ours.into()),
+    }
+}
+
+/// The tunable as this process runs with it (`TUNABLE=VALUE` from `GLIBC_TUNABLES`), for
+/// the start-up lines.
+pub fn current() -> Option<String> {
+    named(&std::env::var_os("GLIBC_TUNABLES")?)
+}
+
+/// `TUNABLE=VALUE` if the colon-separated list `v` names the tunable.
+fn named(v: &OsStr) -> Option<String> {
+    v.to_string_lossy()
+        .split(':')
+        .find(|t| t.split('=').next() == Some(TUNABLE))
+        .map(str::to_string)
+}
+
+/// The CPU's vendor is AMD (`vendor_id` in /proc/cpuinfo).
+fn amd() -> bool {
+    use std::io::BufRead;
+    let Ok(f) = std::fs::File::open("/proc/cpuinfo") else {
+        return false;
+    };
+    for line in std::io::BufReader::new(f).lines() {
+        let Ok(line) = line else { return false };
+        if let Some(v) = line.strip_prefix("vendor_id") {
+            return v.trim_start_matches([' ', '\t', ':']).trim() == "AuthenticAMD";
+        }
+    }
+    false
+}
+
+/// On an AMD CPU with glibc, execs this program again with the tunable set (see the module
+/// doc); returns only if it does not (another CPU, the tunable already named, or the exec
+/// failed: then the error, for the log).
+pub fn vector_copies_on_amd() -> Option<std::io::Error> {
+    if !cfg!(all(
+        target_os = "linux",
+        target_env = "gnu",
+        target_arch = "x86_64"
+    )) {
+        return None;
+    }
+    let value = tunables(std::env::var_os("GLIBC_TUNABLES").as_deref())?;
+    if !amd() {
+        return None;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| "uraid".into());
+    // /proc/self/exe: this very binary, even if its path was replaced since.
+    let e = std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .env("GLIBC_TUNABLES", value)
+        .exec();
+    Some(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tunable_is_added_once_and_an_operators_choice_is_kept() {
+        let ours = format!("{TUNABLE}={VALUE}");
+        assert_eq!(tunables(None), Some(ours.clone().into()));
+        assert_eq!(tunables(Some(OsStr::new(""))), Some(ours.clone().into()));
+        assert_eq!(
+            tunables(Some(OsStr::new("glibc.malloc.arena_max=2"))),
+            Some(format!("glibc.malloc.arena_max=2:{ours}").into())
+        );
+        // Named already: by us (the second start) or by the operator, any value.
+        assert_eq!(tunables(Some(OsStr::new(&ours))), None);
+        assert_eq!(
+            tunables(Some(OsStr::new("glibc.cpu.x86_rep_movsb_threshold=4096"))),
+            None
+        );
+    }
+}
