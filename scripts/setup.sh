@@ -18,10 +18,11 @@ have() { dpkg -s "$1" >/dev/null 2>&1; }
 # man-db (man): the package test renders the generated man pages.
 # libssl-dev: TLS with pre-shared keys (OpenSSL). gnutls-bin (certtool, psktool): the TLS tests make
 # their certificates and key files with the tools the NBD clients' documentation names.
+# libcap2-bin (setcap): the test of `serve` started with a file capability (AT_SECURE).
 # zfs-fuse (pulls libfuse2, beside fuse3): the suite's ZFS RAIDZ2 target; pts.py starts and stops its own
 # daemon (on a systemd machine the package also enables zfs-fuse.service; pts.py then uses that one).
 for p in libisal-dev fio util-linux mount libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs pkg-config \
-  python3 python3-matplotlib curl zfs-fuse systemd man-db libssl-dev gnutls-bin; do
+  python3 python3-matplotlib curl zfs-fuse systemd man-db libssl-dev gnutls-bin libcap2-bin; do
   have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

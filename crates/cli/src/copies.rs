@@ -12,7 +12,9 @@
 //! `serve` on an AMD CPU starts itself again once, first thing (exec: the same process id,
 //! no thread or file opened yet), with the tunable that makes an older glibc copy as
 //! current glibc does. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
-//! that is how an operator chooses otherwise, and how the second start knows it is one.
+//! that is how an operator chooses otherwise, and how the second start knows it is one. A
+//! set-id or file-capability start (AT_SECURE) is left alone: the loader drops the tunable
+//! there.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -79,7 +81,12 @@ pub fn vector_copies_on_amd() -> Option<std::io::Error> {
         return None;
     }
     let value = tunables(std::env::var_os("GLIBC_TUNABLES").as_deref())?;
-    if !amd() {
+    // SAFETY: getauxval reads the auxiliary vector the kernel gave this process; no memory
+    // is passed.
+    let secure = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+    // A set-id or file-capability start (AT_SECURE): the loader would drop the tunable
+    // from the new environment, and the next start would exec again, forever.
+    if secure || !amd() {
         return None;
     }
     use std::os::unix::process::CommandExt;

@@ -593,6 +593,60 @@ fn serve_on_amd_runs_with_vector_copies_and_keeps_an_operators_choice() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A start with AT_SECURE (here: a binary with a file capability, run by an unprivileged
+/// user) does not exec itself again: the loader drops the tunable from such a process's
+/// environment, so every start would exec once more, forever. It serves as it is.
+#[test]
+fn serve_with_a_file_capability_does_not_exec_itself_forever() {
+    let dir = tmp("copies-secure");
+    let m = create(&dir, 4, "16M");
+    let bin = dir.join("uraid");
+    std::fs::copy(env!("CARGO_BIN_EXE_uraid"), &bin).unwrap();
+    for p in m.iter().chain([&dir, &bin]) {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    // After the chown, which clears file capabilities.
+    run(Command::new("setcap")
+        .arg("cap_net_bind_service=ep")
+        .arg(&bin));
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args(["serve", "--listen", "unix:s.sock", "--control", "none"])
+        .args(&m)
+        .current_dir(&dir)
+        .env_remove("GLIBC_TUNABLES")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    let started = loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) if l.contains("stop with") => break true,
+            Ok(l) => lines.push(l),
+            Err(_) => break false,
+        }
+    };
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert!(started, "no start within 20 s (an exec loop?): {lines:?}");
+    assert!(st.success(), "exit {st}");
+    assert!(
+        !lines.iter().any(|l| l.contains("GLIBC_TUNABLES")),
+        "{lines:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Clients that never send (one right after the greeting, one after NBD_OPT_GO) and one
 /// connecting while the server stops do not hold up SIGTERM: exit 0 within 5 s.
 #[test]
