@@ -9,9 +9,9 @@
 //! received (docs/benchmarks.md, "NBD over TLS").
 //!
 //! The dynamic loader reads that choice from `GLIBC_TUNABLES` before `main` runs, so
-//! `serve` on an AMD CPU starts itself again once, first thing (exec: the same process id,
-//! no thread or file opened yet), with the tunable that makes an older glibc copy as
-//! current glibc does. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
+//! `serve` on an AMD CPU starts itself again once, first thing (exec of the same binary
+//! under the same name: the same process id and process name, no thread or file opened
+//! yet), with the tunable that makes an older glibc copy as current glibc does. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
 //! that is how an operator chooses otherwise, and how the second start knows it is one. A
 //! set-id or file-capability start (AT_SECURE) is left alone: the loader drops the tunable
 //! there.
@@ -70,9 +70,9 @@ fn amd() -> bool {
 }
 
 /// On an AMD CPU with glibc, execs this program again with the tunable set (see the module
-/// doc); returns only if it does not (another CPU, the tunable already named, or the exec
-/// failed: then the error, for the log).
-pub fn vector_copies_on_amd() -> Option<std::io::Error> {
+/// doc); returns only if it does not: None when there is nothing to do (another CPU, the
+/// tunable already named, AT_SECURE), else why it could not (for the log).
+pub fn vector_copies_on_amd() -> Option<String> {
     if !cfg!(all(
         target_os = "linux",
         target_env = "gnu",
@@ -89,16 +89,31 @@ pub fn vector_copies_on_amd() -> Option<std::io::Error> {
     if secure || !amd() {
         return None;
     }
-    use std::os::unix::process::CommandExt;
     let mut args = std::env::args_os();
-    let arg0 = args.next().unwrap_or_else(|| "uraid".into());
-    // /proc/self/exe: this very binary, even if its path was replaced since.
-    let e = std::process::Command::new("/proc/self/exe")
+    let arg0 = args.next().unwrap_or_default();
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return Some(format!("cannot find this program ({e})")),
+    };
+    // The binary under the name it was started by, so the process keeps its name (comm,
+    // which `ps`, `pgrep` and the member lock's "in use by" show). Not when it runs under
+    // another name (a link to it, an explicit `ld.so` start: the loader is the exe) or was
+    // replaced on disk (" (deleted)").
+    let name = |p: &std::path::Path| p.file_name().map(OsStr::to_owned);
+    if name(&exe) != name(std::path::Path::new(&arg0)) {
+        return Some(format!(
+            "runs as {} from {}",
+            arg0.to_string_lossy(),
+            exe.display()
+        ));
+    }
+    use std::os::unix::process::CommandExt;
+    let e = std::process::Command::new(&exe)
         .arg0(arg0)
         .args(args)
         .env("GLIBC_TUNABLES", value)
         .exec();
-    Some(e)
+    Some(format!("exec {}: {e}", exe.display()))
 }
 
 #[cfg(test)]

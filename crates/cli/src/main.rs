@@ -252,17 +252,17 @@ fn from_config(cli: Cli, m: &clap::ArgMatches) -> Result<Cli> {
 }
 
 fn main() {
-    // Commands that print (status, list, examine ...) end quietly when their reader goes
-    // away (`uraid status | head`), as other Unix tools do; `serve` keeps SIGPIPE ignored
-    // and ignores failed prints (a server must not die of its log reader).
     let serving = std::env::args_os().nth(1).is_some_and(|a| a == "serve");
     // First thing, before any thread or file: on AMD, start again with glibc's vector
     // copies (copies.rs). Returns only if it did not exec.
-    let exec_failed = if serving {
+    let not_restarted = if serving {
         copies::vector_copies_on_amd()
     } else {
         None
     };
+    // Commands that print (status, list, examine ...) end quietly when their reader goes
+    // away (`uraid status | head`), as other Unix tools do; `serve` keeps SIGPIPE ignored
+    // and ignores failed prints (a server must not die of its log reader).
     if serving {
         // A panic on the main thread of a server ends the process (status 101) after its
         // message, instead of unwinding into the runtime's drop while the reactors keep
@@ -284,9 +284,11 @@ fn main() {
     });
     let events = events::Events::default();
     init_logging(&cli, &events);
-    if let Some(e) = exec_failed {
+    if let Some(why) = not_restarted {
         tracing::warn!(
-            "could not start again with {}: {e}; copies use glibc's defaults",
+            "AMD CPU: not started again with {} ({why}): copies use glibc's defaults; set \
+             GLIBC_TUNABLES={}=1000000000 to choose",
+            copies::TUNABLE,
             copies::TUNABLE
         );
     }

@@ -152,6 +152,8 @@ pub struct Serve {
     members: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     env_removed: Vec<OsString>,
+    bin: PathBuf,
+    wrap: Vec<OsString>,
 }
 
 impl Serve {
@@ -166,6 +168,8 @@ impl Serve {
             members: Vec::new(),
             env: Vec::new(),
             env_removed: Vec::new(),
+            bin: PathBuf::from(env!("CARGO_BIN_EXE_uraid")),
+            wrap: Vec::new(),
         }
     }
 
@@ -213,6 +217,18 @@ impl Serve {
         self
     }
 
+    /// Another uraid binary (a copy, a link) than the one cargo built.
+    pub fn bin(mut self, bin: &Path) -> Serve {
+        self.bin = bin.to_path_buf();
+        self
+    }
+
+    /// Starts the binary through this command (`setpriv --reuid=...`): `WRAP... BIN serve ...`.
+    pub fn wrap<S: AsRef<OsStr>>(mut self, wrap: impl IntoIterator<Item = S>) -> Serve {
+        self.wrap = wrap.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        self
+    }
+
     pub fn members<S: AsRef<OsStr>>(mut self, members: impl IntoIterator<Item = S>) -> Serve {
         self.members
             .extend(members.into_iter().map(|a| a.as_ref().to_owned()));
@@ -224,7 +240,14 @@ impl Serve {
     /// exits or stays silent first. The server is killed when the returned [`Server`] is
     /// dropped without [`Server::stop`].
     pub fn start(self) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uraid"));
+        let mut cmd = match self.wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
         cmd.arg("serve")
             .arg("--listen")
             .arg(format!("unix:{}", self.sock.display()));
