@@ -9,9 +9,11 @@
 //! received (docs/benchmarks.md, "NBD over TLS").
 //!
 //! The dynamic loader reads that choice from `GLIBC_TUNABLES` before `main` runs, so
-//! `serve` on an AMD CPU starts itself again once, first thing (exec of the same binary
-//! under the same name: the same process id and process name, no thread or file opened
-//! yet), with the tunable that makes an older glibc copy as current glibc does. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
+//! `serve` on an AMD CPU starts itself again once, first thing (exec of the path it was
+//! started from, AT_EXECFN: the same process id and process name, no thread or file opened
+//! yet), with the tunable that makes an older glibc copy as current glibc does. Not when that
+//! path no longer is this binary (replaced on disk, an explicit `ld.so` start) or argv[0]
+//! names another program: then a warning says so. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
 //! that is how an operator chooses otherwise, and how the second start knows it is one. A
 //! set-id or file-capability start (AT_SECURE) is left alone: the loader drops the tunable
 //! there.
@@ -19,15 +21,17 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-/// The tunable, and a threshold above any copy: `rep movsb` is never chosen, copies past
-/// the non-temporal threshold still take the non-temporal path (as current glibc on AMD).
+/// The tunable.
 pub const TUNABLE: &str = "glibc.cpu.x86_rep_movsb_threshold";
-const VALUE: &str = "1000000000";
+/// The tunable with a threshold above any copy, as an operator would set it: `rep movsb` is
+/// never chosen, copies past the non-temporal threshold still take the non-temporal path
+/// (as current glibc on AMD).
+pub const SETTING: &str = "glibc.cpu.x86_rep_movsb_threshold=1000000000";
 
 /// The `GLIBC_TUNABLES` to start again with, given the current one; None: start as is
 /// (the tunable is named already).
 pub fn tunables(current: Option<&OsStr>) -> Option<OsString> {
-    let ours = format!("{TUNABLE}={VALUE}");
+    let ours = SETTING;
     match current {
         Some(c) if named(c).is_some() => None,
         Some(c) if !c.is_empty() => {
@@ -91,29 +95,55 @@ pub fn vector_copies_on_amd() -> Option<String> {
     }
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_default();
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => return Some(format!("cannot find this program ({e})")),
+    let path = match started_as(&arg0) {
+        Ok(p) => p,
+        Err(why) => return Some(why),
     };
-    // The binary under the name it was started by, so the process keeps its name (comm,
-    // which `ps`, `pgrep` and the member lock's "in use by" show). Not when it runs under
-    // another name (a link to it, an explicit `ld.so` start: the loader is the exe) or was
-    // replaced on disk (" (deleted)").
-    let name = |p: &std::path::Path| p.file_name().map(OsStr::to_owned);
-    if name(&exe) != name(std::path::Path::new(&arg0)) {
-        return Some(format!(
-            "runs as {} from {}",
-            arg0.to_string_lossy(),
-            exe.display()
-        ));
-    }
     use std::os::unix::process::CommandExt;
-    let e = std::process::Command::new(&exe)
+    let e = std::process::Command::new(&path)
         .arg0(arg0)
         .args(args)
         .env("GLIBC_TUNABLES", value)
         .exec();
-    Some(format!("exec {}: {e}", exe.display()))
+    // Command::exec set SIGPIPE back to its default before trying; a server keeps it
+    // ignored (a log reader going away must not end it).
+    // SAFETY: signal(2) with a valid signal number and SIG_IGN; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    Some(format!("exec {}: {e}", path.display()))
+}
+
+/// The path the kernel started this process from (AT_EXECFN, the working directory
+/// unchanged since), to exec again under the same process name (comm: what `ps`, `pgrep`,
+/// systemd and the member lock's "in use by" show). Refused when that path no longer is
+/// this binary (replaced on disk, or an explicit `ld.so` start: the loader is the exe) or
+/// the name differs from `arg0`'s (a start with another argv[0]).
+fn started_as(arg0: &OsStr) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::MetadataExt;
+    use std::path::{Path, PathBuf};
+    // SAFETY: getauxval reads the auxiliary vector; AT_EXECFN, when present, points to the
+    // NUL-terminated path given to execve, on this process's stack for its whole life.
+    let p = unsafe { libc::getauxval(libc::AT_EXECFN) } as *const libc::c_char;
+    if p.is_null() {
+        return Err("no AT_EXECFN".into());
+    }
+    // SAFETY: as above: a valid C string that outlives this borrow (copied at once).
+    let bytes = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes().to_vec();
+    let path = PathBuf::from(OsString::from_vec(bytes));
+    let same = match (
+        std::fs::metadata(&path),
+        std::fs::metadata("/proc/self/exe"),
+    ) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    if !same || path.file_name() != Path::new(arg0).file_name() {
+        return Err(format!(
+            "runs as {} from {}",
+            arg0.to_string_lossy(),
+            path.display()
+        ));
+    }
+    Ok(path)
 }
 
 #[cfg(test)]
@@ -122,7 +152,8 @@ mod tests {
 
     #[test]
     fn the_tunable_is_added_once_and_an_operators_choice_is_kept() {
-        let ours = format!("{TUNABLE}={VALUE}");
+        let ours = SETTING.to_string();
+        assert_eq!(SETTING.strip_prefix(TUNABLE), Some("=1000000000"));
         assert_eq!(tunables(None), Some(ours.clone().into()));
         assert_eq!(tunables(Some(OsStr::new(""))), Some(ours.clone().into()));
         assert_eq!(

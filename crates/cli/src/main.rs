@@ -287,9 +287,9 @@ fn main() {
     if let Some(why) = not_restarted {
         tracing::warn!(
             "AMD CPU: not started again with {} ({why}): copies use glibc's defaults; set \
-             GLIBC_TUNABLES={}=1000000000 to choose",
+             GLIBC_TUNABLES={} to choose",
             copies::TUNABLE,
-            copies::TUNABLE
+            copies::SETTING
         );
     }
     // `status` and `detail` answer with their exit status too (mdadm --detail --test):

@@ -224,6 +224,7 @@ impl Serve {
     }
 
     /// Starts the binary through this command (`setpriv --reuid=...`): `WRAP... BIN serve ...`.
+    /// The wrapper must exec the binary (the server's pid is the wrapper's).
     pub fn wrap<S: AsRef<OsStr>>(mut self, wrap: impl IntoIterator<Item = S>) -> Serve {
         self.wrap = wrap.into_iter().map(|a| a.as_ref().to_owned()).collect();
         self
