@@ -251,7 +251,14 @@ impl<D: BlockDev> Array<D> {
         let len = g.chunk;
         let k = g.data_chunks();
         let want: Vec<usize> = (0..k).collect();
-        let mut data = match self.fetch_data(unit, 0, len, &want, excl).await? {
+        // The data members whose chunks this attempt decoded rather than read (targets,
+        // failed members, survivors whose read failed), as fetch_data saw them: a member
+        // failed by another reactor since `failed` was taken is among them.
+        let mut decoded_data = MemberSet::EMPTY;
+        let mut data = match self
+            .fetch_data_noting(unit, 0, len, &want, excl, &mut decoded_data)
+            .await?
+        {
             Attempt::Done(v) => v,
             Attempt::Retry => return Ok(Attempt::Retry),
         };
@@ -277,13 +284,6 @@ impl<D: BlockDev> Array<D> {
             codec.encode(&srcs, &mut out);
         }
         let at = g.member_offset(unit, 0);
-        // Data chunks this attempt decoded rather than read: those of targets, of failed
-        // members and of survivors whose read failed.
-        let gone = failed.union(*excl);
-        let decoded_data: MemberSet = (0..k)
-            .map(|i| g.data_member(unit, i))
-            .filter(|&m| gone.contains(m))
-            .collect();
         let hole = unsynced && !decoded_data.is_empty() && self.recovery().holds_no_data(unit);
         if hole && self.members().unjournaled_pending() {
             // A hole: its reads return zeros whatever the chunks hold, so the decode below
@@ -312,7 +312,7 @@ impl<D: BlockDev> Array<D> {
                 .iter()
                 .all(|t| self.unseen_since_unsynced(t, unit));
             let verified = if unseen {
-                self.unsynced_decode_verified(unit, &parity, failed, excl)
+                self.unsynced_decode_verified(unit, &parity, decoded_data, excl)
                     .await
             } else {
                 Attempt::Done(false)
@@ -378,10 +378,10 @@ impl<D: BlockDev> Array<D> {
         Ok(Attempt::Done(w))
     }
 
-    /// Whether the data decoded for an unsynced `unit`, whose parity encoded from it is
-    /// `parity`, is confirmed: one data chunk decoded at most (missing, being rebuilt, or
-    /// unreadable: `excl`), at least one live parity chunk more, and every live parity chunk
-    /// equal to the one encoded. A torn stripe then disagrees with a parity the decode did
+    /// Whether the data decoded for an unsynced `unit` (the chunks of `decoded`), whose
+    /// parity encoded from it is `parity`, is confirmed: one data chunk decoded at most, at
+    /// least one live parity chunk more, and every live parity chunk equal to the one
+    /// encoded. A torn stripe then disagrees with a parity the decode did
     /// not use. With two data chunks decoded a torn write can pass (`Array::verify_unsynced`
     /// says why; resync.rs `a_torn_write_never_passes_the_spare_parity_check`). `Retry`
     /// when a parity read failed (`excl` grew).
@@ -389,14 +389,18 @@ impl<D: BlockDev> Array<D> {
         &self,
         unit: u64,
         parity: &[IoBuf],
-        failed: MemberSet,
+        decoded: MemberSet,
         excl: &mut MemberSet,
     ) -> Attempt<bool> {
         let g = self.geo();
-        let gone = failed.union(*excl);
-        let decoded = (0..g.data_chunks())
-            .filter(|&i| gone.contains(g.data_member(unit, i)))
-            .count();
+        // Members whose parity chunk cannot confirm anything, taken now: another reactor
+        // may have failed one since the caller's snapshot, or a device been put into a
+        // failed slot (it lacks the unit).
+        let gone = match self.check_serving() {
+            Ok(f) => f.union(*excl).union(self.members().stale_at(unit)),
+            Err(_) => return Attempt::Done(false),
+        };
+        let decoded = decoded.len();
         let live: Vec<usize> = (0..g.parity())
             .filter(|&j| !gone.contains(g.parity_member(unit, j)))
             .collect();
