@@ -120,6 +120,26 @@ def cpu_model():
     return "unknown"
 
 
+def pool(files):
+    """Pooled ratios over several runs' JSON files (--out X writes X.json): per workload, the
+    median of every run of uraid TLS over the median of every run of nbdkit TLS, for the rate
+    and the server CPU per request."""
+    runs = {}
+    for f in files:
+        with open(f) as fh:
+            for key, rows in json.load(fh)["results"].items():
+                runs.setdefault(key, []).extend(rows)
+    print("| workload | runs per server | uraid-TLS / nbdkit-TLS | CPU/req uraid-TLS / nbdkit-TLS |")
+    print("|---|---:|---:|---:|")
+    for name, *_ in WORKLOADS:
+        u, n = runs.get(f"uraid TLS|{name}"), runs.get(f"nbdkit TLS|{name}")
+        if not u or not n:
+            continue
+        rate = statistics.median(r[0] for r in u) / statistics.median(r[0] for r in n)
+        cpu = statistics.median(r[1] for r in u) / statistics.median(r[1] for r in n)
+        print(f"| {name} | {len(u)}, {len(n)} | {rate:.2f}× | {cpu:.2f}× |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
@@ -134,7 +154,11 @@ def main():
     ap.add_argument("--only", default="", help="run only the workloads whose name contains this")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra argument for both uraid servers (repeat), e.g. --serve-arg=--busy-poll=0")
+    ap.add_argument("--pool", nargs="+", metavar="JSON",
+                    help="print ratios pooled over the runs of these result files, run nothing")
     a = ap.parse_args()
+    if a.pool:
+        return pool(a.pool)
     workloads = [w for w in WORKLOADS if a.only in w[0]]
     if not workloads:
         sys.exit(f"no workload matches --only {a.only!r}")

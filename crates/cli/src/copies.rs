@@ -12,8 +12,8 @@
 //! `serve` on an AMD CPU starts itself again once, first thing (exec of the path it was
 //! started from, AT_EXECFN: the same process id and process name, no thread or file opened
 //! yet), with the tunable that makes an older glibc copy as current glibc does. Not when that
-//! path no longer is this binary (replaced on disk, an explicit `ld.so` start) or argv[0]
-//! names another program: then a warning says so. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
+//! path no longer is this binary (replaced on disk) or the loader was started explicitly
+//! (`ld.so uraid serve`): then a warning says so. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
 //! that is how an operator chooses otherwise, and how the second start knows it is one. A
 //! set-id or file-capability start (AT_SECURE) is left alone: the loader drops the tunable
 //! there.
@@ -95,7 +95,7 @@ pub fn vector_copies_on_amd() -> Option<String> {
     }
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_default();
-    let path = match started_as(&arg0) {
+    let path = match started_as() {
         Ok(p) => p,
         Err(why) => return Some(why),
     };
@@ -113,22 +113,31 @@ pub fn vector_copies_on_amd() -> Option<String> {
 }
 
 /// The path the kernel started this process from (AT_EXECFN, the working directory
-/// unchanged since), to exec again under the same process name (comm: what `ps`, `pgrep`,
-/// systemd and the member lock's "in use by" show). Refused when that path no longer is
-/// this binary (replaced on disk, or an explicit `ld.so` start: the loader is the exe) or
-/// the name differs from `arg0`'s (a start with another argv[0]).
-fn started_as(arg0: &OsStr) -> Result<std::path::PathBuf, String> {
+/// unchanged since), to exec again: the process keeps its name (comm, the last part of
+/// that path: what `ps`, `pgrep`, systemd and the member lock's "in use by" show). Refused
+/// for an explicit `ld.so` start (the program the kernel ran is the loader: no AT_BASE) and
+/// when that path no longer is this binary (replaced on disk).
+fn started_as() -> Result<std::path::PathBuf, String> {
     use std::os::unix::fs::MetadataExt;
-    use std::path::{Path, PathBuf};
-    // SAFETY: getauxval reads the auxiliary vector; AT_EXECFN, when present, points to the
-    // NUL-terminated path given to execve, on this process's stack for its whole life.
+    use std::path::PathBuf;
+    // SAFETY: getauxval reads the auxiliary vector the kernel gave this process.
+    if unsafe { libc::getauxval(libc::AT_BASE) } == 0 {
+        return Err("started by the dynamic loader itself".into());
+    }
+    // SAFETY: as above; AT_EXECFN, when present, points to the NUL-terminated path given
+    // to execve, on this process's stack for its whole life.
     let p = unsafe { libc::getauxval(libc::AT_EXECFN) } as *const libc::c_char;
     if p.is_null() {
         return Err("no AT_EXECFN".into());
     }
-    // SAFETY: as above: a valid C string that outlives this borrow (copied at once).
+    // SAFETY: a valid C string (above), copied at once.
     let bytes = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes().to_vec();
-    let path = PathBuf::from(OsString::from_vec(bytes));
+    let mut path = PathBuf::from(OsString::from_vec(bytes));
+    // A bare name was found in the working directory (an empty PATH entry, a direct
+    // execv): say so, or the exec would search PATH for another program of that name.
+    if path.components().count() == 1 && !path.is_absolute() {
+        path = std::path::Path::new(".").join(path);
+    }
     let same = match (
         std::fs::metadata(&path),
         std::fs::metadata("/proc/self/exe"),
@@ -136,12 +145,8 @@ fn started_as(arg0: &OsStr) -> Result<std::path::PathBuf, String> {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
     };
-    if !same || path.file_name() != Path::new(arg0).file_name() {
-        return Err(format!(
-            "runs as {} from {}",
-            arg0.to_string_lossy(),
-            path.display()
-        ));
+    if !same {
+        return Err(format!("{} is no longer this program", path.display()));
     }
     Ok(path)
 }

@@ -573,8 +573,8 @@ const VECTOR_COPIES: &str = "glibc.cpu.x86_rep_movsb_threshold=1000000000";
 /// On an AMD CPU `serve` runs with glibc's vector copies (it started itself again, same
 /// process, same name, with the tunable: copies.rs) and says so; on others it leaves the
 /// environment alone; a value the operator gave is kept either way, and the server serves.
-/// Through a link it execs the link (the process keeps its name); with an argv[0] naming
-/// another program it does not exec, and warns.
+/// Through a link, or with another argv[0], it execs the path it was started from (the
+/// process keeps its name); started by the dynamic loader itself it does not, and warns.
 #[test]
 fn serve_on_amd_runs_with_vector_copies_and_keeps_an_operators_choice() {
     let dir = tmp("copies");
@@ -622,13 +622,24 @@ fn serve_on_amd_runs_with_vector_copies_and_keeps_an_operators_choice() {
     assert_eq!(copies_line(&s), amd.then_some(VECTOR_COPIES));
     assert_eq!(comm(&s), "uraid-link");
     s.stop();
-    // Started with an argv[0] that names another program: no exec (its name would change),
-    // a warning on AMD, and it serves.
-    let log = dir.join("argv0.log");
+    // Started with an argv[0] that names another program (`exec -a`, systemd's `@`): the
+    // exec goes through the path the kernel was given, so the name stays.
     let s = Serve::new(&dir)
         .wrap(["bash", "-c", r#"exec -a other-name "$0" "$@""#])
         .members(&m)
         .env_remove("GLIBC_TUNABLES")
+        .start();
+    assert_eq!(copies_line(&s), amd.then_some(VECTOR_COPIES));
+    assert_eq!(comm(&s), "uraid");
+    s.stop();
+    // Started by the dynamic loader itself: no exec (it would run the loader), a warning on
+    // AMD, and it serves.
+    let log = dir.join("ldso.log");
+    let s = Serve::new(&dir)
+        .wrap(["/lib64/ld-linux-x86-64.so.2"])
+        .members(&m)
+        .env_remove("GLIBC_TUNABLES")
+        .env_remove("URAID_LOG")
         .log(&log)
         .start();
     assert_eq!(copies_line(&s), None);

@@ -313,7 +313,7 @@ impl<D: BlockDev> Array<D> {
                 .all(|t| self.unseen_since_unsynced(t, unit));
             let verified = if unseen {
                 self.unsynced_decode_verified(unit, &parity, decoded_data, excl)
-                    .await
+                    .await?
             } else {
                 Attempt::Done(false)
             };
@@ -384,40 +384,40 @@ impl<D: BlockDev> Array<D> {
     /// encoded. A torn stripe then disagrees with a parity the decode did
     /// not use. With two data chunks decoded a torn write can pass (`Array::verify_unsynced`
     /// says why; resync.rs `a_torn_write_never_passes_the_spare_parity_check`). `Retry`
-    /// when a parity read failed (`excl` grew).
+    /// when a parity read failed (`excl` grew); the array's failure if it no longer serves.
     async fn unsynced_decode_verified(
         &self,
         unit: u64,
         parity: &[IoBuf],
         decoded: MemberSet,
         excl: &mut MemberSet,
-    ) -> Attempt<bool> {
+    ) -> Result<Attempt<bool>, ArrayError> {
         let g = self.geo();
         // Members whose parity chunk cannot confirm anything, taken now: another reactor
         // may have failed one since the caller's snapshot, or a device been put into a
         // failed slot (it lacks the unit).
-        let gone = match self.check_serving() {
-            Ok(f) => f.union(*excl).union(self.members().stale_at(unit)),
-            Err(_) => return Attempt::Done(false),
-        };
+        let gone = self
+            .check_serving()?
+            .union(*excl)
+            .union(self.members().stale_at(unit));
         let decoded = decoded.len();
         let live: Vec<usize> = (0..g.parity())
             .filter(|&j| !gone.contains(g.parity_member(unit, j)))
             .collect();
         if decoded > 1 || live.len() <= decoded {
-            return Attempt::Done(false);
+            return Ok(Attempt::Done(false));
         }
         let at = g.member_offset(unit, 0);
         let reqs: Vec<(usize, u64, u64)> = live
             .iter()
             .map(|&j| (g.parity_member(unit, j), at, g.chunk))
             .collect();
-        match self.read_members(unit, &reqs, excl).await {
+        Ok(match self.read_members(unit, &reqs, excl).await {
             Attempt::Retry => Attempt::Retry,
             Attempt::Done(held) => {
                 Attempt::Done(live.iter().zip(held).all(|(&j, h)| h[..] == parity[j][..]))
             }
-        }
+        })
     }
 
     /// `regenerate` on a mirror level: the first live copy, read, written to `targets`. On a
