@@ -13,10 +13,10 @@
 //! started from, AT_EXECFN: the same process id and process name, no thread or file opened
 //! yet), with the tunable that makes an older glibc copy as current glibc does. Not when that
 //! path no longer is this binary (replaced on disk) or the loader was started explicitly
-//! (`ld.so uraid serve`): then a warning says so. A `GLIBC_TUNABLES` that already names the tunable is left as it is:
-//! that is how an operator chooses otherwise, and how the second start knows it is one. A
-//! set-id or file-capability start (AT_SECURE) is left alone: the loader drops the tunable
-//! there.
+//! (`ld.so uraid serve`): then a warning says so. A `GLIBC_TUNABLES` that already names the
+//! tunable is left as it is: that is how an operator chooses otherwise, and how the second
+//! start knows it is one. A set-id or file-capability start (AT_SECURE) is left alone: the
+//! loader drops the tunable there.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
