@@ -31,16 +31,15 @@ pub const SETTING: &str = "glibc.cpu.x86_rep_movsb_threshold=1000000000";
 /// The `GLIBC_TUNABLES` to start again with, given the current one; None: start as is
 /// (the tunable is named already).
 pub fn tunables(current: Option<&OsStr>) -> Option<OsString> {
-    let ours = SETTING;
     match current {
         Some(c) if named(c).is_some() => None,
         Some(c) if !c.is_empty() => {
             let mut v = c.as_bytes().to_vec();
             v.push(b':');
-            v.extend_from_slice(ours.as_bytes());
+            v.extend_from_slice(SETTING.as_bytes());
             Some(OsString::from_vec(v))
         }
-        _ => Some(ours.into()),
+        _ => Some(SETTING.into()),
     }
 }
 

@@ -736,8 +736,7 @@ fn arrays_created_without_a_name_get_different_names() {
 /// a listener of this test process on that path.
 #[test]
 fn a_default_control_socket_another_server_holds_is_refused() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !root() {
         eprintln!("skipped: /run/uraid needs root");
         return;
     }

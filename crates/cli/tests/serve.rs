@@ -662,8 +662,7 @@ fn serve_on_amd_runs_with_vector_copies_and_keeps_an_operators_choice() {
 /// root (chown, setcap, setpriv) and a temp dir on a mount that honours file capabilities.
 #[test]
 fn serve_with_a_file_capability_does_not_exec_itself_forever() {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !root() {
         eprintln!("skipped: needs root");
         return;
     }

@@ -58,6 +58,12 @@ pub fn one_line_error(o: &Output) -> String {
 }
 
 /// A fresh temp directory for one test (`tag`) of this test binary.
+/// The tests run as root (some need it: /run/uraid, chown, setcap).
+pub fn root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 pub fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "uraid-{}-{tag}-{}",
