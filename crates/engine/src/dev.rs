@@ -55,8 +55,8 @@ pub trait BlockDev: Send + Sync + 'static {
 ///
 /// Members on tmpfs (memory) are the exception: tmpfs cannot do I/O asynchronously, so
 /// io_uring hands every request to a kernel worker thread and back (an IPI and two context
-/// switches for a memcpy). For them the reactor copies inline with pread/pwrite, which is what
-/// the worker would do, minus the hand-offs.
+/// switches for a memcpy). For them the reactor runs every op inline (pread/pwrite,
+/// fallocate, fdatasync), which is what the worker would do, minus the hand-offs.
 pub struct FileDev {
     file: File,
     path: String,
@@ -181,11 +181,13 @@ impl FileDev {
             path: path.display().to_string(),
             err,
         })?;
-        let memory = on_tmpfs(&file);
-        let punt = PUNT_MAGICS.contains(&fs_magic(&file));
         let block = file
             .metadata()
             .is_ok_and(|m| m.file_type().is_block_device());
+        // A device node lives on devtmpfs, which reports tmpfs's magic: only a regular file
+        // on tmpfs is memory.
+        let memory = !block && on_tmpfs(&file);
+        let punt = PUNT_MAGICS.contains(&fs_magic(&file));
         Ok(FileDev {
             file,
             path: path.display().to_string(),
@@ -600,8 +602,10 @@ impl BlockDev for FileDev {
         }
     }
 
+    /// On tmpfs inline like every other op: fdatasync there returns at once (there is
+    /// nothing to write back), and through the ring it would take a trip to an io-wq worker.
     async fn flush(&self) -> io::Result<()> {
-        match reactor::local().filter(|l| l.has_ring()) {
+        match reactor::local().filter(|l| l.has_ring() && !self.memory) {
             Some(l) => {
                 let (res, _) = reactor::ring_fdatasync(&l, self.file.as_raw_fd(), self.punt).await;
                 if res < 0 {
@@ -636,5 +640,42 @@ mod tests {
         drop(d);
         let _ = std::fs::remove_file(&p);
         assert!(inline, "a member on /dev/shm completes inline");
+    }
+
+    /// A block device is not memory, though its node on devtmpfs reports tmpfs's magic:
+    /// its I/O goes through the ring (a blocking pread on a disk would stall the reactor).
+    #[test]
+    fn block_devices_do_not_complete_inline() {
+        let base = Path::new("/dev/shm");
+        if !base.is_dir() {
+            return;
+        }
+        let back = base.join(format!("uraid-loop-{}", std::process::id()));
+        std::fs::File::create(&back)
+            .and_then(|f| f.set_len(4 << 20))
+            .expect("backing file");
+        let o = std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&back)
+            .output();
+        let dev = match o {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+            other => {
+                let _ = std::fs::remove_file(&back);
+                // Not root or no loop driver: say so loudly rather than pass silently.
+                eprintln!("SKIPPED block_devices_do_not_complete_inline: {other:?}");
+                return;
+            }
+        };
+        let opened = FileDev::open_with(Path::new(&dev), Access::ReadWrite)
+            .map(|d| (d.completes_inline(), d.block, on_tmpfs(&d.file)));
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &dev])
+            .status();
+        let _ = std::fs::remove_file(&back);
+        let (inline, block, magic) = opened.expect("open the loop device");
+        assert!(block, "{dev} is a block device");
+        assert!(magic, "premise: its node reports tmpfs's magic (devtmpfs)");
+        assert!(!inline, "{dev} must not be treated as memory");
     }
 }
