@@ -16,6 +16,11 @@
 //!
 //! Failing a member durably needs the superblocks, so `Metadata` does that (its
 //! `fail_member` and `failure_barrier`, metadata.rs); this module only decides.
+//!
+//! A flush skips a device that has nothing to make durable (`FlushState`): no write or
+//! discard of it finished since the start of its last flush that succeeded, and none of its
+//! flushes is in flight. A FLUSH touches only the members written since the last one
+//! (a small write touches three of ten), and each flush is a system call on a worker thread.
 
 use crate::buf::{IoBuf, Segments};
 use crate::dev::BlockDev;
@@ -263,6 +268,115 @@ pub(crate) struct Health {
     pub(crate) corrected: AtomicU64,
     /// The device answered a discard with "not supported": it is not asked again.
     no_discard: AtomicBool,
+    /// What its next flush has to make durable.
+    flush: FlushState,
+}
+
+/// Whether a device's flush can be skipped, in one atomic word: bit 0 `DIRTY` (a write or
+/// discard finished since the start of the last flush that succeeded), the bits above it the
+/// flushes in flight. Rules:
+/// * A write or discard sets `DIRTY` once it finished, whatever its result (`Changing`). One
+///   whose future is dropped before it finished may still be in the kernel, to land after
+///   any flush: it adds an in-flight count that never goes, so the device's flushes are
+///   never skipped again.
+/// * A flush that finds the word 0 is skipped: every change that finished before it was
+///   called had finished before a flush was issued that then succeeded. Otherwise it
+///   counts itself in and clears `DIRTY` in one step, before its system call: changes that
+///   finish later set it again.
+/// * A flush that fails, or whose future is dropped, sets `DIRTY` again in the same step
+///   that counts it out: a flush is never skipped behind one that did not succeed, nor
+///   while one is in flight.
+/// * A new device starts `DIRTY`: what was written to it before it came (`dev.write` by
+///   the add and replace paths, which flush it themselves) is flushed again, once.
+/// * A skipped flush does not probe the device: a hung or dead member with nothing to
+///   flush is found by its next read or write, as before any flush.
+struct FlushState(AtomicU64);
+
+const DIRTY: u64 = 1;
+const IN_FLIGHT: u64 = 2;
+
+impl FlushState {
+    fn new() -> FlushState {
+        FlushState(AtomicU64::new(DIRTY))
+    }
+
+    /// A change (write, discard) of the device finished.
+    #[inline]
+    fn changed(&self) {
+        // A load first: while the device is dirty already, nothing is written to the word's
+        // cache line, so reactors writing the same member do not pass it back and forth.
+        if self.0.load(Ordering::SeqCst) & DIRTY == 0 {
+            self.0.fetch_or(DIRTY, Ordering::SeqCst);
+        }
+    }
+
+    /// A flush is about to be issued: None if it can be skipped, else its guard (count it
+    /// out with `FlushGuard::done`).
+    fn begin(&self) -> Option<FlushGuard<'_>> {
+        let mut w = self.0.load(Ordering::SeqCst);
+        loop {
+            if w == 0 {
+                return None;
+            }
+            match self.0.compare_exchange_weak(
+                w,
+                (w + IN_FLIGHT) & !DIRTY,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return Some(FlushGuard { s: self, ok: false }),
+                Err(now) => w = now,
+            }
+        }
+    }
+}
+
+/// One flush in flight (`FlushState::begin`); dropped without `done(true)` it counts as
+/// failed.
+struct FlushGuard<'a> {
+    s: &'a FlushState,
+    ok: bool,
+}
+
+impl FlushGuard<'_> {
+    fn done(mut self, ok: bool) {
+        self.ok = ok;
+    }
+}
+
+impl Drop for FlushGuard<'_> {
+    fn drop(&mut self) {
+        let mut w = self.s.0.load(Ordering::SeqCst);
+        loop {
+            let next = (w - IN_FLIGHT) | if self.ok { 0 } else { DIRTY };
+            match self
+                .s
+                .0
+                .compare_exchange_weak(w, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
+    }
+}
+
+/// Held over a write or discard: `finished` sets `DIRTY`; dropped unfinished (its future
+/// dropped while the device may still hold the op) it stops the device's flushes from ever
+/// being skipped.
+struct Changing<'a>(&'a FlushState);
+
+impl Changing<'_> {
+    fn finished(self) {
+        self.0.changed();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        (self.0).0.fetch_add(IN_FLIGHT, Ordering::SeqCst);
+    }
 }
 
 /// One I/O's entry in `Health::waiting`, removed when dropped.
@@ -378,6 +492,7 @@ impl Default for Health {
             read_errors: Mutex::new((0, None)),
             corrected: AtomicU64::new(0),
             no_discard: AtomicBool::new(false),
+            flush: FlushState::new(),
         }
     }
 }
@@ -1042,9 +1157,13 @@ impl<D: BlockDev> Members<D> {
     pub(crate) async fn flush_gen(&self, i: usize, gen: usize) -> io::Result<()> {
         let (dev, h) = self.gen_dev(i, gen)?;
         crate::reactor::coop().await;
+        let Some(guard) = h.flush.begin() else {
+            return Ok(()); // nothing to make durable (`FlushState`)
+        };
         let io = h.io.local();
         let t0 = Some(Instant::now());
         let r = self.timed(h, dev.flush(), Err).await;
+        guard.done(r.is_ok());
         account(&io.flush, 0, r.is_ok(), t0);
         r
     }
@@ -1059,6 +1178,7 @@ impl<D: BlockDev> Members<D> {
         let data = data.into();
         let (dev, h) = self.gen_dev(i, gen)?;
         crate::reactor::coop().await;
+        let changing = Changing(&h.flush);
         let (io, len) = (h.io.local(), data.len() as u64);
         let t0 = io.sample();
         let r = match data {
@@ -1069,6 +1189,7 @@ impl<D: BlockDev> Members<D> {
             }
             MemberData::Gather(segs) => self.timed(h, dev.write_gather(at, segs), Err).await,
         };
+        changing.finished();
         account(&io.write, len, r.is_ok(), t0);
         r
     }
@@ -1326,9 +1447,11 @@ impl<D: BlockDev> Members<D> {
             return Ok(());
         }
         crate::reactor::coop().await;
+        let changing = Changing(&h.flush);
         let io = h.io.local();
         let t0 = Some(Instant::now());
         let r = self.timed(h, dev.discard(at, len), Err).await;
+        changing.finished();
         let unsupported = r.as_ref().is_err_and(|e| {
             e.kind() == io::ErrorKind::Unsupported
                 || matches!(
@@ -1612,7 +1735,70 @@ pub(crate) fn spawn_watchdog<D: BlockDev, A: HasMembers<D>>(owner: &Arc<A>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_stale, judge, ErrorPolicy, Judgement, Members, Verdict};
+    use super::{is_stale, judge, ErrorPolicy, FlushState, Judgement, Members, Verdict};
+
+    /// `FlushState`'s rules: a flush is skipped only when every change finished before the
+    /// start of a flush that succeeded and no flush is in flight.
+    #[test]
+    fn a_flush_is_skipped_only_when_a_successful_flush_covered_every_change() {
+        let s = FlushState::new();
+        // A new device is flushed once.
+        s.begin().expect("a new device is dirty").done(true);
+        assert!(s.begin().is_none(), "nothing changed since");
+        // A change, then a flush that covers it.
+        s.changed();
+        s.begin().expect("changed").done(true);
+        assert!(s.begin().is_none());
+        // A change that finishes while a flush is in flight is not covered by it.
+        let g = s.begin();
+        assert!(g.is_none());
+        s.changed();
+        let g = s.begin().expect("changed");
+        s.changed();
+        g.done(true);
+        s.begin().expect("changed after the flush began").done(true);
+        // While a flush is in flight, another is not skipped (the first has not made
+        // anything durable yet), even with no change since it began.
+        s.changed();
+        let g1 = s.begin().expect("changed");
+        let g2 = s.begin().expect("a flush is in flight");
+        g2.done(true);
+        assert!(s.begin().is_some_and(|g| {
+            g.done(true);
+            true
+        }));
+        g1.done(true);
+        assert!(s.begin().is_none());
+        // A flush that fails, or is dropped unfinished, leaves the device dirty, also for a
+        // flush that was checked while it was in flight.
+        s.changed();
+        let g1 = s.begin().expect("changed");
+        let g2 = s.begin().expect("in flight");
+        g1.done(false);
+        g2.done(true);
+        s.begin()
+            .expect("a failed flush is not skipped behind")
+            .done(true);
+        assert!(s.begin().is_none());
+        s.changed();
+        drop(s.begin().expect("changed"));
+        s.begin()
+            .expect("a dropped flush leaves it dirty")
+            .done(true);
+        assert!(s.begin().is_none());
+        // A change that finished is covered by the next flush; one dropped unfinished (the
+        // kernel may still write it) stops the skipping for good.
+        super::Changing(&s).finished();
+        s.begin().expect("changed").done(true);
+        assert!(s.begin().is_none());
+        drop(super::Changing(&s));
+        for _ in 0..3 {
+            s.begin()
+                .expect("never skipped after a dropped change")
+                .done(true);
+        }
+    }
+
     use crate::dev::FileDev;
     use uraid_core::MemberSet;
 
