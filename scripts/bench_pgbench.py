@@ -102,8 +102,9 @@ class Stack:
         with open(os.path.join(data, "postgresql.conf"), "a") as f:
             f.write(f"port = {self.port}\nunix_socket_directories = '{self.sockdir}'\nlisten_addresses = ''\n"
                     "shared_buffers = 128MB\n")
-        as_postgres([f"{PGBIN}/pg_ctl", "-D", data, "-w", "-l", os.path.join(self.sockdir, "pg.log"), "start"])
+        # Marked before the start: a start that fails late may leave a postmaster to stop.
         self.pg, self.data = True, data
+        as_postgres([f"{PGBIN}/pg_ctl", "-D", data, "-w", "-l", os.path.join(self.sockdir, "pg.log"), "start"])
         as_postgres([f"{PGBIN}/pgbench", "-h", self.sockdir, "-p", str(self.port), "-i", "-q", "-s", str(scale),
                      "postgres"])
         as_postgres([f"{PGBIN}/psql", "-h", self.sockdir, "-p", str(self.port), "-q", "-c", "CHECKPOINT", "postgres"])
@@ -150,7 +151,8 @@ class Stack:
                             "-w", "stop"], capture_output=True)
             self.pg = False
         if self.mounted:
-            subprocess.run(["umount", self.fs], capture_output=True)
+            if subprocess.run(["umount", self.fs], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", self.fs], capture_output=True)
             self.mounted = False
         if self.loop:
             subprocess.run(["losetup", "-d", self.loop], capture_output=True)
@@ -208,7 +210,9 @@ def main():
     shutil.rmtree(a.dir, ignore_errors=True)
     med = {c: statistics.median(v) for c, v in tps.items()}
     lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; kernel {platform.release()}; HEAD "
-             f"{run(['git', '-C', os.path.dirname(URAID), 'rev-parse', '--short', 'HEAD']).strip()}",
+             f"{run(['git', '-C', os.path.dirname(URAID), 'rev-parse', '--short', 'HEAD']).strip()}"
+             f"{' with uncommitted changes' if run(['git', '-C', os.path.dirname(URAID), 'status', '--porcelain', '-uno']).strip() else ''}"
+             " (what target/release/uraid was built from is not checked)",
              f"pgbench -i -s {a.scale}, then -c 8 -j 2 -T {a.seconds}; {a.rounds} rounds, cases alternated",
              "", "| case | TPS per round | median | / nbdkit |", "|---|---|---:|---:|"]
     for c in cases:
