@@ -74,7 +74,7 @@ except ImportError:
         os.execv(_system, [_system, os.path.abspath(__file__)] + sys.argv[1:])
     sys.exit("bench_ceph: python3-rados not found (installed with ceph-common: scripts/ceph-osd.sh install)")
 
-from benchlib import (MIB, TICK, URAID, Server, cpu_ticks, events, proc_bytes, run, size_bytes, spread, status,
+from benchlib import (cpu_model, MIB, TICK, URAID, Server, cpu_ticks, events, proc_bytes, run, size_bytes, spread, status,
                       write_report)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -723,14 +723,6 @@ def make_drives(drives, size):
 
 # ---------------------------------------------------------------------------------------------
 # report
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
-
 
 def mem_gib():
     with open("/proc/meminfo") as f:

@@ -19,19 +19,11 @@ Needs root (loop devices, mount), PostgreSQL 15's server binaries, nbdfuse, nbdk
 """
 import argparse, os, platform, re, shutil, statistics, subprocess, time
 
-from benchlib import TICK, URAID, Server, cpu_ticks, run, status, write_report
+from benchlib import TICK, URAID, cpu_model, Server, cpu_ticks, run, status, write_report
 
 PGBIN = "/usr/lib/postgresql/15/bin"
 MEMBERS, DATA = 10, 8
 VOLUME = 4 << 30
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def as_postgres(cmd, **kw):

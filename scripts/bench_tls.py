@@ -25,7 +25,7 @@ server negotiated is taken from libnbd's debug line (LIBNBD_DEBUG=1 nbdinfo) and
 """
 import argparse, json, os, shutil, signal, statistics, subprocess, sys, tempfile
 
-from benchlib import (MIB, TICK, URAID, Server, cpu_ticks, fio_json, free_port, run, size_bytes,
+from benchlib import (cpu_model, MIB, TICK, URAID, Server, cpu_ticks, fio_json, free_port, run, size_bytes,
                       spread, write_report)
 
 WORKLOADS = [
@@ -110,14 +110,6 @@ def tls_info(env, uri):
     proto = next((l.split("protocol:", 1)[1].strip() for l in out.splitlines()
                   if l.startswith("protocol:")), "?")
     return using, proto
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def pool(files):

@@ -57,6 +57,15 @@ def is_tmpfs(path):
     return fs == "tmpfs"
 
 
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo), which every benchmark report states."""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 # ---------------------------------------------------------------------------------------------
 # servers
 
