@@ -52,6 +52,9 @@ def main():
     ap.add_argument("--delay-ms", type=int, default=1, help="the slow members' delay per read")
     ap.add_argument("--dir", default="/dev/shm/uraid-ra")
     ap.add_argument("--memory", default="64M", help="--read-ahead-memory")
+    ap.add_argument("--compare", metavar="BINARY",
+                    help="another uraid build: a third case, read-ahead on with it (an A/B)")
+    ap.add_argument("--only", help="run only the cells whose name contains this")
     a = ap.parse_args()
     cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
     cells = [
@@ -66,6 +69,9 @@ def main():
         ("rand 4k QD1", dict(rw="randread", bs=4096, qd=1)),
         ("rand 4k QD16", dict(rw="randread", bs=4096, qd=16)),
     ]
+    if a.only:
+        cells = [c for c in cells if a.only in c[0]]
+    modes = ("on", "off") + (("before",) if a.compare else ())
     for kind in a.members.split(","):
         d = os.path.join(a.dir, kind)
         shutil.rmtree(d, ignore_errors=True)
@@ -87,20 +93,22 @@ def main():
             run([URAID, "create", "--level", "6", "-N", "ra", "--chunk", "64K"] + paths)
 
             def server(mode):
-                return uraid_serve(d, paths, "ra", extra=[f"--read-ahead={mode}",
-                                                          f"--read-ahead-memory={a.memory}"])
+                binary = a.compare if mode == "before" else URAID
+                return uraid_serve(d, paths, "ra", binary=binary,
+                                   extra=[f"--read-ahead={'on' if mode == 'before' else mode}",
+                                          f"--read-ahead-memory={a.memory}"])
 
             s = server("on").start()
             run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={s.uri}", "--rw=write", "--bs=1m",
                  "--iodepth=8", "--size=100%"])
             s.stop(check=True)
-            res = {(c, m): [] for c, _ in cells for m in ("on", "off")}
-            rss, ra = {"on": [], "off": []}, []
+            res = {(c, m): [] for c, _ in cells for m in modes}
+            rss, ra = {m: [] for m in modes}, []
             for r in range(a.runs):
-                for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
                     s = server(mode).start()
                     for name, c in cells:
-                        before = status(s.ctl)["read_ahead"] if mode == "on" else None
+                        before = status(s.ctl)["read_ahead"] if mode != "off" else None
                         if c is None:
                             secs = nbdcopy(s.uri, 4)
                             vol = int(run(["nbdinfo", "--size", s.uri]).strip())
@@ -124,8 +132,11 @@ def main():
             print(f"\n{kind} members; CPU: {cpu}; RAID6 4+2, 64K chunk"
                   + (f", each member behind nbdkit delay-read={a.delay_ms}ms + nbdfuse" if kind == "slow"
                      else ", /dev/shm files") + f"; {a.runs} runs x {a.runtime:g} s, medians\n")
-            print("| cell | read-ahead on | off | on / off | spread on, off |")
-            print("|---|---:|---:|---:|---:|")
+            if a.compare:
+                print(f"before: read-ahead on with {a.compare}\n")
+            extra = " | before (on) | on / before | spread before" if a.compare else ""
+            print(f"| cell | read-ahead on | off | on / off | spread on, off{extra} |")
+            print("|---|---:|---:|---:|---:" + ("|---:|---:|---:" if a.compare else "") + "|")
             med = {}
             for name, c in cells:
                 unit = "IOPS" if c and c["rw"] == "randread" else "MB/s"
@@ -133,14 +144,24 @@ def main():
                 on = [v[k] for v in res[(name, "on")]]
                 off = [v[k] for v in res[(name, "off")]]
                 med[name] = (statistics.median(on), statistics.median(off))
+                more = ""
+                if a.compare:
+                    bf = [v[k] for v in res[(name, "before")]]
+                    mb = statistics.median(bf)
+                    more = f" | {mb:,.0f} {unit} | {med[name][0] / mb:.2f} | {spread(bf):.0%}"
                 print(f"| {name} | {med[name][0]:,.0f} {unit} | {med[name][1]:,.0f} {unit} | "
-                      f"{med[name][0] / med[name][1]:.2f} | {spread(on):.0%}, {spread(off):.0%} |")
+                      f"{med[name][0] / med[name][1]:.2f} | {spread(on):.0%}, {spread(off):.0%}{more} |")
             for depth, inorder in ((1, "seq 128k QD4"), (4, "seq 128k QD16")):
-                strided = med[f"seq 128k, 4 strided jobs x QD{depth} (reordered)"][0]
+                key = f"seq 128k, 4 strided jobs x QD{depth} (reordered)"
+                if key not in med or inorder not in med:
+                    continue
+                strided = med[key][0]
                 print(f"\nreordered stream (4 jobs x QD{depth}) vs the in-order stream at the same "
                       f"depth ({inorder}), read-ahead on: {strided / med[inorder][0]:.2f}")
             print(f"peak RSS (VmHWM), median: read-ahead on {statistics.median(rss['on']) / 2**20:.0f} MiB, "
-                  f"off {statistics.median(rss['off']) / 2**20:.0f} MiB (budget {a.memory})")
+                  f"off {statistics.median(rss['off']) / 2**20:.0f} MiB"
+                  + (f", before {statistics.median(rss['before']) / 2**20:.0f} MiB" if a.compare else "")
+                  + f" (budget {a.memory})")
             last = ra[-1]
             print(f"read-ahead counters, last run: {last}\n", flush=True)
         finally:
