@@ -69,10 +69,14 @@ import argparse, json, os, re, shlex, shutil, signal, statistics, subprocess, sy
 try:
     import rados
 except ImportError:
+    # Run as a script: again under the system python, which has the module. Imported (a
+    # tool reading this file): no re-exec and no exit, `rados` is just absent.
+    rados = None
     _system = "/usr/bin/python3"
-    if os.path.exists(_system) and os.path.realpath(sys.executable) != os.path.realpath(_system):
-        os.execv(_system, [_system, os.path.abspath(__file__)] + sys.argv[1:])
-    sys.exit("bench_ceph: python3-rados not found (installed with ceph-common: scripts/ceph-osd.sh install)")
+    if __name__ == "__main__":
+        if os.path.exists(_system) and os.path.realpath(sys.executable) != os.path.realpath(_system):
+            os.execv(_system, [_system, os.path.abspath(__file__)] + sys.argv[1:])
+        sys.exit("bench_ceph: python3-rados not found (installed with ceph-common: scripts/ceph-osd.sh install)")
 
 from benchlib import (cpu_model, MIB, TICK, URAID, Server, cpu_ticks, events, proc_bytes, run, size_bytes, spread, status,
                       write_report)
