@@ -114,6 +114,8 @@ struct LogState {
     next_seq: u64,
     /// Oldest logical position still needed (as the durable superblock says).
     tail: u64,
+    /// The sequence number there: every record before it is checkpointed away, durably.
+    tail_seq: u64,
     /// Records reserved whose member writes have not all completed: seq → position.
     inflight: BTreeMap<u64, u64>,
     /// Per member slot: one past the newest record that writes it (0: none this session).
@@ -361,6 +363,7 @@ impl<D: BlockDev> Journal<D> {
             head: sb.tail,
             next_seq: sb.tail_seq,
             tail: sb.tail,
+            tail_seq: sb.tail_seq,
             inflight: BTreeMap::new(),
             last_with: Vec::new(),
             unwritten: BTreeMap::new(),
@@ -916,6 +919,18 @@ impl<D: BlockDev> Journal<D> {
         }
     }
 
+    /// Whether no record that wrote `slot` can be replayed any more: none was logged this
+    /// session, the durable tail is past the newest one, or the switch to bitmap mode is
+    /// durable. `retire_slot` ends in this state unless the array stopped serving; a slot
+    /// that held another device since (a replacement that took over, then failed) may have
+    /// new records, so whoever retired it checks again under the superblock lock before a
+    /// device takes it.
+    pub(crate) fn slot_retired(&self, slot: usize) -> bool {
+        let st = self.lock();
+        let upto = st.last_with.get(slot).copied().unwrap_or(0);
+        upto == 0 || st.tail_seq >= upto || self.fallback_done.load(Ordering::Acquire)
+    }
+
     /// More than half of the log is in use: time for a background checkpoint.
     pub(crate) fn half_full(&self) -> bool {
         self.used() > self.log_len / 2
@@ -994,7 +1009,11 @@ impl<D: BlockDev> Journal<D> {
             return false;
         }
         *sb = next;
-        j.lock().tail = tail;
+        {
+            let mut st = j.lock();
+            st.tail = tail;
+            st.tail_seq = tail_seq;
+        }
         j.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         true
     }

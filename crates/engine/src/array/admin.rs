@@ -199,7 +199,13 @@ impl<D: BlockDev> Array<D> {
                 return Err("the array has no failed or missing member to replace".into());
             };
             if retired.contains(slot) {
-                break (meta, slot, back.is_some());
+                if self.journal_slot_retired(slot) {
+                    break (meta, slot, back.is_some());
+                }
+                // Records wrote the slot after it was retired: another device held it
+                // meanwhile (a replacement that took over, then failed). Again.
+                drop(meta);
+                retired = retired.minus(MemberSet::EMPTY.with(slot));
             }
         };
         if !self.members.can_install(slot) {

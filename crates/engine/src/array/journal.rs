@@ -130,6 +130,11 @@ impl<D: BlockDev> Array<D> {
         }
     }
 
+    /// `Journal::slot_retired` (true without a journal).
+    pub(crate) fn journal_slot_retired(&self, slot: usize) -> bool {
+        self.journal.get().is_none_or(|j| j.slot_retired(slot))
+    }
+
     /// Locks `stripe` for a stripe operation (every one but the journal-less full-stripe
     /// run); once it holds the lock, a durable record dropped before its member writes
     /// completed (`Journal::orphan`: its stripe may be torn) is written again first, so no

@@ -661,6 +661,11 @@ impl<D: BlockDev> Array<D> {
         r: Replacing,
     ) -> Result<ReplaceOutcome, ArrayError> {
         let i = r.slot;
+        // Retired before the lock, and a failed slot gains no records (`log`).
+        debug_assert!(
+            self.journal_slot_retired(i),
+            "slot {i} has journal records a replay would write onto its replacement"
+        );
         let promoted = self.members().generation(i) == r.gen;
         if !self.members().is_failed(i)
             || !(promoted || self.members().replacement(i).map(|x| x.0) == Some(r.gen))
