@@ -53,6 +53,9 @@ def main():
     ap.add_argument("--compare", help="another uraid binary: adds its read-around case")
     ap.add_argument("--raw", action="store_true",
                     help="members are plain files; only the slow member goes through nbdkit and FUSE")
+    ap.add_argument("--read-ahead", default="on", choices=("on", "off"),
+                    help="the same for every case (with --raw, `auto` would turn it on only where a "
+                         "member is not memory: the slow cases)")
     a = ap.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
     members = [FuseMember(os.path.join(a.dir, f"m{i}"), SIZE) for i in range(MEMBERS)]
@@ -79,7 +82,8 @@ def main():
             # --raw: member 2 goes through FUSE only when it is the slow one.
             p = paths if not (a.raw and delay) else paths[:SLOW] + [members[SLOW].path] + paths[SLOW + 1:]
             return Server([binary, "serve", f"--listen=unix:{sock}", f"--control=unix:{ctl}",
-                           f"--slow-factor={factor}", *p], sock=sock, unlink=[ctl],
+                           f"--slow-factor={factor}", f"--read-ahead={a.read_ahead}", *p],
+                          sock=sock, unlink=[ctl],
                           log=os.path.join(a.dir, "serve.log")).start()
 
         s = serve(5)
@@ -109,7 +113,7 @@ def main():
         h_p99 = statistics.median(v[1] for v in res["healthy"])
         cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
         print(f"\nCPU: {cpu}; RAID6 of {MEMBERS} (64K chunk), {'raw' if a.raw else 'FUSE'} members, "
-              f"fio nbd randread 4k QD{a.qd}, "
+              f"fio nbd randread 4k QD{a.qd}, read-ahead {a.read_ahead}, "
               f"{a.runs} runs x {a.runtime:.0f} s, medians")
         print("| case | IOPS | vs healthy | p99 (us) | vs healthy | IOPS spread | flagged |")
         print("|---|---|---|---|---|---|---|")
