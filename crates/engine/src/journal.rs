@@ -921,10 +921,11 @@ impl<D: BlockDev> Journal<D> {
 
     /// Whether no record that wrote `slot` can be replayed any more: none was logged this
     /// session, the durable tail is past the newest one, or the switch to bitmap mode is
-    /// durable. `retire_slot` ends in this state unless the array stopped serving; a slot
-    /// that held another device since (a replacement that took over, then failed) may have
-    /// new records, so whoever retired it checks again under the superblock lock before a
-    /// device takes it.
+    /// done (durable while the array serves, which callers check first: past the tolerance
+    /// the records stay). `retire_slot` ends in this state unless the array stopped
+    /// serving; a slot that held another device since (a replacement that took over, then
+    /// failed) may have new records, so whoever retired it checks again under the
+    /// superblock lock before a device takes it.
     pub(crate) fn slot_retired(&self, slot: usize) -> bool {
         let st = self.lock();
         let upto = st.last_with.get(slot).copied().unwrap_or(0);

@@ -661,11 +661,6 @@ impl<D: BlockDev> Array<D> {
         r: Replacing,
     ) -> Result<ReplaceOutcome, ArrayError> {
         let i = r.slot;
-        // Retired before the lock, and a failed slot gains no records (`log`).
-        debug_assert!(
-            self.journal_slot_retired(i),
-            "slot {i} has journal records a replay would write onto its replacement"
-        );
         let promoted = self.members().generation(i) == r.gen;
         if !self.members().is_failed(i)
             || !(promoted || self.members().replacement(i).map(|x| x.0) == Some(r.gen))
@@ -674,6 +669,12 @@ impl<D: BlockDev> Array<D> {
                 "member {i}: its replacement is gone"
             )));
         }
+        // Retired before the lock, and the slot stayed failed since (another device in it
+        // would have changed its generation, refused above): it gained no records (`log`).
+        debug_assert!(
+            self.journal_slot_retired(i),
+            "slot {i} has journal records a replay would write onto its replacement"
+        );
         self.failure_on_disk(&mut meta, i).await;
         // Its metadata pages are stale now (the slot missed writes while failed): zeroed
         // again before it is named.
