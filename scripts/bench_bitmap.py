@@ -14,7 +14,7 @@ and a C compiler. Usage:
 """
 import argparse, os, shutil, statistics
 
-from benchlib import ROOT, URAID, FuseMember, Server, fio_json, run, spread, status
+from benchlib import cpu_model, ROOT, URAID, FuseMember, Server, fio_json, run, spread, status
 
 MEMBERS, SIZE = 10, 128 << 20
 CASES = ["none", "64M", "4M", "1M"]
@@ -69,7 +69,7 @@ def main():
                     res[(case, name)].append(v)
                     print(f"run {r + 1}, bitmap {case}, {name}: {v[0]:.0f}, {bm['set_rounds']} set rounds in "
                           f"{gib:.2f} GiB, {bm['dirty_regions']} of {bm['regions']} regions dirty")
-        cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
+        cpu = cpu_model()
         print(f"\nCPU: {cpu}; RAID6 8+2, {SIZE >> 20} MiB members behind nbdkit (FLUSH +{a.flush_ms:g} ms) and "
               f"nbdfuse; {a.runs} runs x {a.runtime:g} s, cases alternating, medians")
         print("| region | load | result | vs none | spread | set rounds per GiB | dirty at the end |")

@@ -18,7 +18,7 @@ QD16. The server's peak RSS (VmHWM) is read once per server run. Usage:
 """
 import argparse, os, shutil, statistics, time
 
-from benchlib import URAID, FuseMember, fio_json, proc_bytes, run, spread, status, uraid_serve
+from benchlib import cpu_model, URAID, FuseMember, fio_json, proc_bytes, run, spread, status, uraid_serve
 
 MEMBERS = 6
 
@@ -56,7 +56,7 @@ def main():
                     help="another uraid build: a third case, read-ahead on with it (an A/B)")
     ap.add_argument("--only", help="run only the cells whose name contains this")
     a = ap.parse_args()
-    cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
+    cpu = cpu_model()
     cells = [
         ("seq 128k QD1", dict(rw="read", bs=128 << 10, qd=1)),
         ("seq 128k QD16", dict(rw="read", bs=128 << 10, qd=16)),

@@ -11,7 +11,7 @@ latency and the ratio B / A. Usage:
 """
 import argparse, os, shutil, statistics
 
-from benchlib import URAID, Server, fio_json, run, spread
+from benchlib import cpu_model, URAID, Server, fio_json, run, spread
 
 LOADS = [
     ("4k randwrite QD1, back to back (5 s)", ["--runtime=5", "--time_based"]),
@@ -52,7 +52,7 @@ def main():
             s.stop(check=True)
             print(f"run {r + 1}, delay {delay}: " +
                   ", ".join(f"{res[(n, delay)][-1]:.0f} us" for n, _ in LOADS))
-    cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
+    cpu = cpu_model()
     print(f"\nCPU: {cpu}; RAID6 4+2, 256 MiB /dev/shm members; {a.runs} runs alternating; medians of the "
           f"mean write latency")
     print("| load | A: safe mode off | B: delay 1 s | B / A | spread A | spread B |")

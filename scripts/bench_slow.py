@@ -21,7 +21,7 @@ the server and fio, so the extra member reads of a read-around cost IOPS that NV
 """
 import argparse, os, shutil, statistics
 
-from benchlib import URAID, FuseMember, Server, fio_json, run, spread, status
+from benchlib import cpu_model, URAID, FuseMember, Server, fio_json, run, spread, status
 
 MEMBERS, SLOW, SIZE = 6, 2, 128 << 20
 
@@ -111,7 +111,7 @@ def main():
                       + ", ".join(f"p{q} {v:.0f}" for q, v in fio.last.items()))
         h_iops = statistics.median(v[0] for v in res["healthy"])
         h_p99 = statistics.median(v[1] for v in res["healthy"])
-        cpu = run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"]).strip()
+        cpu = cpu_model()
         print(f"\nCPU: {cpu}; RAID6 of {MEMBERS} (64K chunk), {'raw' if a.raw else 'FUSE'} members, "
               f"fio nbd randread 4k QD{a.qd}, read-ahead {a.read_ahead}, "
               f"{a.runs} runs x {a.runtime:.0f} s, medians")

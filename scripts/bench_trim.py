@@ -16,21 +16,13 @@ writes running beside them. uraid serve (RAID6 8+2 over 10 /dev/shm files, chunk
 """
 import argparse, os, shutil, statistics, sys, time
 
-from benchlib import MIB, URAID, cpu_ticks, fio_json, run, size_bytes, spread, uraid_serve, write_report
+from benchlib import MIB, URAID, cpu_model, cpu_ticks, fio_json, run, size_bytes, spread, uraid_serve, write_report
 
 MEMBERS = 10
 
 
 def allocated(files):
     return sum(os.stat(f).st_blocks * 512 for f in files)
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "?"
 
 
 def fio(uri, jobs, runtime):

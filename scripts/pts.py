@@ -24,7 +24,7 @@ fixed count in quick mode) and the median of the measurement window is reported.
 import argparse, glob, datetime, json, math, os, platform, shutil, signal, statistics
 import subprocess, sys, tempfile, time
 
-from benchlib import KIB, MIB, ROOT, TICK, URAID, Server, cpu_ticks, fio_json, free_port, is_tmpfs, run
+from benchlib import KIB, MIB, ROOT, TICK, URAID, Server, cpu_model, cpu_ticks, fio_json, free_port, is_tmpfs, run
 
 FULL = dict(
     iops_bs=["4k", "8k", "16k", "32k", "64k", "128k", "1m"],
@@ -628,12 +628,7 @@ def machine(s):
             return run(cmd).strip().splitlines()[0]
         except Exception:
             return "?"
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     with open("/proc/meminfo") as f:
         mem = int(f.readline().split()[1]) // (1024 * 1024)
     commit = "?"

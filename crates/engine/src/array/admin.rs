@@ -205,7 +205,7 @@ impl<D: BlockDev> Array<D> {
                 // Records wrote the slot after it was retired: another device held it
                 // meanwhile (a replacement that took over, then failed). Again.
                 drop(meta);
-                retired = retired.minus(MemberSet::EMPTY.with(slot));
+                retired = retired.without(slot);
             }
         };
         if !self.members.can_install(slot) {
