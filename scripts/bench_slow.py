@@ -105,9 +105,13 @@ def main():
                 st = status(ctl)
                 flagged = st["slots"][SLOW]["slow"]
                 iops, p99, _ = fio(uri, a.runtime, a.qd)
+                # Reads member 2 served during the run (a flagged member: its probes).
+                slow_reads = (status(ctl)["slots"][SLOW]["read"]["count"] - st["slots"][SLOW]["read"]["count"]) \
+                    / a.runtime
                 s.stop(check=True)
-                res[name].append((iops, p99, flagged))
-                print(f"run {r + 1}: {name}: {iops:.0f} IOPS, p99 {p99:.0f} us, flagged {flagged}; "
+                res[name].append((iops, p99, flagged, slow_reads))
+                print(f"run {r + 1}: {name}: {iops:.0f} IOPS, p99 {p99:.0f} us, flagged {flagged}, "
+                      f"member {SLOW} read {slow_reads:.0f}/s; "
                       + ", ".join(f"p{q} {v:.0f}" for q, v in fio.last.items()))
         h_iops = statistics.median(v[0] for v in res["healthy"])
         h_p99 = statistics.median(v[1] for v in res["healthy"])
@@ -115,14 +119,15 @@ def main():
         print(f"\nCPU: {cpu}; RAID6 of {MEMBERS} (64K chunk), {'raw' if a.raw else 'FUSE'} members, "
               f"fio nbd randread 4k QD{a.qd}, read-ahead {a.read_ahead}, "
               f"{a.runs} runs x {a.runtime:.0f} s, medians")
-        print("| case | IOPS | vs healthy | p99 (us) | vs healthy | IOPS spread | flagged |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"| case | IOPS | vs healthy | p99 (us) | vs healthy | IOPS spread | flagged | member {SLOW} reads/s |")
+        print("|---|---|---|---|---|---|---|---|")
         for name, _, _, _ in cases:
             iops = statistics.median(v[0] for v in res[name])
             p99 = statistics.median(v[1] for v in res[name])
             flagged = sum(v[2] for v in res[name])
             print(f"| {name} | {iops:.0f} | {iops / h_iops:.2f} | {p99:.0f} | {p99 / h_p99:.2f} | "
-                  f"{spread([v[0] for v in res[name]]):.0%} | {flagged}/{len(res[name])} |")
+                  f"{spread([v[0] for v in res[name]]):.0%} | {flagged}/{len(res[name])} | "
+                  f"{statistics.median(v[3] for v in res[name]):.0f} |")
     finally:
         for m in members:
             m.stop()

@@ -587,6 +587,8 @@ pub struct Members<D: BlockDev> {
     unseen: AtomicU64,
     /// Slots whose replacement failed while being swapped in.
     repl_failed: AtomicU64,
+    /// Slots every I/O of which is timed, not one in `LATENCY_SAMPLE` (`time_every`).
+    time_all: AtomicU64,
     data_offset: u64,
     policy: ErrorPolicy,
     /// Member data-area writes that bypassed the journal (allocation-map pages), and how
@@ -654,6 +656,7 @@ impl<D: BlockDev> Members<D> {
             bad_members: AtomicU64::new(0),
             unseen: AtomicU64::new(failed.union(rebuilding).bits()),
             repl_failed: AtomicU64::new(0),
+            time_all: AtomicU64::new(0),
             data_offset,
             policy,
             unjournaled: AtomicU64::new(0),
@@ -983,6 +986,21 @@ impl<D: BlockDev> Members<D> {
         self.rebuilt[i].store(0, Ordering::Release);
     }
 
+    /// Times every I/O of the slots in `set` from now on, one in `LATENCY_SAMPLE` of the
+    /// others: members flagged slow (slow.rs), which get few reads (probes), each slow.
+    pub(crate) fn time_every(&self, set: MemberSet) {
+        self.time_all.store(set.bits(), Ordering::Relaxed);
+    }
+
+    /// The start of member `i`'s I/O if it is to be timed (`time_every`, `MemberIo::sample`).
+    #[inline]
+    fn sample(&self, i: usize, io: &MemberIo) -> Option<Instant> {
+        if self.time_all.load(Ordering::Relaxed) & (1 << i) != 0 {
+            return Some(Instant::now());
+        }
+        io.sample()
+    }
+
     /// Whether every member device there is completes its reads inline (memory).
     pub fn all_inline(&self) -> bool {
         (0..self.count()).all(|i| self.device(i).is_none_or(|d| d.completes_inline()))
@@ -1180,7 +1198,7 @@ impl<D: BlockDev> Members<D> {
         crate::reactor::coop().await;
         let changing = Changing(&h.flush);
         let (io, len) = (h.io.local(), data.len() as u64);
-        let t0 = io.sample();
+        let t0 = self.sample(i, io);
         let r = match data {
             MemberData::Buf(buf) => {
                 self.timed(h, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
@@ -1345,7 +1363,7 @@ impl<D: BlockDev> Members<D> {
         }
         crate::reactor::coop().await;
         let (io, len) = (h.io.local(), buf.len() as u64);
-        let t0 = io.sample();
+        let t0 = self.sample(i, io);
         // Aborted before the device returned the buffer: hand back an empty one.
         let (r, b) = self
             .timed(h, dev.read(at, buf), |e| (Err(e), crate::buf::alloc(0)))

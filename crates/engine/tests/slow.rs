@@ -8,7 +8,7 @@ use futures::executor::block_on;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uraid_core::{Level, MemberSet};
-use uraid_engine::Volume;
+use uraid_engine::{slow, Volume};
 use uraid_sim::{mem_array, payload, Faults, MemDev};
 
 const CHUNK: u64 = 4096;
@@ -123,6 +123,32 @@ fn a_slow_member_is_read_around_and_still_written_then_read_again_once_fast() {
 }
 
 #[test]
+fn a_flagged_member_only_probes_read_is_judged_by_them_and_unflagged_once_fast() {
+    let (vol, faults, want) = array(Level::Raid6, 6);
+    let a = vol.array().clone();
+    flag_slow(&vol, &faults, &want);
+    faults[SLOW].delay_us.store(0, Ordering::Relaxed);
+    // Reads only: the member serves probes alone (about one per `PROBE_EVERY`), too few
+    // for one in `LATENCY_SAMPLE` to judge it; each is timed while it is flagged.
+    let mut ticks = 0;
+    while !a.slow_members().is_empty() && ticks < 6 {
+        let (t, before) = (std::time::Instant::now(), reads_of(&faults[SLOW]));
+        while t.elapsed() < slow::PROBE_EVERY * 6 {
+            read_every_chunk(&vol, &want);
+        }
+        let probes = reads_of(&faults[SLOW]) - before;
+        assert!(
+            (slow::MIN_SAMPLES..=12).contains(&probes),
+            "{probes} probes in six intervals"
+        );
+        a.slow_tick();
+        ticks += 1;
+    }
+    assert!(a.slow_members().is_empty(), "unflagged");
+    assert!(ticks >= 3, "unflagged after {ticks} judgements");
+}
+
+#[test]
 fn a_degraded_array_reads_a_slow_member_rather_than_spend_its_last_redundancy() {
     let (vol, faults, want) = array(Level::Raid6, 6);
     let a = vol.array().clone();
@@ -169,7 +195,7 @@ fn a_read_that_cannot_be_reconstructed_around_a_slow_member_reads_it() {
         }
     }
     for &(s, i) in &on_slow {
-        // (One read in `slow::PROBE` reads it anyway; these six are not all probes.)
+        // (A probe reads it anyway; these six are not all probes.)
         for _ in 0..2 {
             let off = s * sdb + i as u64 * CHUNK;
             let got = block_on(vol.read(off, CHUNK))

@@ -834,7 +834,7 @@ impl<D: BlockDev> Array<D> {
     /// `around`, members flagged slow (slow.rs) as long as that keeps a margin: the stripe is
     /// synced (an unsynced one is not decoded without need), the members not read stay
     /// within the level's tolerance, and with a member already missing there, redundancy is
-    /// left after. One such read in `slow::PROBE` reads the slow member anyway.
+    /// left after. A probe (`SlowMembers::probe`) reads the slow member anyway.
     fn read_holders(&self, stripe: u64, around: bool) -> UnitHolders {
         let mut at = self.members.at(stripe);
         if !around {
@@ -906,7 +906,8 @@ impl<D: BlockDev> Array<D> {
 
     /// Sets the fail-slow factor (`serve --slow-factor`; 0: off).
     pub fn set_slow_factor(&self, factor: f64) {
-        self.slow.set_factor(factor)
+        self.slow.set_factor(factor);
+        self.members.time_every(self.slow.set());
     }
 
     /// One judgement of member latency (slow.rs; the server calls it every second): flags
@@ -924,7 +925,9 @@ impl<D: BlockDev> Array<D> {
                 })
             })
             .collect();
-        for (m, slow, mean, median) in self.slow.tick(&now) {
+        let changes = self.slow.tick(&now);
+        self.members.time_every(self.slow.set());
+        for (m, slow, mean, median) in changes {
             let name = self.members.name(m).unwrap_or("?");
             if slow {
                 tracing::warn!(
