@@ -105,7 +105,7 @@ def main():
                 st = status(ctl)
                 flagged = st["slots"][SLOW]["slow"]
                 iops, p99, _ = fio(uri, a.runtime, a.qd)
-                # Reads member 2 served during the run (a flagged member: its probes).
+                # Reads the slow member served during the run (a flagged member: its probes).
                 slow_reads = (status(ctl)["slots"][SLOW]["read"]["count"] - st["slots"][SLOW]["read"]["count"]) \
                     / a.runtime
                 s.stop(check=True)

@@ -17,8 +17,10 @@
 //! * A flagged member keeps getting a probe: a read planned around it that goes to it, once
 //!   at least `PROBE` such reads and `PROBE_EVERY` have passed since the last one, so its
 //!   latency is still measured when the load only reads, and a busy array does not keep
-//!   hundreds of client reads a second waiting for it. Every I/O of a flagged member is
-//!   timed (`Members::time_every`), not one in `LATENCY_SAMPLE`, so the few probes judge it.
+//!   hundreds of client reads a second waiting for it. Only reads that want its chunks
+//!   count. Every read and write of a flagged member is timed (`Members::time_every`), not
+//!   one in `LATENCY_SAMPLE` (the extra ones outside the histograms), so the few probes
+//!   judge it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -33,8 +35,9 @@ pub const MIN_SAMPLES: u64 = 4;
 pub const AFTER: u32 = 3;
 /// At most one read in this many of those planned around a slow member goes to it (a probe).
 pub const PROBE: u64 = 64;
-/// And at most one per this interval: 10 a second, each timed, judge a member with
-/// `MIN_SAMPLES` to spare in every tick.
+/// And at most one per this interval: up to 10 a second, each timed, judge a member in every
+/// tick where it gets `MIN_SAMPLES` (reads that would go to it count towards a probe: a
+/// RAID10 read that picks the other copy does not).
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// The default factor (`serve --slow-factor`).
 pub const DEFAULT_FACTOR: f64 = 5.0;
@@ -95,8 +98,8 @@ impl SlowMembers {
     }
 
     /// Whether this read planned around slow members should go to them instead (a probe):
-    /// `PROBE` reads and `PROBE_EVERY` since the last one. (Two reactors may both take
-    /// one at the same moment: an extra probe, harmless.)
+    /// `PROBE` reads and `PROBE_EVERY` since the last one (the compare-exchange gives each
+    /// interval to one reactor; reads counted meanwhile are forgotten, harmless).
     pub(crate) fn probe(&self) -> bool {
         if self.probes.fetch_add(1, Ordering::Relaxed) + 1 < PROBE {
             return false;
