@@ -1,5 +1,6 @@
 //! Fail-slow members: a member that answers but far more slowly than its peers is found
-//! from the latency the member I/O path already samples (`Members::io`), and reads of its
+//! from the latency the member I/O path already samples (`Members::io`: one read or write
+//! in `LATENCY_SAMPLE`, every one of a flagged member), and reads of its
 //! chunks are served by reconstruction from the others while the level has redundancy to
 //! spare (array/mod.rs, `read_holders`). It is still written, so it stays current.
 //!

@@ -964,6 +964,13 @@ impl<D: BlockDev> Array<D> {
             }
         }
         let futs = groups.into_iter().map(|g| async move {
+            if g.len() == 1 {
+                // One chunk: `read_extent` plans it (a plan here too would count it twice
+                // towards a probe).
+                let b = self.read_extent(g[0], around).await?;
+                let l = b.len();
+                return Ok(vec![(Arc::new(b), 0..l)]);
+            }
             let wants = g
                 .iter()
                 .map(|e| self.geo.data_member(e.stripe, e.index))
@@ -972,10 +979,14 @@ impl<D: BlockDev> Array<D> {
             let missing = g
                 .iter()
                 .any(|e| !at.serves(self.geo.data_member(e.stripe, e.index)));
-            if missing && g.len() > 1 {
+            if missing {
                 self.count_decoded(g[0].stripe, &g, &at);
                 return Box::pin(self.read_stripe_decoded(&g, at)).await;
             }
+            // Every wanted chunk is read as it is. Where this plan reads slow members (a
+            // probe, or no margin to leave them out), the extents do too: planned again,
+            // they would go around them and the probe would be lost.
+            let around = around && !at.behind.intersect(self.slow.set()).is_empty();
             let mut parts = Vec::with_capacity(g.len());
             for e in g {
                 let b = self.read_extent(e, around).await?;
