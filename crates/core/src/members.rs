@@ -56,6 +56,11 @@ impl MemberSet {
     }
 
     #[must_use]
+    pub fn intersect(self, o: MemberSet) -> MemberSet {
+        MemberSet(self.0 & o.0)
+    }
+
+    #[must_use]
     pub fn minus(self, o: MemberSet) -> MemberSet {
         MemberSet(self.0 & !o.0)
     }

@@ -178,16 +178,30 @@ pub struct MemberIo {
     pub flush: OpCounters,
     /// Discards (TRIM passed down: array/discard.rs), bytes discarded.
     pub discard: OpCounters,
+    /// Reads and writes timed only for the fail-slow judgement (`Members::time_every`), not
+    /// one of the sampled ones, and their total latency: kept out of the histograms, whose
+    /// `_count` stays one in `LATENCY_SAMPLE`.
+    pub judge_timed: AtomicU64,
+    pub judge_ns: AtomicU64,
     tick: AtomicU64,
 }
 
 impl MemberIo {
+    /// Whether this thread's next I/O of the member is one of the sampled ones.
     #[inline]
-    fn sample(&self) -> Option<Instant> {
+    fn sampled(&self) -> bool {
         let t = self.tick.load(Ordering::Relaxed);
         self.tick.store(t.wrapping_add(1), Ordering::Relaxed);
-        t.is_multiple_of(LATENCY_SAMPLE).then(Instant::now)
+        t.is_multiple_of(LATENCY_SAMPLE)
     }
+}
+
+/// The start of a timed member read or write (`Members::sample`): `metric` for one of the
+/// sampled ones (histogram and judgement), else timed for the judgement only.
+#[derive(Clone, Copy)]
+struct Timer {
+    t0: Instant,
+    metric: bool,
 }
 
 /// A member's I/O totals (`Members::io`).
@@ -197,6 +211,10 @@ pub struct MemberIoSnapshot {
     pub write: OpSnapshot,
     pub flush: OpSnapshot,
     pub discard: OpSnapshot,
+    /// Reads and writes timed for the fail-slow judgement only, and their latency
+    /// (`MemberIo::judge_timed`): with `read.timed + write.timed`, what the judgement sees.
+    pub judge_timed: u64,
+    pub judge_ns: u64,
 }
 
 /// A member slot's health: one typed view of the member set's atomic state (`Members::state`).
@@ -587,6 +605,8 @@ pub struct Members<D: BlockDev> {
     unseen: AtomicU64,
     /// Slots whose replacement failed while being swapped in.
     repl_failed: AtomicU64,
+    /// Slots every I/O of which is timed, not one in `LATENCY_SAMPLE` (`time_every`).
+    time_all: AtomicU64,
     data_offset: u64,
     policy: ErrorPolicy,
     /// Member data-area writes that bypassed the journal (allocation-map pages), and how
@@ -654,6 +674,7 @@ impl<D: BlockDev> Members<D> {
             bad_members: AtomicU64::new(0),
             unseen: AtomicU64::new(failed.union(rebuilding).bits()),
             repl_failed: AtomicU64::new(0),
+            time_all: AtomicU64::new(0),
             data_offset,
             policy,
             unjournaled: AtomicU64::new(0),
@@ -983,6 +1004,23 @@ impl<D: BlockDev> Members<D> {
         self.rebuilt[i].store(0, Ordering::Release);
     }
 
+    /// Times every I/O of the slots in `set` from now on, one in `LATENCY_SAMPLE` of the
+    /// others: members flagged slow (slow.rs), which get few reads (probes), each slow.
+    pub(crate) fn time_every(&self, set: MemberSet) {
+        self.time_all.store(set.bits(), Ordering::Relaxed);
+    }
+
+    /// The start of member `i`'s read or write if it is to be timed: one in
+    /// `LATENCY_SAMPLE` per thread, and every one of a slot in `time_every`.
+    #[inline]
+    fn sample(&self, i: usize, io: &MemberIo) -> Option<Timer> {
+        let metric = io.sampled();
+        (metric || self.time_all.load(Ordering::Relaxed) & (1 << i) != 0).then(|| Timer {
+            t0: Instant::now(),
+            metric,
+        })
+    }
+
     /// Whether every member device there is completes its reads inline (memory).
     pub fn all_inline(&self) -> bool {
         (0..self.count()).all(|i| self.device(i).is_none_or(|d| d.completes_inline()))
@@ -1180,7 +1218,7 @@ impl<D: BlockDev> Members<D> {
         crate::reactor::coop().await;
         let changing = Changing(&h.flush);
         let (io, len) = (h.io.local(), data.len() as u64);
-        let t0 = io.sample();
+        let t0 = self.sample(i, io);
         let r = match data {
             MemberData::Buf(buf) => {
                 self.timed(h, dev.write(at, buf), |e| (Err(e), crate::buf::alloc(0)))
@@ -1190,7 +1228,7 @@ impl<D: BlockDev> Members<D> {
             MemberData::Gather(segs) => self.timed(h, dev.write_gather(at, segs), Err).await,
         };
         changing.finished();
-        account(&io.write, len, r.is_ok(), t0);
+        account_timed(&io.write, io, len, r.is_ok(), t0);
         r
     }
 
@@ -1345,12 +1383,12 @@ impl<D: BlockDev> Members<D> {
         }
         crate::reactor::coop().await;
         let (io, len) = (h.io.local(), buf.len() as u64);
-        let t0 = io.sample();
+        let t0 = self.sample(i, io);
         // Aborted before the device returned the buffer: hand back an empty one.
         let (r, b) = self
             .timed(h, dev.read(at, buf), |e| (Err(e), crate::buf::alloc(0)))
             .await;
-        account(&io.read, len, r.is_ok(), t0);
+        account_timed(&io.read, io, len, r.is_ok(), t0);
         (r.map_err(|e| self.mark_stale(i, g, e)), b)
     }
 
@@ -1418,6 +1456,11 @@ impl<D: BlockDev> Members<D> {
             write: OpCounters::sum(io.iter().map(|c| &c.write)),
             flush: OpCounters::sum(io.iter().map(|c| &c.flush)),
             discard: OpCounters::sum(io.iter().map(|c| &c.discard)),
+            judge_timed: io
+                .iter()
+                .map(|c| c.judge_timed.load(Ordering::Relaxed))
+                .sum(),
+            judge_ns: io.iter().map(|c| c.judge_ns.load(Ordering::Relaxed)).sum(),
         }
     }
 
@@ -1537,6 +1580,21 @@ impl<D: BlockDev> Members<D> {
                     .map(|(d, h)| (i, g, d.as_ref().map_or("?", |d| d.name()), h))
             })
         })
+    }
+}
+
+/// Counts one member read or write (`account`), its latency where `Members::sample` timed
+/// it: in the histogram if it is a sampled one, else for the fail-slow judgement only.
+#[inline]
+fn account_timed(c: &OpCounters, io: &MemberIo, bytes: u64, ok: bool, t: Option<Timer>) {
+    match t {
+        Some(Timer { t0, metric: false }) => {
+            account(c, bytes, ok, None);
+            let ns = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            crate::shard::add(&io.judge_timed, 1);
+            crate::shard::add(&io.judge_ns, ns);
+        }
+        _ => account(c, bytes, ok, t.map(|t| t.t0)),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Fail-slow members: a member that answers but far more slowly than its peers is found
-//! from the latency the member I/O path already samples (`Members::io`), and reads of its
+//! from the latency the member I/O path already samples (`Members::io`: one read or write
+//! in `LATENCY_SAMPLE`, every one of a flagged member), and reads of its
 //! chunks are served by reconstruction from the others while the level has redundancy to
 //! spare (array/mod.rs, `read_holders`). It is still written, so it stays current.
 //!
@@ -14,12 +15,17 @@
 //!   below half that threshold. At least three members must be judged for a median.
 //! * Flagging changes only which members a read plans around; it never fails a member (the
 //!   I/O timeout does that) and never changes what is written.
-//! * A flagged member keeps getting one read in `PROBE` of those planned around it, so its
-//!   latency is still measured when the load only reads.
+//! * A flagged member keeps getting a probe: a read planned around it that goes to it, once
+//!   at least `PROBE` such reads and `PROBE_EVERY` have passed since the last one, so its
+//!   latency is still measured when the load only reads, and a busy array does not keep
+//!   hundreds of client reads a second waiting for it. Only reads that want its chunks
+//!   count. Every read and write of a flagged member is timed (`Members::time_every`), not
+//!   one in `LATENCY_SAMPLE` (the extra ones outside the histograms), so the few probes
+//!   judge it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uraid_core::MemberSet;
 
 /// Mean latency below which no member counts as slow, however fast its peers.
@@ -28,8 +34,12 @@ pub const FLOOR: Duration = Duration::from_micros(200);
 pub const MIN_SAMPLES: u64 = 4;
 /// Ticks in a row to flag or unflag.
 pub const AFTER: u32 = 3;
-/// One read in this many of those planned around a slow member goes to it (a probe).
+/// At most one read in this many of those planned around a slow member goes to it (a probe).
 pub const PROBE: u64 = 64;
+/// And at most one per this interval: up to 10 a second, each timed, judge a member in every
+/// tick where it gets `MIN_SAMPLES` (reads that would go to it count towards a probe: a
+/// RAID10 read that picks the other copy does not).
+pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// The default factor (`serve --slow-factor`).
 pub const DEFAULT_FACTOR: f64 = 5.0;
 
@@ -38,7 +48,11 @@ pub type Change = (usize, bool, Duration, Duration);
 
 pub(crate) struct SlowMembers {
     slow: AtomicU64,
+    /// Reads planned around a slow member since the last probe.
     probes: AtomicU64,
+    /// When the last probe went (ns since `base`).
+    last_probe: AtomicU64,
+    base: Instant,
     judge: Mutex<Judge>,
 }
 
@@ -58,6 +72,8 @@ impl SlowMembers {
         SlowMembers {
             slow: AtomicU64::new(0),
             probes: AtomicU64::new(0),
+            last_probe: AtomicU64::new(0),
+            base: Instant::now(),
             judge: Mutex::new(Judge {
                 factor: DEFAULT_FACTOR,
                 last: vec![(0, 0); members],
@@ -82,11 +98,25 @@ impl SlowMembers {
         }
     }
 
-    /// Whether this read planned around slow members should go to them instead (a probe).
+    /// Whether this read planned around slow members should go to them instead (a probe):
+    /// `PROBE` reads and `PROBE_EVERY` since the last one (the compare-exchange gives each
+    /// interval to one reactor; reads counted meanwhile are forgotten, harmless).
     pub(crate) fn probe(&self) -> bool {
-        self.probes
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(PROBE)
+        if self.probes.fetch_add(1, Ordering::Relaxed) + 1 < PROBE {
+            return false;
+        }
+        let now = self.base.elapsed().as_nanos() as u64;
+        let last = self.last_probe.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < PROBE_EVERY.as_nanos() as u64
+            || self
+                .last_probe
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        self.probes.store(0, Ordering::Relaxed);
+        true
     }
 
     /// One tick: `now[i]` is member i's device generation and cumulative (sampled
@@ -240,6 +270,22 @@ mod tests {
         s.set_factor(0.0);
         assert!(s.set().is_empty());
         assert!(run(&s, &mut acc, &[300, 300, 300, 9000], 5).is_empty());
+    }
+
+    #[test]
+    fn a_probe_goes_once_per_probe_reads_and_once_per_interval() {
+        let s = SlowMembers::new(4);
+        std::thread::sleep(PROBE_EVERY);
+        // Due by time: still one read in `PROBE`.
+        assert_eq!((1..PROBE).filter(|_| s.probe()).count(), 0);
+        assert!(s.probe());
+        // Due by count at once: none before another interval, however many reads.
+        let t = Instant::now();
+        let mut n = 0;
+        while t.elapsed() < PROBE_EVERY * 5 / 2 {
+            n += s.probe() as u32;
+        }
+        assert!((1..=2).contains(&n), "{n} probes in 2.5 intervals");
     }
 
     #[test]

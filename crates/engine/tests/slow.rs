@@ -8,7 +8,7 @@ use futures::executor::block_on;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uraid_core::{Level, MemberSet};
-use uraid_engine::Volume;
+use uraid_engine::{slow, Volume};
 use uraid_sim::{mem_array, payload, Faults, MemDev};
 
 const CHUNK: u64 = 4096;
@@ -123,6 +123,61 @@ fn a_slow_member_is_read_around_and_still_written_then_read_again_once_fast() {
 }
 
 #[test]
+fn a_flagged_member_only_probes_read_is_judged_by_them_and_unflagged_once_fast() {
+    // Chunk reads, and whole-stripe reads (planned per stripe: a probe there must reach
+    // the member, not be planned around again).
+    for whole_stripes in [false, true] {
+        let (vol, faults, want) = array(Level::Raid6, 6);
+        let a = vol.array().clone();
+        flag_slow(&vol, &faults, &want);
+        faults[SLOW].delay_us.store(0, Ordering::Relaxed);
+        // Reads only: the member serves probes alone (about one per `PROBE_EVERY`), too few
+        // for one in `LATENCY_SAMPLE` to judge it; each is timed while it is flagged.
+        let mut ticks = 0;
+        while !a.slow_members().is_empty() && ticks < 10 {
+            // A tick's worth of probes (however slow the host: at most 20 s).
+            let (t, before) = (std::time::Instant::now(), reads_of(&faults[SLOW]));
+            let mut probes = 0;
+            while probes < slow::MIN_SAMPLES && t.elapsed() < std::time::Duration::from_secs(20) {
+                if whole_stripes {
+                    read_every_stripe(&vol, &want);
+                } else {
+                    read_every_chunk(&vol, &want);
+                }
+                probes = reads_of(&faults[SLOW]) - before;
+            }
+            let intervals = (t.elapsed().as_nanos() / slow::PROBE_EVERY.as_nanos()) as u64;
+            assert!(
+                (slow::MIN_SAMPLES..=intervals + 1).contains(&probes),
+                "whole stripes {whole_stripes}: {probes} probe reads in {:?}",
+                t.elapsed()
+            );
+            a.slow_tick();
+            ticks += 1;
+        }
+        assert!(
+            a.slow_members().is_empty(),
+            "whole stripes {whole_stripes}: unflagged"
+        );
+        assert!(ticks >= 3, "unflagged after {ticks} judgements");
+    }
+}
+
+/// Reads the volume a stripe at a time, checking it.
+fn read_every_stripe(vol: &Arc<Volume<MemDev>>, want: &[u8]) {
+    let (size, sdb) = (vol.size(), vol.geometry().stripe_data_bytes());
+    let mut off = 0;
+    while off < size {
+        let got = block_on(vol.read(off, sdb)).unwrap().to_vec();
+        assert!(
+            got[..] == want[off as usize..(off + sdb) as usize],
+            "read at {off}"
+        );
+        off += sdb;
+    }
+}
+
+#[test]
 fn a_degraded_array_reads_a_slow_member_rather_than_spend_its_last_redundancy() {
     let (vol, faults, want) = array(Level::Raid6, 6);
     let a = vol.array().clone();
@@ -169,7 +224,7 @@ fn a_read_that_cannot_be_reconstructed_around_a_slow_member_reads_it() {
         }
     }
     for &(s, i) in &on_slow {
-        // (One read in `slow::PROBE` reads it anyway; these six are not all probes.)
+        // (A probe reads it anyway; these six are not all probes.)
         for _ in 0..2 {
             let off = s * sdb + i as u64 * CHUNK;
             let got = block_on(vol.read(off, CHUNK))

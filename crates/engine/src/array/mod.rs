@@ -834,8 +834,9 @@ impl<D: BlockDev> Array<D> {
     /// `around`, members flagged slow (slow.rs) as long as that keeps a margin: the stripe is
     /// synced (an unsynced one is not decoded without need), the members not read stay
     /// within the level's tolerance, and with a member already missing there, redundancy is
-    /// left after. One such read in `slow::PROBE` reads the slow member anyway.
-    fn read_holders(&self, stripe: u64, around: bool) -> UnitHolders {
+    /// left after. If the read wants a chunk of a slow member (`wants`: the members whose
+    /// chunks it reads), it may be a probe (`SlowMembers::probe`), which reads it anyway.
+    fn read_holders(&self, stripe: u64, around: bool, wants: MemberSet) -> UnitHolders {
         let mut at = self.members.at(stripe);
         if !around {
             return at;
@@ -845,7 +846,7 @@ impl<D: BlockDev> Array<D> {
         if slow.is_empty()
             || !self.margin_around(stale, slow)
             || self.recovery.resync.unsynced(stripe)
-            || self.slow.probe()
+            || (!wants.intersect(slow).is_empty() && self.slow.probe())
         {
             return at;
         }
@@ -906,7 +907,8 @@ impl<D: BlockDev> Array<D> {
 
     /// Sets the fail-slow factor (`serve --slow-factor`; 0: off).
     pub fn set_slow_factor(&self, factor: f64) {
-        self.slow.set_factor(factor)
+        self.slow.set_factor(factor);
+        self.members.time_every(self.slow.set());
     }
 
     /// One judgement of member latency (slow.rs; the server calls it every second): flags
@@ -918,13 +920,15 @@ impl<D: BlockDev> Array<D> {
                     let io = self.members.io(i);
                     (
                         self.members.generation(i),
-                        io.read.timed + io.write.timed,
-                        io.read.latency_ns + io.write.latency_ns,
+                        io.read.timed + io.write.timed + io.judge_timed,
+                        io.read.latency_ns + io.write.latency_ns + io.judge_ns,
                     )
                 })
             })
             .collect();
-        for (m, slow, mean, median) in self.slow.tick(&now) {
+        let changes = self.slow.tick(&now);
+        self.members.time_every(self.slow.set());
+        for (m, slow, mean, median) in changes {
             let name = self.members.name(m).unwrap_or("?");
             if slow {
                 tracing::warn!(
@@ -960,14 +964,29 @@ impl<D: BlockDev> Array<D> {
             }
         }
         let futs = groups.into_iter().map(|g| async move {
-            let at = self.read_holders(g[0].stripe, around);
+            if g.len() == 1 {
+                // One chunk: `read_extent` plans it (a plan here too would count it twice
+                // towards a probe).
+                let b = self.read_extent(g[0], around).await?;
+                let l = b.len();
+                return Ok(vec![(Arc::new(b), 0..l)]);
+            }
+            let wants = g
+                .iter()
+                .map(|e| self.geo.data_member(e.stripe, e.index))
+                .collect();
+            let at = self.read_holders(g[0].stripe, around, wants);
             let missing = g
                 .iter()
                 .any(|e| !at.serves(self.geo.data_member(e.stripe, e.index)));
-            if missing && g.len() > 1 {
+            if missing {
                 self.count_decoded(g[0].stripe, &g, &at);
                 return Box::pin(self.read_stripe_decoded(&g, at)).await;
             }
+            // Every wanted chunk is read as it is. Where this plan reads slow members (a
+            // probe, or no margin to leave them out), the extents do too: planned again,
+            // they would go around them and the probe would be lost.
+            let around = around && !at.behind.intersect(self.slow.set()).is_empty();
             let mut parts = Vec::with_capacity(g.len());
             for e in g {
                 let b = self.read_extent(e, around).await?;
@@ -1051,7 +1070,7 @@ impl<D: BlockDev> Array<D> {
         loop {
             self.check_serving()?;
             let m = self.geo.data_member(e.stripe, e.index);
-            let holders = self.read_holders(e.stripe, around);
+            let holders = self.read_holders(e.stripe, around, MemberSet::one(m));
             if !holders.serves(m) {
                 self.count_decoded(e.stripe, std::slice::from_ref(&e), &holders);
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY, holders.behind)).await;
@@ -1201,14 +1220,18 @@ impl<D: BlockDev> Array<D> {
             } else {
                 self.mirror_first(e.stripe)
             };
-            let slow = if around && !unsynced && !self.slow.probe() {
-                self.slow.set()
-            } else {
-                MemberSet::EMPTY
-            };
             let usable = |m: usize| !f.contains(m) && !excl.contains(m);
             let ordered = || (0..n).map(|i| copies[(first + i) % n]);
             let plain = ordered().find(|&(m, _)| usable(m));
+            // A probe only where the copy read first is on a slow member.
+            let slow = match plain {
+                Some((m, _))
+                    if around && !unsynced && self.slow.set().contains(m) && !self.slow.probe() =>
+                {
+                    self.slow.set()
+                }
+                _ => MemberSet::EMPTY,
+            };
             let pick = ordered()
                 .find(|&(m, _)| usable(m) && !slow.contains(m))
                 .or(plain);
