@@ -919,7 +919,8 @@ fn raid6_member_returning_eio_under_fio_verify_is_rebuilt_onto_a_spare() {
 /// nbdfuse; while a reader copies the volume over and over, member 2's bandwidth is cut to
 /// 20 Mbit/s (nbdkit's rate filter, mid-run: many times slower than its peers). The server
 /// flags it slow (status, metrics, events), serves reads of its chunks around it, every copy
-/// reads back exactly, and it is never failed.
+/// reads back exactly, it is never failed, and it stays flagged while it is slow under the
+/// load (probes and probation do not unflag it).
 #[test]
 fn a_member_made_slow_mid_run_is_read_around_not_failed() {
     let dir = tmp("slow");
@@ -970,7 +971,22 @@ fn a_member_made_slow_mid_run_is_read_around_not_failed() {
     let before = live_status(&dir, &paths)["stripe_operations"]["slow_reads_around"]
         .as_u64()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    // Flagged it stays while it is slow under the load: probes and probation look at it
+    // (a few isolated reads find a bandwidth-limited member idle and fast), it is never
+    // unflagged (once read again it would be flagged again: flapping). An unflagging needs
+    // at least 12 judgements (3 + 3 per probation stage); this watches 15.
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(15) {
+        let j = live_status(&dir, &paths);
+        assert_eq!(
+            j["slots"][2]["slow"],
+            true,
+            "unflagged after {:?}: {}",
+            t.elapsed(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let copies = reader.join().expect("every copy read back exactly");
     let j = live_status(&dir, &paths);

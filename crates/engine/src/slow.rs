@@ -11,8 +11,8 @@
 //!   fewer than `MIN_SAMPLES` samples since it was last judged is not judged in this tick
 //!   (and keeps its flag); its samples add up until it has them, so a member too slow to
 //!   complete a few sampled I/Os a second is judged over a longer window.
-//! * Flagged after `AFTER` slow ticks in a row; unflagged after `AFTER` ticks in a row at or
-//!   below half that threshold. At least three members must be judged for a median.
+//! * Flagged after `AFTER` slow ticks in a row. At least three members must be judged for a
+//!   median.
 //! * Flagging changes only which members a read plans around; it never fails a member (the
 //!   I/O timeout does that) and never changes what is written.
 //! * A flagged member keeps getting a probe: a read planned around it that goes to it, once
@@ -22,6 +22,14 @@
 //!   count. Every read and write of a flagged member is timed (`Members::time_every`), not
 //!   one in `LATENCY_SAMPLE` (the extra ones outside the histograms), so the few probes
 //!   judge it.
+//! * Fast probes do not unflag a member: a member slow only under load (a throttled link, a
+//!   drive that cannot keep up) looks fast to a few isolated reads. After its hold (`AFTER`
+//!   ticks at or below half the threshold, doubled by each failed probation up to
+//!   `MAX_HOLD`) it is on probation: one read in `PROBATION[s]` of those that want its
+//!   chunks goes to it, stage by stage, `AFTER` fast ticks each, and it is unflagged only
+//!   after the last stage. A slow tick on probation ends it (back to probes, the hold
+//!   doubled). A member flagged again within `FLAP_WINDOW` ticks of being unflagged keeps
+//!   its doubled hold; otherwise the hold starts at `AFTER`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -40,11 +48,32 @@ pub const PROBE: u64 = 64;
 /// tick where it gets `MIN_SAMPLES` (reads that would go to it count towards a probe: a
 /// RAID10 read that picks the other copy does not).
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// Probation stages: one read in this many of those that want a flagged member's chunks
+/// goes to it, `AFTER` fast ticks per stage; unflagged after the last.
+pub const PROBATION: [u64; 3] = [16, 4, 2];
+/// The longest hold (ticks of fast probes before a probation).
+pub const MAX_HOLD: u32 = 96;
+/// A member flagged again within this many ticks of its unflagging keeps its hold.
+pub const FLAP_WINDOW: u64 = 120;
 /// The default factor (`serve --slow-factor`).
 pub const DEFAULT_FACTOR: f64 = 5.0;
 
-/// A member whose flag changed in a tick: (member, now slow, its mean, the median).
-pub type Change = (usize, bool, Duration, Duration);
+/// A change of a member's state in a tick (`SlowMembers::tick`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Flagged slow: read around from now on.
+    Slow,
+    /// On probation: one read in this many of those that want its chunks goes to it.
+    Probation(u64),
+    /// Slow again on probation: read around again; the next probation after this many
+    /// ticks of fast probes.
+    Relapsed(u32),
+    /// Unflagged: read again.
+    Fast,
+}
+
+/// A member whose state changed in a tick: (member, event, its mean, the median).
+pub type Change = (usize, Event, Duration, Duration);
 
 pub(crate) struct SlowMembers {
     slow: AtomicU64,
@@ -53,6 +82,10 @@ pub(crate) struct SlowMembers {
     /// When the last probe went (ns since `base`).
     last_probe: AtomicU64,
     base: Instant,
+    /// Per member on probation: one read in this many goes to it (0: not on probation), and
+    /// its reads counted towards the next.
+    share: Vec<AtomicU64>,
+    seen: Vec<AtomicU64>,
     judge: Mutex<Judge>,
 }
 
@@ -65,6 +98,14 @@ struct Judge {
     streak: Vec<u32>,
     /// Per member: the slot's device generation the judgement is about.
     gens: Vec<usize>,
+    /// Per flagged member: its probation stage (0: probes only; s: `PROBATION[s - 1]`).
+    stage: Vec<usize>,
+    /// Per member: fast ticks of probes needed before a probation.
+    hold: Vec<u32>,
+    /// Per member: the tick it was last unflagged at.
+    unflagged: Vec<Option<u64>>,
+    /// Ticks so far.
+    ticks: u64,
 }
 
 impl SlowMembers {
@@ -74,11 +115,17 @@ impl SlowMembers {
             probes: AtomicU64::new(0),
             last_probe: AtomicU64::new(0),
             base: Instant::now(),
+            share: (0..members).map(|_| AtomicU64::new(0)).collect(),
+            seen: (0..members).map(|_| AtomicU64::new(0)).collect(),
             judge: Mutex::new(Judge {
                 factor: DEFAULT_FACTOR,
                 last: vec![(0, 0); members],
                 streak: vec![0; members],
                 gens: vec![0; members],
+                stage: vec![0; members],
+                hold: vec![AFTER; members],
+                unflagged: vec![None; members],
+                ticks: 0,
             }),
         }
     }
@@ -95,14 +142,39 @@ impl SlowMembers {
         if factor <= 0.0 {
             self.slow.store(0, Ordering::Release);
             j.streak.iter_mut().for_each(|s| *s = 0);
+            for i in 0..j.stage.len() {
+                self.set_stage(&mut j, i, 0);
+            }
         }
     }
 
-    /// Whether this read planned around slow members should go to them instead (a probe):
-    /// `PROBE` reads and `PROBE_EVERY` since the last one (the compare-exchange gives each
-    /// interval to one reactor; reads counted meanwhile are forgotten, harmless).
-    pub(crate) fn probe(&self) -> bool {
-        if self.probes.fetch_add(1, Ordering::Relaxed) + 1 < PROBE {
+    /// Puts flagged member `i` at probation stage `stage` (0: probes only).
+    fn set_stage(&self, j: &mut Judge, i: usize, stage: usize) {
+        j.stage[i] = stage;
+        let share = stage.checked_sub(1).map_or(0, |s| PROBATION[s]);
+        self.seen[i].store(0, Ordering::Relaxed);
+        self.share[i].store(share, Ordering::Relaxed);
+    }
+
+    /// Whether a read planned around slow members that wants the chunks of `wants` (slow
+    /// members) should go to them instead: one in its stage's share of a member's reads on
+    /// probation; else a probe, after `PROBE` reads and `PROBE_EVERY` since the last one (the
+    /// compare-exchange gives each interval to one reactor; reads counted meanwhile are
+    /// forgotten, harmless).
+    pub(crate) fn probe(&self, wants: MemberSet) -> bool {
+        let mut probing = false;
+        for i in wants.iter() {
+            let Some(share) = self.share.get(i).map(|s| s.load(Ordering::Relaxed)) else {
+                continue;
+            };
+            if share == 0 {
+                probing = true;
+            } else if self.seen[i].fetch_add(1, Ordering::Relaxed) + 1 >= share {
+                self.seen[i].store(0, Ordering::Relaxed);
+                return true;
+            }
+        }
+        if !probing || self.probes.fetch_add(1, Ordering::Relaxed) + 1 < PROBE {
             return false;
         }
         let now = self.base.elapsed().as_nanos() as u64;
@@ -168,6 +240,7 @@ impl SlowMembers {
             }
             means.push(Some(d_ns as f64 / d_ops as f64));
         }
+        j.ticks += 1;
         let mut changes = Vec::new();
         for (i, n) in now.iter().enumerate() {
             if n.is_none() && flags.contains(i) {
@@ -180,21 +253,51 @@ impl SlowMembers {
             judged.sort_by(|a, b| a.total_cmp(b));
             let median = judged[judged.len() / 2];
             let limit = (j.factor * median).max(FLOOR.as_nanos() as f64);
+            let d = |ns: f64| Duration::from_nanos(ns as u64);
             for (i, m) in means.iter().enumerate() {
                 let Some(m) = *m else { continue };
-                let flagged = flags.contains(i);
-                let counts = if flagged { m <= limit / 2.0 } else { m > limit };
-                j.streak[i] = if counts { j.streak[i] + 1 } else { 0 };
-                if j.streak[i] >= AFTER {
-                    j.streak[i] = 0;
-                    flags = if flagged {
-                        flags.without(i)
-                    } else {
-                        flags.with(i)
-                    };
-                    let d = |ns: f64| Duration::from_nanos(ns as u64);
-                    changes.push((i, !flagged, d(m), d(median)));
+                if !flags.contains(i) {
+                    j.streak[i] = if m > limit { j.streak[i] + 1 } else { 0 };
+                    if j.streak[i] >= AFTER {
+                        j.streak[i] = 0;
+                        flags = flags.with(i);
+                        let again = j.unflagged[i].is_some_and(|t| j.ticks - t <= FLAP_WINDOW);
+                        if !again {
+                            j.hold[i] = AFTER;
+                        }
+                        changes.push((i, Event::Slow, d(m), d(median)));
+                    }
+                    continue;
                 }
+                let stage = j.stage[i];
+                if stage > 0 && m > limit {
+                    // Slow under its share of the load: read around again, a longer hold.
+                    j.streak[i] = 0;
+                    j.hold[i] = (j.hold[i] * 2).min(MAX_HOLD);
+                    self.set_stage(&mut j, i, 0);
+                    changes.push((i, Event::Relapsed(j.hold[i]), d(m), d(median)));
+                    continue;
+                }
+                j.streak[i] = if m <= limit / 2.0 { j.streak[i] + 1 } else { 0 };
+                let needed = if stage == 0 { j.hold[i] } else { AFTER };
+                if j.streak[i] < needed {
+                    continue;
+                }
+                j.streak[i] = 0;
+                if stage < PROBATION.len() {
+                    self.set_stage(&mut j, i, stage + 1);
+                    changes.push((i, Event::Probation(PROBATION[stage]), d(m), d(median)));
+                } else {
+                    self.set_stage(&mut j, i, 0);
+                    flags = flags.without(i);
+                    j.unflagged[i] = Some(j.ticks);
+                    changes.push((i, Event::Fast, d(m), d(median)));
+                }
+            }
+        }
+        for i in 0..now.len() {
+            if !flags.contains(i) && j.stage[i] != 0 {
+                self.set_stage(&mut j, i, 0);
             }
         }
         self.slow.store(flags.bits(), Ordering::Release);
@@ -235,12 +338,19 @@ mod tests {
         assert!(run(&s, &mut acc, &lat, 2).is_empty(), "not yet: two ticks");
         let c = run(&s, &mut acc, &lat, 1);
         assert_eq!(c.len(), 1);
-        assert_eq!((c[0].0, c[0].1), (2, true));
+        assert_eq!((c[0].0, c[0].1), (2, Event::Slow));
         assert_eq!(s.set(), MemberSet::one(2));
-        // Twice as slow is not slow (factor 5).
+        // Twice as slow is not slow (factor 5): three ticks per stage of probation, then
+        // unflagged.
         lat[2] = 600;
-        let c = run(&s, &mut acc, &lat, 3);
-        assert_eq!((c[0].0, c[0].1), (2, false), "recovered: {c:?}");
+        let events = |c: Vec<Change>| c.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>();
+        for share in PROBATION {
+            let c = run(&s, &mut acc, &lat, AFTER as usize);
+            assert_eq!(events(c), [(2, Event::Probation(share))]);
+            assert_eq!(s.set(), MemberSet::one(2), "still flagged on probation");
+        }
+        let c = run(&s, &mut acc, &lat, AFTER as usize);
+        assert_eq!(events(c), [(2, Event::Fast)], "recovered");
         assert!(s.set().is_empty());
         lat[4] = 1200; // 4x: under the factor
         assert!(run(&s, &mut acc, &lat, 6).is_empty());
@@ -275,17 +385,89 @@ mod tests {
     #[test]
     fn a_probe_goes_once_per_probe_reads_and_once_per_interval() {
         let s = SlowMembers::new(4);
+        let w = MemberSet::one(1);
         std::thread::sleep(PROBE_EVERY);
         // Due by time: still one read in `PROBE`.
-        assert_eq!((1..PROBE).filter(|_| s.probe()).count(), 0);
-        assert!(s.probe());
+        assert_eq!((1..PROBE).filter(|_| s.probe(w)).count(), 0);
+        assert!(s.probe(w));
         // Due by count at once: none before another interval, however many reads.
         let t = Instant::now();
         let mut n = 0;
         while t.elapsed() < PROBE_EVERY * 5 / 2 {
-            n += s.probe() as u32;
+            n += s.probe(w) as u32;
         }
         assert!((1..=2).contains(&n), "{n} probes in 2.5 intervals");
+        // A read that wants no slow member never probes.
+        assert!((0..10 * PROBE).all(|_| !s.probe(MemberSet::EMPTY)));
+    }
+
+    /// Flags member 3 (peers at 300 µs, it at 9 ms), then makes it fast.
+    fn flagged(s: &SlowMembers, acc: &mut [(u64, u64)]) -> Vec<u64> {
+        run(s, acc, &[300, 300, 300, 9000], AFTER as usize);
+        assert_eq!(s.set(), MemberSet::one(3));
+        vec![300, 300, 300, 300]
+    }
+
+    #[test]
+    fn on_probation_a_share_of_its_reads_goes_to_the_member_whatever_the_time() {
+        let s = SlowMembers::new(4);
+        let mut acc = vec![(0, 0); 4];
+        let fast = flagged(&s, &mut acc);
+        run(&s, &mut acc, &fast, AFTER as usize);
+        let w = MemberSet::one(3);
+        let n = (0..160).filter(|_| s.probe(w)).count();
+        assert_eq!(n, 160 / PROBATION[0] as usize);
+        // Another flagged member still only gets paced probes.
+        let n = (0..160).filter(|_| s.probe(MemberSet::one(1))).count();
+        assert!(n <= 1, "{n}");
+    }
+
+    /// A member slow only under load (it looks fast to probes, slow once it gets a share of
+    /// the reads) goes back to probes with a doubled hold each time, and one flagged again
+    /// soon after being unflagged keeps its hold: it does not flap every few seconds.
+    #[test]
+    fn a_member_slow_under_its_share_of_the_load_relapses_with_a_longer_hold() {
+        let s = SlowMembers::new(4);
+        let mut acc = vec![(0, 0); 4];
+        let fast = flagged(&s, &mut acc);
+        let slow = [300, 300, 300, 9000];
+        let events = |c: Vec<Change>| c.iter().map(|c| c.1).collect::<Vec<_>>();
+        let mut hold = AFTER;
+        for _ in 0..8 {
+            let c = run(&s, &mut acc, &fast, hold as usize - 1);
+            assert!(c.is_empty(), "{c:?}");
+            assert_eq!(events(run(&s, &mut acc, &fast, 1)), [Event::Probation(16)]);
+            // One slow tick on probation is enough.
+            hold = (hold * 2).min(MAX_HOLD);
+            assert_eq!(events(run(&s, &mut acc, &slow, 1)), [Event::Relapsed(hold)]);
+            assert_eq!(s.set(), MemberSet::one(3));
+            let n = (0..160).filter(|_| s.probe(MemberSet::one(3))).count();
+            assert!(n <= 1, "back to paced probes: {n}");
+        }
+        assert_eq!(hold, MAX_HOLD);
+        // Through probation to unflagged, then slow again at once: the hold is kept.
+        run(&s, &mut acc, &fast, hold as usize + 2 * AFTER as usize);
+        assert_eq!(
+            events(run(&s, &mut acc, &fast, AFTER as usize)),
+            [Event::Fast]
+        );
+        assert_eq!(
+            events(run(&s, &mut acc, &slow, AFTER as usize)),
+            [Event::Slow]
+        );
+        let c = run(&s, &mut acc, &fast, MAX_HOLD as usize - 1);
+        assert!(c.is_empty(), "{c:?}");
+        assert_eq!(events(run(&s, &mut acc, &fast, 1)), [Event::Probation(16)]);
+        // Unflagged and fast for longer than the flap window: the hold starts over.
+        run(&s, &mut acc, &fast, 3 * AFTER as usize);
+        assert!(s.set().is_empty());
+        run(&s, &mut acc, &fast, FLAP_WINDOW as usize + 1);
+        run(&s, &mut acc, &slow, AFTER as usize);
+        assert_eq!(s.set(), MemberSet::one(3));
+        assert_eq!(
+            events(run(&s, &mut acc, &fast, AFTER as usize)),
+            [Event::Probation(16)]
+        );
     }
 
     #[test]

@@ -846,7 +846,7 @@ impl<D: BlockDev> Array<D> {
         if slow.is_empty()
             || !self.margin_around(stale, slow)
             || self.recovery.resync.unsynced(stripe)
-            || (!wants.intersect(slow).is_empty() && self.slow.probe())
+            || (!wants.intersect(slow).is_empty() && self.slow.probe(wants.intersect(slow)))
         {
             return at;
         }
@@ -928,19 +928,27 @@ impl<D: BlockDev> Array<D> {
             .collect();
         let changes = self.slow.tick(&now);
         self.members.time_every(self.slow.set());
-        for (m, slow, mean, median) in changes {
+        for (m, event, mean, median) in changes {
             let name = self.members.name(m).unwrap_or("?");
-            if slow {
-                tracing::warn!(
+            match event {
+                crate::slow::Event::Slow => tracing::warn!(
                     "member {m} ({name}) is slow: mean I/O latency {mean:?} against a median of \
                      {median:?} over the members; reads of its chunks are served by \
                      reconstruction from the others while redundancy allows (it is still written)"
-                );
-            } else {
-                tracing::info!(
+                ),
+                crate::slow::Event::Probation(share) => tracing::info!(
+                    "member {m} ({name}) is slow, on probation: mean I/O latency {mean:?}, \
+                     median {median:?}; one in {share} reads of its chunks goes to it"
+                ),
+                crate::slow::Event::Relapsed(hold) => tracing::warn!(
+                    "member {m} ({name}) is still slow under load: mean I/O latency {mean:?} \
+                     against a median of {median:?}; read around again, next probation after \
+                     {hold} s of fast probes"
+                ),
+                crate::slow::Event::Fast => tracing::info!(
                     "member {m} ({name}) is no longer slow: mean I/O latency {mean:?}, median \
                      {median:?}; read again"
-                );
+                ),
             }
         }
     }
@@ -1226,7 +1234,10 @@ impl<D: BlockDev> Array<D> {
             // A probe only where the copy read first is on a slow member.
             let slow = match plain {
                 Some((m, _))
-                    if around && !unsynced && self.slow.set().contains(m) && !self.slow.probe() =>
+                    if around
+                        && !unsynced
+                        && self.slow.set().contains(m)
+                        && !self.slow.probe(MemberSet::one(m)) =>
                 {
                     self.slow.set()
                 }
