@@ -920,7 +920,7 @@ fn raid6_member_returning_eio_under_fio_verify_is_rebuilt_onto_a_spare() {
 /// 20 Mbit/s (nbdkit's rate filter, mid-run: many times slower than its peers). The server
 /// flags it slow (status, metrics, events), serves reads of its chunks around it, every copy
 /// reads back exactly, it is never failed, and it stays flagged while it is slow under the
-/// load (probes and probation do not unflag it).
+/// load (its probation finds it slow and reads around it again).
 #[test]
 fn a_member_made_slow_mid_run_is_read_around_not_failed() {
     let dir = tmp("slow");
@@ -971,12 +971,15 @@ fn a_member_made_slow_mid_run_is_read_around_not_failed() {
     let before = live_status(&dir, &paths)["stripe_operations"]["slow_reads_around"]
         .as_u64()
         .unwrap();
-    // Flagged it stays while it is slow under the load: probes and probation look at it
-    // (a few isolated reads find a bandwidth-limited member idle and fast), it is never
-    // unflagged (once read again it would be flagged again: flapping). An unflagging needs
-    // at least 12 judgements (3 + 3 per probation stage); this watches 15.
+    // Flagged it stays while it is slow under the load: after 3 s of fast probes (a few
+    // isolated reads find a bandwidth-limited member idle and fast) it is on probation, a
+    // share of the reads of its chunks goes to it, it is found slow under them and read
+    // around again ("still slow under load"); it is never unflagged (read again, it would be
+    // flagged again: flapping). Watched until that relapse, at most 30 s.
     let t = std::time::Instant::now();
-    while t.elapsed() < Duration::from_secs(15) {
+    let relapsed =
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("still slow under load"));
+    while t.elapsed() < Duration::from_secs(30) && !relapsed() {
         let j = live_status(&dir, &paths);
         assert_eq!(
             j["slots"][2]["slow"],
@@ -987,6 +990,11 @@ fn a_member_made_slow_mid_run_is_read_around_not_failed() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    assert!(
+        relapsed(),
+        "no probation found member 2 slow under load in 30 s: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let copies = reader.join().expect("every copy read back exactly");
     let j = live_status(&dir, &paths);

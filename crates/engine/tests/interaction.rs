@@ -274,6 +274,7 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
                 total.plug_filled += r.plug_filled;
                 total.read_ahead_hits += r.read_ahead_hits;
                 total.read_ahead_dropped += r.read_ahead_dropped;
+                total.slow_reads_around += r.slow_reads_around;
                 total.actions.extend(r.actions);
             }
             Err(e) => failures.push(e),
@@ -325,6 +326,23 @@ fn seeded_runs_within_the_tolerance_match_the_model() {
     assert!(
         !ci_range || total.read_ahead_hits > 0 && total.read_ahead_dropped > 0,
         "read-ahead did not serve and drop: {total:?}"
+    );
+    // Members made slow were flagged, read around, and some read again after recovering.
+    assert!(
+        !ci_range
+            || total.slow_reads_around > 0
+                && count("flagged slow after") > 0
+                && count("read again after") > 0,
+        "fail-slow not exercised: {} reads around, flagged {}, read again {}",
+        total.slow_reads_around,
+        count("flagged slow after"),
+        count("read again after")
+    );
+    eprintln!(
+        "{} reads around slow members ({} flagged, {} read again)",
+        total.slow_reads_around,
+        count("flagged slow after"),
+        count("read again after")
     );
     eprintln!(
         "{} stages, {} power cuts, {} writes acknowledged, {} reads checked, {} member bytes \

@@ -3,7 +3,7 @@
 //! it injects every fault class the design claims to survive, in any combination: power cuts
 //! behind volatile write caches (cached writes kept, dropped or torn at 512-byte sectors),
 //! member failures (operator, device death, death after N operations), media errors, slow
-//! members, a journal in either mode and its failure, the write-intent bitmap daemon, a
+//! metadata writes, fail-slow members read around (and their probes and probation), a journal in either mode and its failure, the write-intent bitmap daemon, a
 //! device taking a failed slot (`add`, or a hot spare taking over) and its rebuild, replace,
 //! remove, scrub (with corruption planted on a member's medium of a synced array), resync
 //! after an unclean stop, and restarts
@@ -182,6 +182,8 @@ pub struct SimReport {
     /// overlapped them.
     pub read_ahead_hits: u64,
     pub read_ahead_dropped: u64,
+    /// Reads served around a member flagged slow (slow.rs).
+    pub slow_reads_around: u64,
     /// Every fault and lifecycle action taken, in order ("fail 2", "add 2", ...).
     pub actions: Vec<String>,
 }
@@ -634,7 +636,7 @@ fn run_stage(
         }
     }
     let (tx, rx) = mpsc::channel::<()>();
-    let tasks = cfg.conns + 2;
+    let tasks = cfg.conns + 3;
     for c in 0..cfg.conns {
         let (st, tx) = (st.clone(), tx.clone());
         let seed = cfg.seed ^ ((stage as u64) << 32) ^ ((c as u64 + 1) * 0x9E37);
@@ -662,6 +664,16 @@ fn run_stage(
         rt.handle().run_on(cfg.reactors - 1, move || {
             uraid_engine::reactor::spawn_local(async move {
                 walks(&st, seed).await;
+                let _ = tx.send(());
+            })
+        });
+    }
+    {
+        let (st, tx) = (st.clone(), tx.clone());
+        let seed = cfg.seed ^ ((stage as u64) << 32) ^ 0x5104;
+        rt.handle().run_on(0, move || {
+            uraid_engine::reactor::spawn_local(async move {
+                fail_slow(&st, seed).await;
                 let _ = tx.send(());
             })
         });
@@ -741,6 +753,7 @@ fn run_stage(
     report.reads_checked += st.reads.load(Ordering::Relaxed) as usize;
     report.reads_refused += st.refused.load(Ordering::Relaxed) as usize;
     let ops = st.vol.array().stats.snapshot();
+    report.slow_reads_around += ops.slow_reads_around;
     report.plugged += ops.plugged_writes;
     report.plug_filled += ops.plug_filled;
     if let Some(ra) = st.vol.read_ahead_stats() {
@@ -1236,6 +1249,91 @@ fn uuid_of(i: usize, seed: u64) -> [u8; 16] {
 }
 
 /// Fault and lifecycle actions beside the clients, a few per stage, each at a random moment.
+/// A fail-slow member, in one stage of three: a member's reads and writes lag 0.5–3 ms (on
+/// the reactor's timer) while this task reads and writes the volume (32 reads, every one
+/// checked, and 4 writes at a time, beside the clients) and runs the fail-slow judgement
+/// between rounds, so its chunks are read around it (decoded, beside every other fault of
+/// the stage) and probes go to it; in half those stages it recovers midway (probation, then
+/// read again). It goes on after the clients until the member is flagged, and read again
+/// if it recovers, at most 300 rounds.
+async fn fail_slow(st: &Stage, seed: u64) {
+    let mut r = Rng::new(seed);
+    if r.below(3) != 0 {
+        return;
+    }
+    let a = st.vol.array().clone();
+    let m = r.below(st.cfg.members as u64) as usize;
+    let lag = 500 + r.below(2500);
+    let recover = (r.below(2) == 0).then(|| 20 + r.below(40));
+    pause(r.below(20)).await;
+    let Some(f) = st.faults_of(m) else {
+        return;
+    };
+    f.lag_us.store(lag, Ordering::Relaxed);
+    st.log(format!("member {m} lags {lag} us"));
+    let (size, sectors) = (st.vol.size(), st.vol.size() / SECTOR);
+    let (mut ticks, mut flagged, mut cleared, mut after_clients) = (0u64, false, false, 0);
+    // (Not `st.over()`: the walks task sets `stop` once the clients are done.)
+    let failed = || st.error.lock().expect("error").is_some();
+    while !st.clock.is_off() && !failed() {
+        if st.clients_done.load(Ordering::SeqCst) == st.cfg.conns {
+            // On until flagged, and read again if it recovers.
+            after_clients += 1;
+            if (flagged && recover.is_none()) || after_clients > 300 {
+                break;
+            }
+        }
+        let mut pick = || {
+            let off = r.below(sectors) * SECTOR;
+            (off, ((1 + r.below(16)) * SECTOR).min(size - off))
+        };
+        let reads: Vec<(u64, u64)> = (0..32).map(|_| pick()).collect();
+        let writes: Vec<(u64, u64)> = (0..4).map(|_| pick()).collect();
+        let reads = futures::future::join_all(
+            reads
+                .into_iter()
+                .map(|(off, len)| read_checked(st, off, len)),
+        );
+        let writes = futures::future::join_all(writes.into_iter().enumerate().map(
+            |(j, (off, len))| async move {
+                let data = payload(seed ^ (ticks << 8) ^ j as u64, len as usize);
+                let ev = st.begin_write(off, data.clone());
+                let ok = st.vol.write(off, data).await.is_ok();
+                st.end_write(ev, ok);
+            },
+        ));
+        let (got, _) = futures::future::join(reads, writes).await;
+        if let Some(e) = got.into_iter().find_map(Result::err) {
+            st.fail(format!("member {m} slow: {e}"));
+            break;
+        }
+        uraid_engine::reactor::sleep(Duration::from_millis(1)).await;
+        a.slow_tick();
+        ticks += 1;
+        let now = a.slow_members().contains(m);
+        if !flagged && now {
+            flagged = true;
+            st.log(format!("member {m} flagged slow after {ticks} judgements"));
+        }
+        if recover.is_some_and(|t| ticks >= t) && flagged && !cleared {
+            f.lag_us.store(0, Ordering::Relaxed);
+            cleared = true;
+            st.log(format!("member {m} fast again"));
+        }
+        if cleared && !now {
+            st.log(format!("member {m} read again after {ticks} judgements"));
+            break;
+        }
+    }
+    f.lag_us.store(0, Ordering::Relaxed);
+    st.log(format!(
+        "member {m}: fail-slow task ends after {ticks} judgements ({after_clients} after the \
+         clients), flagged {}, over {}",
+        a.slow_members().contains(m),
+        st.over()
+    ));
+}
+
 async fn chaos(st: &Stage, seed: u64) {
     let mut r = Rng::new(seed);
     let mut re = Rng::new(seed ^ 0x2EADD);

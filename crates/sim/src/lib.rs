@@ -39,6 +39,10 @@ pub struct Faults {
     /// Every read and write sleeps this many microseconds first (blocking the thread): a
     /// slow but working device (fail-slow tests).
     pub delay_us: AtomicU64,
+    /// Every read and write waits this many microseconds on the reactor's timer first
+    /// (other operations go on meanwhile): a fail-slow device in a simulation with other
+    /// work on the same reactor, where `delay_us` would stall everything alike.
+    pub lag_us: AtomicU64,
     /// Writes to the metadata area (below the data offset) yield this many extra times: a
     /// slow map-page or superblock write, to widen a race window on purpose.
     pub slow_meta_writes: AtomicU64,
@@ -105,6 +109,14 @@ impl Faults {
             }
         })
         .await
+    }
+
+    /// Waits `lag_us` on the reactor's timer (nothing when it is 0).
+    async fn lag(&self) {
+        let us = self.lag_us.load(Ordering::Relaxed);
+        if us > 0 {
+            uraid_engine::reactor::sleep(std::time::Duration::from_micros(us)).await;
+        }
     }
 
     fn check(&self) -> io::Result<()> {
@@ -268,6 +280,7 @@ impl BlockDev for MemDev {
 
     async fn read(&self, off: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        self.faults.lag().await;
         for _ in 0..self.faults.read_yields.load(Ordering::Relaxed) {
             yield_once(true).await;
         }
@@ -289,6 +302,7 @@ impl BlockDev for MemDev {
 
     async fn write(&self, off: u64, buf: IoBuf) -> (io::Result<()>, IoBuf) {
         yield_once(self.faults.yield_ops.load(Ordering::Relaxed)).await;
+        self.faults.lag().await;
         self.faults.until_released().await;
         if self.faults.jitter.load(Ordering::Relaxed) {
             let n = self.faults.jitter_seq.fetch_add(1, Ordering::Relaxed);

@@ -992,9 +992,11 @@ impl<D: BlockDev> Array<D> {
                 return Box::pin(self.read_stripe_decoded(&g, at)).await;
             }
             // Every wanted chunk is read as it is. Where this plan reads slow members (a
-            // probe, or no margin to leave them out), the extents do too: planned again,
-            // they would go around them and the probe would be lost.
-            let around = around && !at.behind.intersect(self.slow.set()).is_empty();
+            // probe, or no margin to leave them out: it left out no member beside those it
+            // cannot read), the extents do too: planned again, they would go around them and
+            // the probe would be lost.
+            let real = self.members.at(g[0].stripe).stale();
+            let around = around && !at.behind.minus(real).is_empty();
             let mut parts = Vec::with_capacity(g.len());
             for e in g {
                 let b = self.read_extent(e, around).await?;
