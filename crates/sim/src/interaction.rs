@@ -1248,12 +1248,11 @@ fn uuid_of(i: usize, seed: u64) -> [u8; 16] {
     u
 }
 
-/// Fault and lifecycle actions beside the clients, a few per stage, each at a random moment.
 /// A fail-slow member, in one stage of three: a member's reads and writes lag 0.5–3 ms (on
 /// the reactor's timer) while this task reads and writes the volume (32 reads, every one
 /// checked, and 4 writes at a time, beside the clients) and runs the fail-slow judgement
-/// between rounds, so its chunks are read around it (decoded, beside every other fault of
-/// the stage) and probes go to it; in half those stages it recovers midway (probation, then
+/// between rounds, so its chunks are read around it (decoded, beside the clients and the
+/// stage's faults while they run, and after them until it is flagged) and probes go to it; in half those stages it recovers midway (probation, then
 /// read again). It goes on after the clients until the member is flagged, and read again
 /// if it recovers, at most 300 rounds.
 async fn fail_slow(st: &Stage, seed: u64) {
@@ -1313,7 +1312,14 @@ async fn fail_slow(st: &Stage, seed: u64) {
         let now = a.slow_members().contains(m);
         if !flagged && now {
             flagged = true;
-            st.log(format!("member {m} flagged slow after {ticks} judgements"));
+            st.log(format!(
+                "member {m} flagged slow after {ticks} judgements ({})",
+                if after_clients == 0 {
+                    "clients running"
+                } else {
+                    "after the clients"
+                }
+            ));
         }
         if recover.is_some_and(|t| ticks >= t) && flagged && !cleared {
             f.lag_us.store(0, Ordering::Relaxed);
@@ -1321,7 +1327,11 @@ async fn fail_slow(st: &Stage, seed: u64) {
             st.log(format!("member {m} fast again"));
         }
         if cleared && !now {
-            st.log(format!("member {m} read again after {ticks} judgements"));
+            // Unflagged by its probation, not dropped with its device (failed, replaced).
+            let same = st.faults_of(m).is_some_and(|g| Arc::ptr_eq(&g, &f));
+            if same && !a.failed().contains(m) {
+                st.log(format!("member {m} read again after {ticks} judgements"));
+            }
             break;
         }
     }
@@ -1334,6 +1344,7 @@ async fn fail_slow(st: &Stage, seed: u64) {
     ));
 }
 
+/// Fault and lifecycle actions beside the clients, a few per stage, each at a random moment.
 async fn chaos(st: &Stage, seed: u64) {
     let mut r = Rng::new(seed);
     let mut re = Rng::new(seed ^ 0x2EADD);

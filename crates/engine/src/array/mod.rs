@@ -836,10 +836,16 @@ impl<D: BlockDev> Array<D> {
     /// within the level's tolerance, and with a member already missing there, redundancy is
     /// left after. If the read wants a chunk of a slow member (`wants`: the members whose
     /// chunks it reads), it may be a probe (`SlowMembers::probe`), which reads it anyway.
-    fn read_holders(&self, stripe: u64, around: bool, wants: MemberSet) -> UnitHolders {
+    /// Also returns the slow members the plan leaves out (empty for a probe).
+    fn read_holders(
+        &self,
+        stripe: u64,
+        around: bool,
+        wants: MemberSet,
+    ) -> (UnitHolders, MemberSet) {
         let mut at = self.members.at(stripe);
         if !around {
-            return at;
+            return (at, MemberSet::EMPTY);
         }
         let stale = at.stale();
         let slow = self.slow.set().minus(stale);
@@ -848,10 +854,10 @@ impl<D: BlockDev> Array<D> {
             || self.recovery.resync.unsynced(stripe)
             || (!wants.intersect(slow).is_empty() && self.slow.probe(wants.intersect(slow)))
         {
-            return at;
+            return (at, MemberSet::EMPTY);
         }
         at.behind = at.behind.union(slow);
-        at
+        (at, slow)
     }
 
     /// Whether a read may leave out slow members `slow` on top of `out` (members it cannot
@@ -983,7 +989,7 @@ impl<D: BlockDev> Array<D> {
                 .iter()
                 .map(|e| self.geo.data_member(e.stripe, e.index))
                 .collect();
-            let at = self.read_holders(g[0].stripe, around, wants);
+            let (at, left_out) = self.read_holders(g[0].stripe, around, wants);
             let missing = g
                 .iter()
                 .any(|e| !at.serves(self.geo.data_member(e.stripe, e.index)));
@@ -992,11 +998,9 @@ impl<D: BlockDev> Array<D> {
                 return Box::pin(self.read_stripe_decoded(&g, at)).await;
             }
             // Every wanted chunk is read as it is. Where this plan reads slow members (a
-            // probe, or no margin to leave them out: it left out no member beside those it
-            // cannot read), the extents do too: planned again, they would go around them and
-            // the probe would be lost.
-            let real = self.members.at(g[0].stripe).stale();
-            let around = around && !at.behind.minus(real).is_empty();
+            // probe, or no margin to leave them out), the extents do too: planned again,
+            // they would go around them and the probe would be lost.
+            let around = around && !left_out.is_empty();
             let mut parts = Vec::with_capacity(g.len());
             for e in g {
                 let b = self.read_extent(e, around).await?;
@@ -1080,7 +1084,7 @@ impl<D: BlockDev> Array<D> {
         loop {
             self.check_serving()?;
             let m = self.geo.data_member(e.stripe, e.index);
-            let holders = self.read_holders(e.stripe, around, MemberSet::one(m));
+            let (holders, _) = self.read_holders(e.stripe, around, MemberSet::one(m));
             if !holders.serves(m) {
                 self.count_decoded(e.stripe, std::slice::from_ref(&e), &holders);
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY, holders.behind)).await;
