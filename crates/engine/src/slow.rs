@@ -409,19 +409,27 @@ mod tests {
         assert!((0..10 * PROBE).all(|_| !s.probe(MemberSet::EMPTY)));
     }
 
-    /// Flags member 3 (peers at 300 µs, it at 9 ms), then makes it fast.
-    fn flagged(s: &SlowMembers, acc: &mut [(u64, u64)]) -> Vec<u64> {
-        run(s, acc, &[300, 300, 300, 9000], AFTER as usize);
+    /// Member 3 slow (peers at 300 µs, it at 9 ms) and fast again.
+    const SLOW: [u64; 4] = [300, 300, 300, 9000];
+    const FAST: [u64; 4] = [300; 4];
+
+    /// Four members with member 3 flagged, and their cumulative samples.
+    fn flagged() -> (SlowMembers, Vec<(u64, u64)>) {
+        let s = SlowMembers::new(4);
+        let mut acc = vec![(0, 0); 4];
+        run(&s, &mut acc, &SLOW, AFTER as usize);
         assert_eq!(s.set(), MemberSet::one(3));
-        vec![300, 300, 300, 300]
+        (s, acc)
+    }
+
+    fn events(c: Vec<Change>) -> Vec<Event> {
+        c.iter().map(|c| c.1).collect()
     }
 
     #[test]
     fn on_probation_a_share_of_its_reads_goes_to_the_member_whatever_the_time() {
-        let s = SlowMembers::new(4);
-        let mut acc = vec![(0, 0); 4];
-        let fast = flagged(&s, &mut acc);
-        run(&s, &mut acc, &fast, AFTER as usize);
+        let (s, mut acc) = flagged();
+        run(&s, &mut acc, &FAST, AFTER as usize);
         let w = MemberSet::one(3);
         let n = (0..160).filter(|_| s.probe(w)).count();
         assert_eq!(n, 160 / PROBATION[0] as usize);
@@ -437,11 +445,8 @@ mod tests {
     /// the slot starts over.
     #[test]
     fn a_member_flagged_again_soon_after_unflagging_waits_twice_as_long() {
-        let s = SlowMembers::new(4);
-        let mut acc = vec![(0, 0); 4];
-        let fast = flagged(&s, &mut acc);
-        let slow = [300, 300, 300, 9000];
-        let events = |c: Vec<Change>| c.iter().map(|c| c.1).collect::<Vec<_>>();
+        let (s, mut acc) = flagged();
+        let (fast, slow) = (FAST, SLOW);
         let mut hold = AFTER as usize;
         for _ in 0..3 {
             assert!(run(&s, &mut acc, &fast, hold - 1).is_empty());
@@ -490,15 +495,12 @@ mod tests {
     }
 
     /// A member slow only under load (it looks fast to probes, slow once it gets a share of
-    /// the reads) goes back to probes with a doubled hold each time, and one flagged again
-    /// soon after being unflagged keeps its hold: it does not flap every few seconds.
+    /// the reads) goes back to probes with a doubled hold each time, up to `MAX_HOLD`, also
+    /// when flagged again soon after being unflagged; after `FLAP_WINDOW` the hold starts over.
     #[test]
     fn a_member_slow_under_its_share_of_the_load_relapses_with_a_longer_hold() {
-        let s = SlowMembers::new(4);
-        let mut acc = vec![(0, 0); 4];
-        let fast = flagged(&s, &mut acc);
-        let slow = [300, 300, 300, 9000];
-        let events = |c: Vec<Change>| c.iter().map(|c| c.1).collect::<Vec<_>>();
+        let (s, mut acc) = flagged();
+        let (fast, slow) = (FAST, SLOW);
         let mut hold = AFTER;
         for _ in 0..8 {
             let c = run(&s, &mut acc, &fast, hold as usize - 1);
