@@ -413,8 +413,11 @@ mod tests {
         std::thread::sleep(PROBE_EVERY);
         let both = MemberSet::one(1).with(2);
         let n = (0..4 * PROBE).filter(|_| s.probe(both)).count();
-        // (Paced per array it would be one; more only if this thread stalls an interval.)
-        assert!(n >= 2, "{n}: a probe each for members 1 and 2");
+        // (Paced per array it would be one; three only if this thread stalls an interval.)
+        assert!(
+            (2..=3).contains(&n),
+            "{n}: a probe each for members 1 and 2"
+        );
     }
 
     /// Member 3 slow (peers at 300 µs, it at 9 ms) and fast again.
