@@ -973,13 +973,15 @@ fn a_member_made_slow_mid_run_is_read_around_not_failed() {
         .unwrap();
     // Flagged it stays while it is slow under the load: after 3 s of fast probes (a few
     // isolated reads find a bandwidth-limited member idle and fast) it is on probation, a
-    // share of the reads of its chunks goes to it, it is found slow under them and read
+    // growing share of the reads of its chunks goes to it (3 s per stage), at the last stage
+    // all of them, the load that flagged it; it is found slow under one of them and read
     // around again ("still slow under load"); it is never unflagged (read again, it would be
-    // flagged again: flapping). Watched until that relapse, at most 30 s.
+    // flagged again: flapping). Watched until that relapse, at most 45 s (it came 18-19 s
+    // after the flag with both cores busy elsewhere).
     let t = std::time::Instant::now();
     let relapsed =
         || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("still slow under load"));
-    while t.elapsed() < Duration::from_secs(30) && !relapsed() {
+    while t.elapsed() < Duration::from_secs(45) && !relapsed() {
         let j = live_status(&dir, &paths);
         assert_eq!(
             j["slots"][2]["slow"],
@@ -992,7 +994,7 @@ fn a_member_made_slow_mid_run_is_read_around_not_failed() {
     }
     assert!(
         relapsed(),
-        "no probation found member 2 slow under load in 30 s: {}",
+        "no probation found member 2 slow under load in 45 s: {}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -26,11 +26,15 @@
 //!   drive that cannot keep up) looks fast to a few isolated reads. After its hold (`AFTER`
 //!   ticks at or below half the threshold, doubled by each failed probation up to
 //!   `MAX_HOLD`) it is on probation: one read in `PROBATION[s]` of those that want its
-//!   chunks goes to it, stage by stage, `AFTER` fast ticks each, and it is unflagged only
-//!   after the last stage. A slow tick on probation ends it (back to probes, the hold
-//!   doubled). A member flagged again within `FLAP_WINDOW` ticks of being unflagged has
-//!   relapsed too (its hold doubled); otherwise, and for a new device in the slot, the hold
-//!   starts at `AFTER`. Probes are paced per member: two flagged members get theirs each.
+//!   chunks goes to it, stage by stage, `AFTER` fast ticks each; the last stage is every
+//!   one of them, so it is unflagged only once it has been fast under the whole load (a
+//!   member that keeps up with half of it need not keep up with all). A slow tick on
+//!   probation ends it (back to probes, the hold doubled). A member flagged again within
+//!   `FLAP_WINDOW` ticks of being unflagged has relapsed too (its hold doubled); otherwise,
+//!   and for a new device in the slot, the hold starts at `AFTER`.
+//! * Probes and probation shares are per member: a read that probes one flagged member (or
+//!   gives it its share) still reads around the others (`probe` returns the members it
+//!   goes to), and two flagged members get their probes each.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -50,11 +54,12 @@ pub const PROBE: u64 = 64;
 /// RAID10 read that picks the other copy does not).
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// Probation stages: one read in this many of those that want a flagged member's chunks
-/// goes to it, `AFTER` fast ticks per stage; unflagged after the last.
-pub const PROBATION: [u64; 3] = [16, 4, 2];
+/// goes to it, `AFTER` fast ticks per stage; unflagged after the last (all of them).
+pub const PROBATION: [u64; 4] = [16, 4, 2, 1];
 /// The longest hold (ticks of fast probes before a probation).
 pub const MAX_HOLD: u32 = 96;
-/// A member flagged again within this many ticks of its unflagging keeps its hold.
+/// A member flagged again within this many ticks of its unflagging has relapsed: its hold
+/// is doubled (else it starts at `AFTER`).
 pub const FLAP_WINDOW: u64 = 120;
 /// The default factor (`serve --slow-factor`).
 pub const DEFAULT_FACTOR: f64 = 5.0;
@@ -154,12 +159,13 @@ impl SlowMembers {
         self.share[i].store(share, Ordering::Relaxed);
     }
 
-    /// Whether a read planned around slow members that wants the chunks of `wants` (slow
-    /// members) should go to them instead: one in its stage's share of a member's reads on
-    /// probation; else a probe of that member, after `PROBE` of its reads and `PROBE_EVERY`
+    /// Which of `wants` (slow members whose chunks a read planned around them wants) the
+    /// read should go to instead: a member on probation for one in its stage's share of its
+    /// reads; else for a probe of that member, after `PROBE` of its reads and `PROBE_EVERY`
     /// since its last one (the compare-exchange gives each interval to one reactor; reads
-    /// counted meanwhile are forgotten, harmless).
-    pub(crate) fn probe(&self, wants: MemberSet) -> bool {
+    /// counted meanwhile are forgotten, harmless). The read still goes around the rest.
+    pub(crate) fn probe(&self, wants: MemberSet) -> MemberSet {
+        let mut go = MemberSet::EMPTY;
         let mut now = None;
         for i in wants.iter() {
             let (Some(share), Some(seen), Some(last_probe)) =
@@ -171,7 +177,7 @@ impl SlowMembers {
             let n = seen.fetch_add(1, Ordering::Relaxed) + 1;
             if share != 0 {
                 if n.is_multiple_of(share) {
-                    return true;
+                    go = go.with(i);
                 }
                 continue;
             }
@@ -186,10 +192,10 @@ impl SlowMembers {
                     .is_ok()
             {
                 seen.store(0, Ordering::Relaxed);
-                return true;
+                go = go.with(i);
             }
         }
-        false
+        go
     }
 
     /// One tick: `now[i]` is member i's device generation and cumulative (sampled
@@ -267,11 +273,7 @@ impl SlowMembers {
                         // Slow again soon after its probation let it go: slow only under
                         // the whole load, so a relapse (the hold doubled).
                         let again = j.unflagged[i].is_some_and(|t| j.ticks - t <= FLAP_WINDOW);
-                        j.hold[i] = if again {
-                            (j.hold[i] * 2).min(MAX_HOLD)
-                        } else {
-                            AFTER
-                        };
+                        j.hold[i] = if again { doubled(j.hold[i]) } else { AFTER };
                         changes.push((i, Event::Slow, d(m), d(median)));
                     }
                     continue;
@@ -280,7 +282,7 @@ impl SlowMembers {
                 if stage > 0 && m > limit {
                     // Slow under its share of the load: read around again, a longer hold.
                     j.streak[i] = 0;
-                    j.hold[i] = (j.hold[i] * 2).min(MAX_HOLD);
+                    j.hold[i] = doubled(j.hold[i]);
                     self.set_stage(&mut j, i, 0);
                     changes.push((i, Event::Relapsed(j.hold[i]), d(m), d(median)));
                     continue;
@@ -310,6 +312,11 @@ impl SlowMembers {
         self.slow.store(flags.bits(), Ordering::Release);
         changes
     }
+}
+
+/// A relapsed member's next hold.
+fn doubled(hold: u32) -> u32 {
+    (hold * 2).min(MAX_HOLD)
 }
 
 #[cfg(test)]
@@ -393,31 +400,37 @@ mod tests {
     fn a_probe_goes_once_per_probe_reads_and_once_per_interval() {
         let s = SlowMembers::new(4);
         let w = MemberSet::one(1);
+        let hit = |wants: MemberSet| !s.probe(wants).is_empty();
         std::thread::sleep(PROBE_EVERY);
         // Due by time: still one read in `PROBE`.
-        assert_eq!((1..PROBE).filter(|_| s.probe(w)).count(), 0);
+        assert_eq!((1..PROBE).filter(|_| hit(w)).count(), 0);
         let t = Instant::now();
-        assert!(s.probe(w));
+        assert_eq!(s.probe(w), w);
         // Due by count at once: none before another interval, however many reads (the one
         // above and at most two more in 2.5 intervals; fewer if this thread stalls).
         let mut n = 1;
         while t.elapsed() < PROBE_EVERY * 5 / 2 {
-            n += s.probe(w) as u32;
+            n += hit(w) as u32;
         }
         assert!((1..=3).contains(&n), "{n} probes in 2.5 intervals");
         // A read that wants no slow member never probes.
-        assert!((0..10 * PROBE).all(|_| !s.probe(MemberSet::EMPTY)));
-        // Paced per member: another one's probe is due at once, and reads wanting both
-        // probe each in turn.
-        assert!((1..=PROBE).any(|_| s.probe(MemberSet::one(2))));
+        assert!((0..10 * PROBE).all(|_| !hit(MemberSet::EMPTY)));
+        // Per member: another one's probe is due at once, and reads wanting both probe each
+        // in turn, each probe going to its own member only (the read goes around the
+        // other).
+        assert!((1..=PROBE).any(|_| hit(MemberSet::one(2))));
         std::thread::sleep(PROBE_EVERY);
         let both = MemberSet::one(1).with(2);
-        let n = (0..4 * PROBE).filter(|_| s.probe(both)).count();
+        let probes: Vec<MemberSet> = (0..4 * PROBE)
+            .map(|_| s.probe(both))
+            .filter(|p| !p.is_empty())
+            .collect();
         // (Paced per array it would be one; three only if this thread stalls an interval.)
-        assert!(
-            (2..=3).contains(&n),
-            "{n}: a probe each for members 1 and 2"
-        );
+        assert!((2..=3).contains(&probes.len()), "{probes:?}");
+        assert!(probes.iter().all(|p| p.len() == 1), "{probes:?}");
+        for m in [1, 2] {
+            assert!(probes.contains(&MemberSet::one(m)), "{probes:?}");
+        }
     }
 
     /// Member 3 slow (peers at 300 µs, it at 9 ms) and fast again.
@@ -437,16 +450,40 @@ mod tests {
         c.iter().map(|c| c.1).collect()
     }
 
-    #[test]
-    fn on_probation_a_share_of_its_reads_goes_to_the_member_whatever_the_time() {
-        let (s, mut acc) = flagged();
-        run(&s, &mut acc, &FAST, AFTER as usize);
+    /// Takes flagged member 3, at its hold's last tick of fast probes, through its
+    /// probation: each stage's share of its reads goes to it (whatever the time, and to it
+    /// alone), and after the last stage (every read) it is read again.
+    fn through_probation(s: &SlowMembers, acc: &mut [(u64, u64)]) {
         let w = MemberSet::one(3);
-        let n = (0..160).filter(|_| s.probe(w)).count();
-        assert_eq!(n, 160 / PROBATION[0] as usize);
+        for share in PROBATION {
+            assert_eq!(events(run(s, acc, &FAST, 1)), [Event::Probation(share)]);
+            assert_eq!(s.set(), w, "still flagged on probation");
+            // Reads that also want flagged member 1 (at probes only) go around it: at most
+            // the paced probes of 160 reads.
+            let got: Vec<MemberSet> = (0..160).map(|_| s.probe(w.with(1))).collect();
+            let n = got.iter().filter(|p| p.contains(3)).count();
+            assert_eq!(n, 160 / share as usize, "share {share}");
+            let n = got.iter().filter(|p| p.contains(1)).count();
+            assert!(
+                n <= 160 / PROBE as usize,
+                "share {share}: {n} reads of member 1"
+            );
+            assert!(run(s, acc, &FAST, AFTER as usize - 1).is_empty());
+        }
+        assert_eq!(events(run(s, acc, &FAST, 1)), [Event::Fast]);
+        assert!(s.set().is_empty());
+    }
+
+    #[test]
+    fn on_probation_a_share_of_its_reads_goes_to_the_member_up_to_all_of_them() {
+        let (s, mut acc) = flagged();
+        assert!(run(&s, &mut acc, &FAST, AFTER as usize - 1).is_empty());
+        through_probation(&s, &mut acc);
         // A member at stage 0 (here not flagged at all: `probe` is asked only about flagged
         // ones) still only gets paced probes.
-        let n = (0..160).filter(|_| s.probe(MemberSet::one(1))).count();
+        let n = (0..160)
+            .filter(|_| !s.probe(MemberSet::one(1)).is_empty())
+            .count();
         assert!(n <= 1, "{n}");
     }
 
@@ -457,18 +494,12 @@ mod tests {
     #[test]
     fn a_member_flagged_again_soon_after_unflagging_waits_twice_as_long() {
         let (s, mut acc) = flagged();
-        let (fast, slow) = (FAST, SLOW);
         let mut hold = AFTER as usize;
         for _ in 0..3 {
-            assert!(run(&s, &mut acc, &fast, hold - 1).is_empty());
-            assert_eq!(events(run(&s, &mut acc, &fast, 1)), [Event::Probation(16)]);
-            run(&s, &mut acc, &fast, 2 * AFTER as usize);
+            assert!(run(&s, &mut acc, &FAST, hold - 1).is_empty());
+            through_probation(&s, &mut acc);
             assert_eq!(
-                events(run(&s, &mut acc, &fast, AFTER as usize)),
-                [Event::Fast]
-            );
-            assert_eq!(
-                events(run(&s, &mut acc, &slow, AFTER as usize)),
+                events(run(&s, &mut acc, &SLOW, AFTER as usize)),
                 [Event::Slow]
             );
             hold *= 2;
@@ -498,10 +529,10 @@ mod tests {
             }
             all
         };
-        assert_eq!(gen1(&mut acc, &slow, AFTER as usize), [Event::Slow]);
+        assert_eq!(gen1(&mut acc, &SLOW, AFTER as usize), [Event::Slow]);
         assert_eq!(
-            gen1(&mut acc, &fast, AFTER as usize),
-            [Event::Probation(16)]
+            gen1(&mut acc, &FAST, AFTER as usize),
+            [Event::Probation(PROBATION[0])]
         );
     }
 
@@ -511,42 +542,45 @@ mod tests {
     #[test]
     fn a_member_slow_under_its_share_of_the_load_relapses_with_a_longer_hold() {
         let (s, mut acc) = flagged();
-        let (fast, slow) = (FAST, SLOW);
         let mut hold = AFTER;
-        for _ in 0..8 {
-            let c = run(&s, &mut acc, &fast, hold as usize - 1);
+        for stage in 0..8 {
+            let c = run(&s, &mut acc, &FAST, hold as usize - 1);
             assert!(c.is_empty(), "{c:?}");
-            assert_eq!(events(run(&s, &mut acc, &fast, 1)), [Event::Probation(16)]);
+            // Through some stages of its probation (at the last, under the whole load).
+            let stages = stage % PROBATION.len() + 1;
+            let c = run(&s, &mut acc, &FAST, 1 + (stages - 1) * AFTER as usize);
+            let want: Vec<Event> = PROBATION[..stages]
+                .iter()
+                .map(|&s| Event::Probation(s))
+                .collect();
+            assert_eq!(events(c), want);
             // One slow tick on probation is enough.
-            hold = (hold * 2).min(MAX_HOLD);
-            assert_eq!(events(run(&s, &mut acc, &slow, 1)), [Event::Relapsed(hold)]);
+            hold = doubled(hold);
+            assert_eq!(events(run(&s, &mut acc, &SLOW, 1)), [Event::Relapsed(hold)]);
             assert_eq!(s.set(), MemberSet::one(3));
-            let n = (0..160).filter(|_| s.probe(MemberSet::one(3))).count();
+            let n = (0..160)
+                .filter(|_| !s.probe(MemberSet::one(3)).is_empty())
+                .count();
             assert!(n <= 1, "back to paced probes: {n}");
         }
         assert_eq!(hold, MAX_HOLD);
         // Through probation to unflagged, then slow again at once: the hold stays at most.
-        run(&s, &mut acc, &fast, hold as usize + 2 * AFTER as usize);
+        assert!(run(&s, &mut acc, &FAST, hold as usize - 1).is_empty());
+        through_probation(&s, &mut acc);
         assert_eq!(
-            events(run(&s, &mut acc, &fast, AFTER as usize)),
-            [Event::Fast]
-        );
-        assert_eq!(
-            events(run(&s, &mut acc, &slow, AFTER as usize)),
+            events(run(&s, &mut acc, &SLOW, AFTER as usize)),
             [Event::Slow]
         );
-        let c = run(&s, &mut acc, &fast, MAX_HOLD as usize - 1);
+        let c = run(&s, &mut acc, &FAST, MAX_HOLD as usize - 1);
         assert!(c.is_empty(), "{c:?}");
-        assert_eq!(events(run(&s, &mut acc, &fast, 1)), [Event::Probation(16)]);
+        through_probation(&s, &mut acc);
         // Unflagged and fast for longer than the flap window: the hold starts over.
-        run(&s, &mut acc, &fast, 3 * AFTER as usize);
-        assert!(s.set().is_empty());
-        run(&s, &mut acc, &fast, FLAP_WINDOW as usize + 1);
-        run(&s, &mut acc, &slow, AFTER as usize);
+        run(&s, &mut acc, &FAST, FLAP_WINDOW as usize + 1);
+        run(&s, &mut acc, &SLOW, AFTER as usize);
         assert_eq!(s.set(), MemberSet::one(3));
         assert_eq!(
-            events(run(&s, &mut acc, &fast, AFTER as usize)),
-            [Event::Probation(16)]
+            events(run(&s, &mut acc, &FAST, AFTER as usize)),
+            [Event::Probation(PROBATION[0])]
         );
     }
 

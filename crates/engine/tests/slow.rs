@@ -183,6 +183,51 @@ fn read_every_stripe(vol: &Arc<Volume<MemDev>>, want: &[u8]) {
     }
 }
 
+/// Two members flagged, one of them fast again: its probation sends it a share of the reads
+/// of its chunks, at the last stage all of them, and those reads still go around the other
+/// (whole-stripe reads want both: a probe of one is not a probe of every slow member).
+#[test]
+fn a_probation_of_one_slow_member_still_reads_around_another() {
+    let (vol, faults, want) = array(Level::Raid6, 6);
+    let a = vol.array().clone();
+    for _ in 0..3 {
+        round(&vol, &want);
+    }
+    for m in [1, SLOW] {
+        faults[m].delay_us.store(1500, Ordering::Relaxed);
+    }
+    for _ in 0..3 {
+        round(&vol, &want);
+    }
+    assert_eq!(a.slow_members(), MemberSet::one(1).with(SLOW));
+    faults[SLOW].delay_us.store(0, Ordering::Relaxed);
+    let stripes = vol.size() / vol.geometry().stripe_data_bytes();
+    let least = slow::AFTER as usize * (1 + slow::PROBATION.len());
+    let (mut rounds, mut all_reads_while_flagged) = (0, false);
+    while a.slow_members().contains(SLOW) && rounds < least + 3 {
+        round(&vol, &want);
+        rounds += 1;
+        let before = [reads_of(&faults[1]), reads_of(&faults[SLOW])];
+        read_every_stripe(&vol, &want);
+        let [one, two] = [
+            reads_of(&faults[1]) - before[0],
+            reads_of(&faults[SLOW]) - before[1],
+        ];
+        // Member 1: paced probes only (at most one per `PROBE` reads that want it).
+        assert!(
+            one <= stripes / slow::PROBE + 1,
+            "round {rounds}: member 1 read {one} times in {stripes} stripe reads"
+        );
+        // Member 2 holds data in 4 stripes of 6; on its last stage it is read for each.
+        all_reads_while_flagged |= a.slow_members().contains(SLOW) && two >= stripes * 4 / 6;
+    }
+    assert_eq!(a.slow_members(), MemberSet::one(1), "after {rounds} rounds");
+    assert!(
+        all_reads_while_flagged,
+        "no stage sent member 2 all of its reads"
+    );
+}
+
 #[test]
 fn a_degraded_array_reads_a_slow_member_rather_than_spend_its_last_redundancy() {
     let (vol, faults, want) = array(Level::Raid6, 6);

@@ -834,30 +834,27 @@ impl<D: BlockDev> Array<D> {
     /// `around`, members flagged slow (slow.rs) as long as that keeps a margin: the stripe is
     /// synced (an unsynced one is not decoded without need), the members not read stay
     /// within the level's tolerance, and with a member already missing there, redundancy is
-    /// left after. If the read wants a chunk of a slow member (`wants`: the members whose
-    /// chunks it reads), it may be a probe (`SlowMembers::probe`), which reads it anyway.
-    /// Also returns the slow members the plan leaves out (empty for a probe).
-    fn read_holders(
-        &self,
-        stripe: u64,
-        around: bool,
-        wants: MemberSet,
-    ) -> (UnitHolders, MemberSet) {
+    /// left after. If the read wants chunks of slow members (`wants`: the members whose
+    /// chunks it reads), it may be a probe of some of them or their probation share
+    /// (`SlowMembers::probe`): it reads those anyway.
+    fn read_holders(&self, stripe: u64, around: bool, wants: MemberSet) -> UnitHolders {
         let mut at = self.members.at(stripe);
         if !around {
-            return (at, MemberSet::EMPTY);
+            return at;
         }
         let stale = at.stale();
-        let slow = self.slow.set().minus(stale);
+        let mut slow = self.slow.set().minus(stale);
         if slow.is_empty()
             || !self.margin_around(stale, slow)
             || self.recovery.resync.unsynced(stripe)
-            || (!wants.intersect(slow).is_empty() && self.slow.probe(wants.intersect(slow)))
         {
-            return (at, MemberSet::EMPTY);
+            return at;
+        }
+        if !wants.intersect(slow).is_empty() {
+            slow = slow.minus(self.slow.probe(wants.intersect(slow)));
         }
         at.behind = at.behind.union(slow);
-        (at, slow)
+        at
     }
 
     /// Whether a read may leave out slow members `slow` on top of `out` (members it cannot
@@ -942,6 +939,11 @@ impl<D: BlockDev> Array<D> {
                      {median:?} over the members; reads of its chunks are served by \
                      reconstruction from the others while redundancy allows (it is still written)"
                 ),
+                crate::slow::Event::Probation(1) => tracing::info!(
+                    "member {m} ({name}) is slow, on probation: mean I/O latency {mean:?}, \
+                     median {median:?}; every read of its chunks goes to it (read again if it \
+                     keeps up)"
+                ),
                 crate::slow::Event::Probation(share) => tracing::info!(
                     "member {m} ({name}) is slow, on probation: mean I/O latency {mean:?}, \
                      median {median:?}; one in {share} reads of its chunks goes to it"
@@ -989,7 +991,7 @@ impl<D: BlockDev> Array<D> {
                 .iter()
                 .map(|e| self.geo.data_member(e.stripe, e.index))
                 .collect();
-            let (at, left_out) = self.read_holders(g[0].stripe, around, wants);
+            let at = self.read_holders(g[0].stripe, around, wants);
             let missing = g
                 .iter()
                 .any(|e| !at.serves(self.geo.data_member(e.stripe, e.index)));
@@ -997,13 +999,13 @@ impl<D: BlockDev> Array<D> {
                 self.count_decoded(g[0].stripe, &g, &at);
                 return Box::pin(self.read_stripe_decoded(&g, at)).await;
             }
-            // Every wanted chunk is read as it is. Where this plan reads slow members (a
-            // probe, or no margin to leave them out), the extents do too: planned again,
-            // they would go around them and the probe would be lost.
-            let around = around && !left_out.is_empty();
+            // Every wanted chunk is read as it is, from the member the plan read it from:
+            // planned again, an extent on a slow member the plan reads (a probe or its
+            // probation share, or no margin to leave it out) would go around it, and the
+            // probe would be lost. (The slow members it leaves out are not wanted.)
             let mut parts = Vec::with_capacity(g.len());
             for e in g {
-                let b = self.read_extent(e, around).await?;
+                let b = self.read_extent(e, false).await?;
                 let l = b.len();
                 parts.push((Arc::new(b), 0..l));
             }
@@ -1084,7 +1086,7 @@ impl<D: BlockDev> Array<D> {
         loop {
             self.check_serving()?;
             let m = self.geo.data_member(e.stripe, e.index);
-            let (holders, _) = self.read_holders(e.stripe, around, MemberSet::one(m));
+            let holders = self.read_holders(e.stripe, around, MemberSet::one(m));
             if !holders.serves(m) {
                 self.count_decoded(e.stripe, std::slice::from_ref(&e), &holders);
                 return Box::pin(self.reconstruct(e, MemberSet::EMPTY, holders.behind)).await;
@@ -1243,7 +1245,7 @@ impl<D: BlockDev> Array<D> {
                     if around
                         && !unsynced
                         && self.slow.set().contains(m)
-                        && !self.slow.probe(MemberSet::one(m)) =>
+                        && self.slow.probe(MemberSet::one(m)).is_empty() =>
                 {
                     self.slow.set()
                 }
