@@ -27,8 +27,9 @@
 //!   ticks at or below half the threshold, doubled by each failed probation up to
 //!   `MAX_HOLD`) it is on probation: one read in `PROBATION[s]` of those that want its
 //!   chunks goes to it, stage by stage, `AFTER` fast ticks each; the last stage is every
-//!   one of them, so it is unflagged only once it has been fast under the whole load (a
-//!   member that keeps up with half of it need not keep up with all). A slow tick on
+//!   one of them, so it is unflagged only once it has kept up with the whole load (a
+//!   member that keeps up with half of it need not keep up with all). There a tick at or
+//!   below the threshold itself counts as fast (it is not slow by the flag's measure). A slow tick on
 //!   probation ends it (back to probes, the hold doubled). A member flagged again within
 //!   `FLAP_WINDOW` ticks of being unflagged has relapsed too (its hold doubled); otherwise,
 //!   and for a new device in the slot, the hold starts at `AFTER`.
@@ -287,7 +288,16 @@ impl SlowMembers {
                     changes.push((i, Event::Relapsed(j.hold[i]), d(m), d(median)));
                     continue;
                 }
-                j.streak[i] = if m <= limit / 2.0 { j.streak[i] + 1 } else { 0 };
+                // Under half the threshold to move on; at the last stage (every read of
+                // its chunks) under the threshold: not slow under the whole load by the
+                // flag's own measure (else a member between the two would serve every
+                // read and stay reported slow).
+                let fast = if stage == PROBATION.len() {
+                    limit
+                } else {
+                    limit / 2.0
+                };
+                j.streak[i] = if m <= fast { j.streak[i] + 1 } else { 0 };
                 let needed = if stage == 0 { j.hold[i] } else { AFTER };
                 if j.streak[i] < needed {
                     continue;
@@ -416,8 +426,7 @@ mod tests {
         // A read that wants no slow member never probes.
         assert!((0..10 * PROBE).all(|_| !hit(MemberSet::EMPTY)));
         // Per member: another one's probe is due at once, and reads wanting both probe each
-        // in turn, each probe going to its own member only (the read goes around the
-        // other).
+        // (a probe names the members it goes to: the read goes around the others).
         assert!((1..=PROBE).any(|_| hit(MemberSet::one(2))));
         std::thread::sleep(PROBE_EVERY);
         let both = MemberSet::one(1).with(2);
@@ -425,11 +434,11 @@ mod tests {
             .map(|_| s.probe(both))
             .filter(|p| !p.is_empty())
             .collect();
-        // (Paced per array it would be one; three only if this thread stalls an interval.)
-        assert!((2..=3).contains(&probes.len()), "{probes:?}");
-        assert!(probes.iter().all(|p| p.len() == 1), "{probes:?}");
+        // (Paced per array it would be one of them; two of one only if this thread stalls
+        // an interval. Both in one read is fine: due together.)
         for m in [1, 2] {
-            assert!(probes.contains(&MemberSet::one(m)), "{probes:?}");
+            let n = probes.iter().filter(|p| p.contains(m)).count();
+            assert!((1..=2).contains(&n), "member {m}: {probes:?}");
         }
     }
 
@@ -458,8 +467,8 @@ mod tests {
         for share in PROBATION {
             assert_eq!(events(run(s, acc, &FAST, 1)), [Event::Probation(share)]);
             assert_eq!(s.set(), w, "still flagged on probation");
-            // Reads that also want flagged member 1 (at probes only) go around it: at most
-            // the paced probes of 160 reads.
+            // Reads that also want member 1 (not flagged: asked about, it gets paced probes
+            // only) go around it: at most the paced probes of 160 reads.
             let got: Vec<MemberSet> = (0..160).map(|_| s.probe(w.with(1))).collect();
             let n = got.iter().filter(|p| p.contains(3)).count();
             assert_eq!(n, 160 / share as usize, "share {share}");
@@ -479,6 +488,25 @@ mod tests {
         let (s, mut acc) = flagged();
         assert!(run(&s, &mut acc, &FAST, AFTER as usize - 1).is_empty());
         through_probation(&s, &mut acc);
+        // Between half the threshold and the threshold (here 1 ms, against 300 µs peers
+        // and factor 5): such a member stays at its stage, except at the last, where it
+        // has kept up with the whole load and is read again.
+        let (s, mut acc) = flagged();
+        let mid = [300, 300, 300, 1000];
+        assert!(run(&s, &mut acc, &FAST, AFTER as usize - 1).is_empty());
+        for share in &PROBATION[..PROBATION.len() - 1] {
+            assert_eq!(
+                events(run(&s, &mut acc, &FAST, 1)),
+                [Event::Probation(*share)]
+            );
+            assert!(run(&s, &mut acc, &mid, 4 * AFTER as usize).is_empty());
+            assert!(run(&s, &mut acc, &FAST, AFTER as usize - 1).is_empty());
+        }
+        assert_eq!(events(run(&s, &mut acc, &FAST, 1)), [Event::Probation(1)]);
+        assert_eq!(
+            events(run(&s, &mut acc, &mid, AFTER as usize)),
+            [Event::Fast]
+        );
         // A member at stage 0 (here not flagged at all: `probe` is asked only about flagged
         // ones) still only gets paced probes.
         let n = (0..160)
