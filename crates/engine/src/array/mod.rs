@@ -999,13 +999,17 @@ impl<D: BlockDev> Array<D> {
                 self.count_decoded(g[0].stripe, &g, &at);
                 return Box::pin(self.read_stripe_decoded(&g, at)).await;
             }
-            // Every wanted chunk is read as it is, from the member the plan read it from:
-            // planned again, an extent on a slow member the plan reads (a probe or its
-            // probation share, or no margin to leave it out) would go around it, and the
-            // probe would be lost. (The slow members it leaves out are not wanted.)
+            // Every wanted chunk is read as it is. An extent on a slow member the plan reads
+            // (a probe or its probation share, or no margin to leave it out) is read from it
+            // as planned: planned again it would go around it, and the probe would be lost.
+            // The others are planned around slow members still, so a media error on one is
+            // reconstructed around them. (The slow members the plan leaves out are not
+            // wanted.)
+            let slow = self.slow.set();
             let mut parts = Vec::with_capacity(g.len());
             for e in g {
-                let b = self.read_extent(e, false).await?;
+                let on_slow = slow.contains(self.geo.data_member(e.stripe, e.index));
+                let b = self.read_extent(e, around && !on_slow).await?;
                 let l = b.len();
                 parts.push((Arc::new(b), 0..l));
             }
