@@ -27,10 +27,12 @@
 //!   ticks at or below half the threshold, doubled by each failed probation up to
 //!   `MAX_HOLD`) it is on probation: one read in `PROBATION[s]` of those that want its
 //!   chunks goes to it, stage by stage, `AFTER` fast ticks each; the last stage is every
-//!   one of them, so it is unflagged only once it has kept up with the whole load (a
-//!   member that keeps up with half of it need not keep up with all). There a tick at or
-//!   below the threshold itself counts as fast (it is not slow by the flag's measure). A slow tick on
-//!   probation ends it (back to probes, the hold doubled). A member flagged again within
+//!   one of them (still planned a chunk at a time, as reads around a slow member are), so
+//!   it is unflagged only once it has kept up with its whole share of the load (a member
+//!   that keeps up with half of it need not keep up with all). There a tick at or below
+//!   `LAST_STAGE` of the threshold counts as fast (nearly not slow by the flag's own
+//!   measure; a margin left so it does not flap). A slow tick on probation ends it (back
+//!   to probes, the hold doubled). A member flagged again within
 //!   `FLAP_WINDOW` ticks of being unflagged has relapsed too (its hold doubled); otherwise,
 //!   and for a new device in the slot, the hold starts at `AFTER`.
 //! * Probes and probation shares are per member: a read that probes one flagged member (or
@@ -57,6 +59,10 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// Probation stages: one read in this many of those that want a flagged member's chunks
 /// goes to it, `AFTER` fast ticks per stage; unflagged after the last (all of them).
 pub const PROBATION: [u64; 4] = [16, 4, 2, 1];
+/// At the last probation stage a tick at or below this fraction of the threshold is fast
+/// (half elsewhere): the member serves every read of its chunks there, and one that keeps
+/// up with them with a margin is read again.
+pub const LAST_STAGE: f64 = 0.75;
 /// The longest hold (ticks of fast probes before a probation).
 pub const MAX_HOLD: u32 = 96;
 /// A member flagged again within this many ticks of its unflagging has relapsed: its hold
@@ -288,15 +294,15 @@ impl SlowMembers {
                     changes.push((i, Event::Relapsed(j.hold[i]), d(m), d(median)));
                     continue;
                 }
-                // Under half the threshold to move on; at the last stage (every read of
-                // its chunks) under the threshold: not slow under the whole load by the
-                // flag's own measure (else a member between the two would serve every
-                // read and stay reported slow).
-                let fast = if stage == PROBATION.len() {
-                    limit
-                } else {
-                    limit / 2.0
-                };
+                // Half the threshold to move on; at the last stage (every read of its
+                // chunks) `LAST_STAGE` of it (else a member between the two would serve
+                // every read and stay reported slow).
+                let fast = limit
+                    * if stage == PROBATION.len() {
+                        LAST_STAGE
+                    } else {
+                        0.5
+                    };
                 j.streak[i] = if m <= fast { j.streak[i] + 1 } else { 0 };
                 let needed = if stage == 0 { j.hold[i] } else { AFTER };
                 if j.streak[i] < needed {
@@ -488,9 +494,9 @@ mod tests {
         let (s, mut acc) = flagged();
         assert!(run(&s, &mut acc, &FAST, AFTER as usize - 1).is_empty());
         through_probation(&s, &mut acc);
-        // Between half the threshold and the threshold (here 1 ms, against 300 µs peers
-        // and factor 5): such a member stays at its stage, except at the last, where it
-        // has kept up with the whole load and is read again.
+        // Between half the threshold and `LAST_STAGE` of it (here 1 ms, against 300 µs
+        // peers and factor 5: 750 µs to 1.125 ms): such a member stays at its stage, except
+        // at the last, where it has kept up with its whole share and is read again.
         let (s, mut acc) = flagged();
         let mid = [300, 300, 300, 1000];
         assert!(run(&s, &mut acc, &FAST, AFTER as usize - 1).is_empty());
@@ -503,6 +509,10 @@ mod tests {
             assert!(run(&s, &mut acc, &FAST, AFTER as usize - 1).is_empty());
         }
         assert_eq!(events(run(&s, &mut acc, &FAST, 1)), [Event::Probation(1)]);
+        // Above `LAST_STAGE` of the threshold but not above it: neither read again nor
+        // read around (the margin against flapping).
+        let near = [300, 300, 300, 1300];
+        assert!(run(&s, &mut acc, &near, 4 * AFTER as usize).is_empty());
         assert_eq!(
             events(run(&s, &mut acc, &mid, AFTER as usize)),
             [Event::Fast]
