@@ -32,9 +32,9 @@
 //!   that keeps up with half of it need not keep up with all). There a tick at or below
 //!   `LAST_STAGE` of the threshold counts as fast (nearly not slow by the flag's own
 //!   measure; a margin left so it does not flap). A slow tick on probation ends it (back
-//!   to probes, the hold doubled). A member flagged again within
-//!   `FLAP_WINDOW` ticks of being unflagged has relapsed too (its hold doubled); otherwise,
-//!   and for a new device in the slot, the hold starts at `AFTER`.
+//!   to probes, the hold doubled). A member flagged again within `FLAP_WINDOW` ticks of
+//!   being unflagged has relapsed too (its hold doubled); otherwise, and for a new device
+//!   in the slot, the hold starts at `AFTER`.
 //! * Probes and probation shares are per member: a read that probes one flagged member (or
 //!   gives it its share) still reads around the others (`probe` returns the members it
 //!   goes to), and two flagged members get their probes each.
