@@ -63,8 +63,13 @@ const CONFIRM: u64 = 4;
 const MIN_UNIT: u64 = 128 << 10;
 /// The largest distance ahead of a stream, and the largest detection window.
 const MAX_AHEAD: u64 = 16 << 20;
-/// The largest single prefetch read (a longer refill is split into several).
-const MAX_JOB: u64 = 1 << 20;
+/// The largest single prefetch read (a longer refill is split into several). A job reads
+/// each member's runs of data chunks as one member read each, and every job boundary cuts a
+/// run: with rotating parity a member holds at most `data` chunks in a row, and longer jobs
+/// get closer to that (RAID6 4+2, 64 KiB chunks: 136-146 KiB per member read with 1 MiB
+/// jobs, 186-231 KiB with 8 MiB), which is what members with few request slots are bound by
+/// (docs/benchmarks.md, "Read-ahead").
+const MAX_JOB: u64 = 8 << 20;
 /// One part in this of the budget is kept as spare buffers (buf.rs, `Spare`) freed by the
 /// cache for its next prefetches; the prefetches hold the rest.
 const SPARE_SHARE: u64 = 8;
