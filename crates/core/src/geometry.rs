@@ -339,6 +339,18 @@ impl Geometry {
         }
     }
 
+    /// The most stripes in a row in which one member holds data: its data chunks there lie
+    /// back to back, so one member read covers them. Parity levels: `data_chunks` (parity
+    /// rotates by one member per stripe, so each member holds parity in `parity` stripes in a
+    /// row, then data in the rest of the `members`). None when unbounded: raid0, and mirrors,
+    /// where every chunk of a member follows the one before.
+    pub fn data_run(&self) -> Option<u64> {
+        match self.level {
+            Level::Raid0 | Level::Raid1 | Level::Raid10 => None,
+            _ => Some(self.data_chunks() as u64),
+        }
+    }
+
     /// Member holding parity `j` of `stripe`.
     pub fn parity_member(&self, stripe: u64, j: usize) -> usize {
         debug_assert!(j < self.parity());
@@ -627,6 +639,22 @@ mod tests {
                 prop_assert_eq!(g.role(stripe, m), Role::Parity(j));
             }
             prop_assert!(seen.iter().all(|&s| s));
+        }
+
+        /// `data_run` is the longest run of stripes in which one member holds data (counted
+        /// over three rotations, so a run across the period's end counts whole).
+        #[test]
+        fn data_run_is_the_longest_run_of_data(li in 0usize..7, n in 2usize..20, m in 0usize..20) {
+            let level = levels()[li];
+            prop_assume!(n >= level.min_members() && !matches!(level, Level::Raid0 | Level::Raid1 | Level::Raid10));
+            let g = Geometry::new(level, n, 65536, 1 << 20).unwrap();
+            let m = m % n;
+            let (mut run, mut longest) = (0u64, 0u64);
+            for stripe in 0..3 * n as u64 {
+                run = if matches!(g.role(stripe, m), Role::Data(_)) { run + 1 } else { 0 };
+                longest = longest.max(run);
+            }
+            prop_assert_eq!(Some(longest), g.data_run());
         }
 
         /// Mirror copies land on distinct members, inside the data area, and no two volume

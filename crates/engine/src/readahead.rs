@@ -63,13 +63,31 @@ const CONFIRM: u64 = 4;
 const MIN_UNIT: u64 = 128 << 10;
 /// The largest distance ahead of a stream, and the largest detection window.
 const MAX_AHEAD: u64 = 16 << 20;
-/// The largest single prefetch read (a longer refill is split into several). A job reads
-/// each member's runs of data chunks as one member read each, and every job boundary cuts a
-/// run: with rotating parity a member holds at most `data` chunks in a row, and longer jobs
-/// get closer to that (RAID6 4+2, 64 KiB chunks: 136-146 KiB per member read with 1 MiB
-/// jobs, 186-231 KiB with 8 MiB), which is what members with few request slots are bound by
-/// (docs/benchmarks.md, "Read-ahead").
+/// The largest single prefetch read (a longer refill is split into several), where the
+/// geometry allows it (`job_len`). A job reads each member's run of data chunks as one member
+/// read, and every job boundary cuts runs: with rotating parity a member holds at most `data`
+/// chunks in a row, and longer jobs get closer to that (RAID6 4+2, 64 KiB chunks: 136-146 KiB
+/// per member read with 1 MiB jobs, 186-231 KiB with 8 MiB), which is what members with few
+/// request slots are bound by (docs/benchmarks.md, "Read-ahead").
 const MAX_JOB: u64 = 8 << 20;
+/// The job length every geometry gets, and the most bytes of member reads one stripe of a
+/// job may keep in memory: a unit's pieces share its job's member-read buffers, and a reply
+/// still sending the unit keeps all of them after the cache let the job go.
+const PIN: u64 = 1 << 20;
+
+/// The prefetch job length for a geometry (bytes): `MAX_JOB` as long as no stripe keeps more
+/// than `PIN` of member buffers alive, else the longest that keeps to it, and `PIN` (or one
+/// stripe) at least. A stripe's chunks lie in `data` member runs of at most `run` chunks each:
+/// `run` is the longest stretch of stripes in which a member holds data (rotating parity:
+/// `data`; raid0: unbounded, None; mirrors, whose reads are not coalesced: 1).
+pub(crate) fn job_len(stripe: u64, chunk: u64, data: u64, run: Option<u64>) -> u64 {
+    let pin_per_stripe = data * chunk; // a stripe's pin grows by this per stripe of its runs
+    let stripes = match run {
+        Some(r) if r * pin_per_stripe <= PIN => MAX_JOB / stripe,
+        _ => PIN / pin_per_stripe,
+    };
+    (stripes * stripe).clamp(PIN.max(stripe), MAX_JOB.max(stripe))
+}
 /// One part in this of the budget is kept as spare buffers (buf.rs, `Spare`) freed by the
 /// cache for its next prefetches; the prefetches hold the rest.
 const SPARE_SHARE: u64 = 8;
@@ -185,6 +203,8 @@ pub(crate) struct ReadAhead {
     cache_budget: u64,
     _spare: crate::buf::Spare,
     max_dist: u64,
+    /// Units in one prefetch job at most.
+    per_job: u64,
     state: Mutex<State>,
     /// Entries in the cache (ready or in flight): `changed` and lookups skip the lock at 0.
     active: AtomicUsize,
@@ -207,8 +227,9 @@ impl Drop for Reading<'_> {
 }
 
 impl ReadAhead {
-    /// `stripe`: the stripe's data bytes; `size`: the volume's; `budget`: bytes of memory.
-    pub(crate) fn new(stripe: u64, size: u64, budget: u64) -> ReadAhead {
+    /// `stripe`: the stripe's data bytes; `size`: the volume's; `budget`: bytes of memory;
+    /// `job`: the longest prefetch read (`job_len`).
+    pub(crate) fn new(stripe: u64, size: u64, budget: u64, job: u64) -> ReadAhead {
         let unit = stripe * MIN_UNIT.div_ceil(stripe).max(1);
         let max_dist = (MAX_AHEAD.min(budget / 4) / unit).max(1);
         // Never so much that the cache could not hold one unit.
@@ -220,6 +241,7 @@ impl ReadAhead {
             cache_budget: budget - spare,
             _spare: crate::buf::Spare::reserve(spare as usize),
             max_dist,
+            per_job: (job / unit).max(1),
             state: Mutex::new(State::default()),
             active: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
@@ -354,7 +376,7 @@ impl ReadAhead {
 
     /// Enters units `[from, to)` that are not in the cache as in flight, within the budget
     /// (evicting the oldest ready units first, but not `keep`: the arriving read's), as jobs
-    /// of at most `MAX_JOB`; and the unit it stopped at (`to` unless the budget ran out).
+    /// of at most `per_job` units; and the unit it stopped at (`to` unless the budget ran out).
     fn enter(
         &self,
         st: &mut State,
@@ -363,7 +385,7 @@ impl ReadAhead {
         keep: std::ops::RangeInclusive<u64>,
     ) -> (Vec<Job>, u64) {
         let mut jobs: Vec<Job> = Vec::new();
-        let per_job = (MAX_JOB / self.unit).max(1);
+        let per_job = self.per_job;
         for u in from..to {
             if st.entries.contains_key(&u) {
                 continue;
@@ -679,4 +701,31 @@ pub(crate) fn flatten(pieces: Vec<ReadPiece>) -> Segments {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::job_len;
+
+    const K: u64 = 1 << 10;
+
+    /// Jobs are 8 MiB where no stripe keeps more than 1 MiB of member reads alive, else as
+    /// long as that allows, and 1 MiB (or one stripe) at least.
+    #[test]
+    fn a_job_is_long_where_no_unit_pins_more_than_a_mib() {
+        // RAID6 4+2, 64 KiB chunks: runs of 4 chunks at most, so a stripe pins 1 MiB.
+        assert_eq!(job_len(256 * K, 64 * K, 4, Some(4)), 8 << 20);
+        // RAID5 3+1: runs of 3 pin 576 KiB; a whole number of stripes under 8 MiB.
+        assert_eq!(job_len(192 * K, 64 * K, 3, Some(3)), 42 * 192 * K);
+        // RAID0 over 4: each member's run is as long as the job.
+        assert_eq!(job_len(256 * K, 64 * K, 4, None), 1 << 20);
+        // RAID6 8+2: runs of 8 would pin 4 MiB; 2 stripes pin 1 MiB.
+        assert_eq!(job_len(512 * K, 64 * K, 8, Some(8)), 1 << 20);
+        // 512 KiB chunks on 4+2: a stripe alone pins 2 MiB: one stripe, as before.
+        assert_eq!(job_len(2 << 20, 512 * K, 4, Some(4)), 2 << 20);
+        // Mirrors (reads not coalesced): 8 MiB.
+        assert_eq!(job_len(64 * K, 64 * K, 1, Some(1)), 8 << 20);
+        // A stripe over 8 MiB: one stripe.
+        assert_eq!(job_len(16 << 20, 4 << 20, 4, Some(4)), 16 << 20);
+    }
 }

@@ -190,10 +190,15 @@ fn read_ahead_never_serves_data_older_than_an_acknowledged_change() {
     let mut total = ReadAheadStats::default();
     for seed in 0..8u64 {
         let rt = Runtime::new(1, 256, false).unwrap();
-        // A small budget (units are evicted as well as dropped), or one that lets units
-        // wait ready for their reads.
-        let budget = if seed % 2 == 0 { 512 << 10 } else { 4 << 20 };
-        let (vol, faults) = volume(&rt, budget, 1 << 20);
+        // A small budget (units are evicted as well as dropped), one that lets units wait
+        // ready for their reads, or one whose refills make jobs over 1 MiB (up to 8 MiB; 1.4
+        // to 4 MiB were seen here, on a 16 MiB volume).
+        let (budget, member) = match seed % 3 {
+            0 => (512 << 10, 1 << 20),
+            1 => (4 << 20, 1 << 20),
+            _ => (32 << 20, 4 << 20),
+        };
+        let (vol, faults) = volume(&rt, budget, member);
         for f in &faults {
             f.yield_ops.store(true, Ordering::Relaxed);
             f.jitter.store(true, Ordering::Relaxed);
