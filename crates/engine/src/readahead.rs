@@ -71,23 +71,24 @@ const MAX_AHEAD: u64 = 16 << 20;
 /// request slots are bound by (docs/benchmarks.md, "Read-ahead").
 const MAX_JOB: u64 = 8 << 20;
 /// The job length every geometry gets, and the most bytes of member reads one stripe of a
-/// job may keep in memory: a unit's pieces share its job's member-read buffers, and a reply
-/// still sending the unit keeps all of them after the cache let the job go.
+/// job may keep in memory: a unit's pieces point into the buffers of the member runs its
+/// chunks lie in, and a reply still sending the unit keeps those after the cache let the
+/// job go.
 const PIN: u64 = 1 << 20;
 
-/// The prefetch job length for a geometry (bytes): `MAX_JOB` as long as no stripe keeps more
-/// than `PIN` of member buffers alive, else the longest that keeps to it, and `PIN` (or one
-/// stripe) at least. A stripe's chunks lie in `data` member runs of at most `run` chunks each:
-/// `run` is the longest stretch of stripes in which a member holds data (rotating parity:
-/// `data`; raid0: unbounded, None; mirrors, whose reads are not coalesced: 1).
-pub(crate) fn job_len(stripe: u64, chunk: u64, data: u64, run: Option<u64>) -> u64 {
-    let pin_per_stripe = data * chunk; // a stripe's pin grows by this per stripe of its runs
-    let stripes = match run {
-        Some(r) if r * pin_per_stripe <= PIN => MAX_JOB / stripe,
-        _ => PIN / pin_per_stripe,
-    };
-    (stripes * stripe).clamp(PIN.max(stripe), MAX_JOB.max(stripe))
+/// The prefetch job length for a geometry (bytes) whose stripes hold `stripe` bytes of data:
+/// `MAX_JOB` as long as no stripe keeps more than `PIN` of member buffers alive, else `PIN`
+/// (or one stripe). A stripe's chunks lie in member runs of at most `run` stripes each
+/// (`Geometry::data_run`: rotating parity, the data chunks per stripe; raid0 and mirrors,
+/// unbounded: None; mirror reads are not coalesced, but longer jobs would not make their
+/// member reads longer either).
+pub(crate) fn job_len(stripe: u64, run: Option<u64>) -> u64 {
+    match run {
+        Some(r) if r * stripe <= PIN => MAX_JOB / stripe * stripe,
+        _ => PIN.max(stripe),
+    }
 }
+
 /// One part in this of the budget is kept as spare buffers (buf.rs, `Spare`) freed by the
 /// cache for its next prefetches; the prefetches hold the rest.
 const SPARE_SHARE: u64 = 8;
@@ -709,23 +710,23 @@ mod tests {
 
     const K: u64 = 1 << 10;
 
-    /// Jobs are 8 MiB where no stripe keeps more than 1 MiB of member reads alive, else as
-    /// long as that allows, and 1 MiB (or one stripe) at least.
+    /// Jobs are 8 MiB where no stripe keeps more than 1 MiB of member reads alive, else 1 MiB
+    /// (or one stripe), as before.
     #[test]
-    fn a_job_is_long_where_no_unit_pins_more_than_a_mib() {
+    fn a_job_is_long_where_no_stripe_pins_more_than_a_mib() {
         // RAID6 4+2, 64 KiB chunks: runs of 4 chunks at most, so a stripe pins 1 MiB.
-        assert_eq!(job_len(256 * K, 64 * K, 4, Some(4)), 8 << 20);
+        assert_eq!(job_len(256 * K, Some(4)), 8 << 20);
         // RAID5 3+1: runs of 3 pin 576 KiB; a whole number of stripes under 8 MiB.
-        assert_eq!(job_len(192 * K, 64 * K, 3, Some(3)), 42 * 192 * K);
+        assert_eq!(job_len(192 * K, Some(3)), 42 * 192 * K);
         // RAID0 over 4: each member's run is as long as the job.
-        assert_eq!(job_len(256 * K, 64 * K, 4, None), 1 << 20);
-        // RAID6 8+2: runs of 8 would pin 4 MiB; 2 stripes pin 1 MiB.
-        assert_eq!(job_len(512 * K, 64 * K, 8, Some(8)), 1 << 20);
+        assert_eq!(job_len(256 * K, None), 1 << 20);
+        // RAID6 8+2: runs of 8 stripes of 512 KiB would pin 4 MiB.
+        assert_eq!(job_len(512 * K, Some(8)), 1 << 20);
         // 512 KiB chunks on 4+2: a stripe alone pins 2 MiB: one stripe, as before.
-        assert_eq!(job_len(2 << 20, 512 * K, 4, Some(4)), 2 << 20);
-        // Mirrors (reads not coalesced): 8 MiB.
-        assert_eq!(job_len(64 * K, 64 * K, 1, Some(1)), 8 << 20);
+        assert_eq!(job_len(2 << 20, Some(4)), 2 << 20);
+        // Mirrors (a member's chunks back to back, unbounded): 1 MiB.
+        assert_eq!(job_len(64 * K, None), 1 << 20);
         // A stripe over 8 MiB: one stripe.
-        assert_eq!(job_len(16 << 20, 4 << 20, 4, Some(4)), 16 << 20);
+        assert_eq!(job_len(16 << 20, Some(4)), 16 << 20);
     }
 }

@@ -23,7 +23,7 @@ use crate::readahead::{job_len, Found, ReadAhead, ReadAheadStats};
 use futures::future::join_all;
 use std::sync::{Arc, Weak};
 use uraid_core::alloc::{MAP_OFFSET, PAGE};
-use uraid_core::{Geometry, Level, MemberSet};
+use uraid_core::{Geometry, MemberSet};
 
 /// A run of the volume that is allocated (holds written data) or a hole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,12 +98,7 @@ impl<D: BlockDev> Volume<D> {
         let budget = array.read_ahead_budget();
         let ra = (budget > 0).then(|| {
             let g = array.geometry();
-            // Mirror reads are not coalesced into runs (array/mod.rs, `read_planned`).
-            let run = match g.level {
-                Level::Raid1 | Level::Raid10 => Some(1),
-                _ => g.data_run(),
-            };
-            let job = job_len(g.stripe_data_bytes(), g.chunk, g.data_chunks() as u64, run);
+            let job = job_len(g.stripe_data_bytes(), g.data_run());
             ReadAhead::new(g.stripe_data_bytes(), g.volume_size(), budget, job)
         });
         Arc::new_cyclic(|me| Volume {
